@@ -1,0 +1,98 @@
+"""Wires the document tools into an `MCPServer` from the `mcp` SDK.
+
+The SDK would normally derive each tool's argument model from the function signature. That
+model is lax (it coerces `"3"` and `true` to integers, ignores unknown fields) and its
+validation errors echo the caller's values into the result. The contract needs strict,
+value-free validation, so the arguments reach our own models untouched: `_RawArguments`
+hands them over as one dict, and the published input schema is the strict model's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from starlette.applications import Starlette
+
+from server import contracts as c
+from server.approval import ApprovalVerifier
+from server.config import ServerConfig
+from server.contracts import ToolResult
+from server.tools import DocumentTools
+from server.workspace import Workspace
+
+SERVER_NAME = "docbroker-document-tools"
+
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+_WRITE_NEW = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
+
+_DESCRIPTIONS = {
+    c.TOOL_SEARCH: "Find a literal, case-sensitive text in the tenant's source documents (not recursive).",
+    c.TOOL_READ: "Read one source document (UTF-8, at most 24,000 bytes).",
+    c.TOOL_SAVE: "Save a new Markdown report. Every report needs a human's approval first; "
+    "existing reports are never overwritten.",
+}
+_ANNOTATIONS = {c.TOOL_SEARCH: _READ_ONLY, c.TOOL_READ: _READ_ONLY, c.TOOL_SAVE: _WRITE_NEW}
+
+
+class _RawArguments(FuncMetadata):
+    """Passes the raw `arguments` object through as one keyword: the tool body validates it."""
+
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        return {"arguments": arguments_to_validate}
+
+
+def _as_call_result(result: ToolResult[Any]) -> CallToolResult:
+    structured = result.model_dump(mode="json")
+    # Text mirrors the structured result for clients that read only `content`.
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(structured, separators=(",", ":")))],
+        structured_content=structured,
+        is_error=False,
+    )
+
+
+def _tool(name: str, body: Callable[[Mapping[str, Any]], ToolResult[Any]]) -> Tool:
+    def run(arguments: dict[str, Any]) -> CallToolResult:
+        return _as_call_result(body(arguments))
+
+    return Tool(
+        fn=run,
+        name=name,
+        description=_DESCRIPTIONS[name],
+        parameters=c.input_schema(name),
+        fn_metadata=_RawArguments(arg_model=ArgModelBase, output_schema=c.output_schema(name)),
+        is_async=False,  # file I/O: the SDK runs sync tools in a worker thread
+        annotations=_ANNOTATIONS[name],
+    )
+
+
+def build_server(config: ServerConfig) -> tuple[MCPServer[Any], Workspace]:
+    workspace = Workspace(config.docs_root)
+    tools = DocumentTools(workspace, ApprovalVerifier(config.secret), config.scope)
+    server: MCPServer[Any] = MCPServer(
+        SERVER_NAME,
+        instructions="Document tools over one tenant's files. Reports need a human's approval.",
+        tools=[_tool(name, body) for name, body in tools.handlers().items()],
+        log_level="WARNING",
+    )
+    return server, workspace
+
+
+def http_app(server: MCPServer[Any], *, unix_socket: bool) -> Starlette:
+    """The Streamable HTTP app. Over a unix socket the Host header is `localhost` without a port."""
+    hosts = ["localhost", "localhost:*", "127.0.0.1:*", "[::1]:*"] if unix_socket else None
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts or ["127.0.0.1:*", "localhost:*", "[::1]:*"],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+    )
+    return server.streamable_http_app(transport_security=security, max_request_body_size=256 * 1024)
