@@ -1,0 +1,60 @@
+"""Key material: the broker's master key and what is derived from it (DESIGN §3).
+
+One master key (≥ 32 random bytes, hex in a file) on the broker. Each tenant's approval
+secret is derived from it, so only that tenant's sandbox can verify tokens minted for it,
+and the key that seals in-band request state is derived under its own label.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from pathlib import Path
+
+MIN_MASTER_KEY_BYTES = 32
+_APPROVAL_LABEL = b"docbroker/approval/v1/"
+_SEAL_LABEL = b"docbroker/request-state/v1"
+
+
+class KeyError_(Exception):
+    """The master key is missing, unreadable or weak. Never carries key material."""
+
+
+def tenant_secret(master_key: bytes, tenant: str) -> str:
+    return hmac.new(master_key, _APPROVAL_LABEL + tenant.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def sealing_key(master_key: bytes) -> bytes:
+    return hmac.new(master_key, _SEAL_LABEL, hashlib.sha256).digest()
+
+
+def load_master_key(path: Path) -> bytes:
+    try:
+        info = path.stat()
+        raw = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        raise KeyError_(f"master key file cannot be read: {path.name}") from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyError_("master key file must not be readable by group or others (chmod 600)")
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        raise KeyError_("master key file must hold hex") from None
+    if len(key) < MIN_MASTER_KEY_BYTES:
+        raise KeyError_(f"master key must be at least {MIN_MASTER_KEY_BYTES} bytes")
+    return key
+
+
+def create_master_key(path: Path) -> bool:
+    """Create a new random master key unless one exists. Returns True when it created one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return True

@@ -1,0 +1,270 @@
+"""The sandbox lifecycle shared by every runtime: ensure, reap, adopt, cap, stop.
+
+A runtime is this lifecycle plus a `SandboxBackend`, the only part that differs between a
+local process, a Docker container and a Kubernetes Pod (create / check / delete one
+sandbox, and find the ones an earlier broker left behind). Same shape as httpx's transports:
+one small base, implementations side by side.
+
+Exceptions:
+
+    RuntimeErrorBase
+     ├── CapacityError         the sandbox cap is reached (HTTP 503)
+     ├── SandboxStartError     a sandbox did not become ready (HTTP 503)
+     └── BackendRefused        the engine refuses by policy, e.g. a rootful daemon (HTTP 503)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
+
+log = logging.getLogger("docbroker.runtime")
+
+# event name ("sandbox.started" | "sandbox.stopped" | "sandbox.failed"), tenant, sandbox id, details
+SandboxEventSink = Callable[[str, str, str, dict[str, Any]], Awaitable[None]]
+
+
+class RuntimeErrorBase(Exception):
+    reason = "runtime_error"
+
+
+class CapacityError(RuntimeErrorBase):
+    reason = "sandbox_cap_reached"
+
+
+class SandboxStartError(RuntimeErrorBase):
+    reason = "sandbox_start_failed"
+
+
+class BackendRefused(RuntimeErrorBase):
+    reason = "sandbox_backend_refused"
+
+
+class SandboxBackend(ABC):
+    """Creates, checks and deletes single sandboxes. Knows nothing of idleness or caps."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        """Start a sandbox for `spec` and return it; readiness is waited for by the caller."""
+
+    @abstractmethod
+    async def alive(self, info: SandboxInfo) -> bool:
+        """Is the sandbox still running?"""
+
+    @abstractmethod
+    async def delete(self, info: SandboxInfo) -> None:
+        """Stop and remove the sandbox; must succeed for one that is already gone."""
+
+    @abstractmethod
+    async def discover(self) -> list[SandboxInfo]:
+        """Sandboxes left behind by an earlier broker process (to adopt or clean up)."""
+
+    def mode(self) -> DaemonMode:
+        return DaemonMode.NOT_APPLICABLE
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for /readyz and `doctor`: engine, isolation mode, whether limits are enforced."""
+        return {"backend": self.name, "mode": self.mode().value}
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release engine connections."""
+
+
+SpecFactory = Callable[[str], SandboxSpec]
+
+
+class Runtime:
+    """One sandbox per tenant, shared by the tenant's sessions, started on demand."""
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        spec_for: SpecFactory,
+        *,
+        max_sandboxes: int,
+        idle_timeout: float,
+        start_timeout: float,
+        on_event: SandboxEventSink,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self._spec_for = spec_for
+        self._max = max_sandboxes
+        self._idle_timeout = idle_timeout
+        self._start_timeout = start_timeout
+        self._on_event = on_event
+        self._clock = clock
+        self._sandboxes: dict[str, SandboxInfo] = {}
+        self._inflight: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- public surface ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Adopt what an earlier broker left running, then start the idle reaper."""
+        for info in await self.backend.discover():
+            if info.endpoint is not None and await self.backend.alive(info) and await _ready(info.endpoint, 2.0):
+                info.last_used = self._clock()
+                self._sandboxes[info.tenant] = info
+                log.info("adopted sandbox", extra={"backend": self.backend.name})
+            else:
+                await self.backend.delete(info)
+        self._reaper = asyncio.create_task(self._reap_forever(), name="sandbox-reaper")
+
+    async def close(self) -> None:
+        """Stop every sandbox: nothing is left running after a clean shutdown."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for tenant in list(self._sandboxes):
+            await self.stop(tenant, reason="shutdown")
+        await self.backend.close()
+
+    @contextlib.asynccontextmanager
+    async def lease(self, tenant: str) -> AsyncIterator[Endpoint]:
+        """The tenant's endpoint, kept from being reaped while the caller uses it."""
+        endpoint = await self.ensure(tenant)
+        self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+        try:
+            yield endpoint
+        finally:
+            self._inflight[tenant] -= 1
+            info = self._sandboxes.get(tenant)
+            if info is not None:
+                info.last_used = self._clock()
+
+    async def ensure(self, tenant: str) -> Endpoint:
+        info = self._sandboxes.get(tenant)
+        if info is not None and info.state is SandboxState.RUNNING and info.endpoint is not None:
+            info.last_used = self._clock()
+            return info.endpoint
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            info = self._sandboxes.get(tenant)
+            if info is not None and info.state is SandboxState.RUNNING and info.endpoint is not None:
+                return info.endpoint
+            if info is not None:  # failed or crashed: replace it
+                await self._remove(tenant, reason="replaced")
+            return await self._create(tenant)
+
+    async def mark_broken(self, tenant: str) -> None:
+        """The gateway saw the sandbox fail: check it, and replace it on the next call if dead."""
+        info = self._sandboxes.get(tenant)
+        if info is None:
+            return
+        if not await self.backend.alive(info):
+            info.state = SandboxState.FAILED
+            await self._on_event("sandbox.failed", tenant, info.backend_id, {"reason": "crashed"})
+
+    async def stop(self, tenant: str, *, reason: str = "requested") -> None:
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            await self._remove(tenant, reason=reason)
+
+    def list(self) -> list[SandboxInfo]:
+        return list(self._sandboxes.values())
+
+    def running_count(self) -> int:
+        return sum(1 for s in self._sandboxes.values() if s.state is SandboxState.RUNNING)
+
+    # -- internals --------------------------------------------------------------------------
+
+    async def _create(self, tenant: str) -> Endpoint:
+        if len(self._sandboxes) >= self._max:
+            await self._reap_idle(force_one=True)
+            if len(self._sandboxes) >= self._max:
+                raise CapacityError("sandbox cap reached")
+        started = self._clock()
+        try:
+            info = await self.backend.create(self._spec_for(tenant))
+        except RuntimeErrorBase:
+            raise
+        except Exception as exc:
+            await self._on_event("sandbox.failed", tenant, "", {"reason": "create_failed"})
+            raise SandboxStartError("sandbox could not be created") from exc
+        self._sandboxes[tenant] = info
+        assert info.endpoint is not None
+        if not await _ready(info.endpoint, self._start_timeout):
+            await self._remove(tenant, reason="not_ready", event="sandbox.failed")
+            raise SandboxStartError("sandbox did not become ready")
+        info.state = SandboxState.RUNNING
+        info.last_used = self._clock()
+        details = {**self.backend.describe(), "start_ms": round((self._clock() - started) * 1000, 1)}
+        await self._on_event("sandbox.started", tenant, info.backend_id, details)
+        return info.endpoint
+
+    async def _remove(self, tenant: str, *, reason: str, event: str = "sandbox.stopped") -> None:
+        info = self._sandboxes.pop(tenant, None)
+        if info is None:
+            return
+        try:
+            await self.backend.delete(info)
+        finally:
+            await self._on_event(event, tenant, info.backend_id, {"reason": reason})
+
+    async def _reap_idle(self, *, force_one: bool = False) -> None:
+        now = self._clock()
+        idle = sorted(
+            (s for s in self._sandboxes.values() if not self._inflight.get(s.tenant)),
+            key=lambda s: s.last_used,
+        )
+        for info in idle:
+            if now - info.last_used >= self._idle_timeout:
+                await self.stop(info.tenant, reason="idle")
+            elif force_one:
+                return  # nothing idle enough: the cap holds
+
+    async def _reap_forever(self) -> None:
+        interval = max(0.5, min(self._idle_timeout / 4, 30.0))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._reap_idle()
+            except Exception:
+                log.exception("reaper pass failed")
+
+
+async def _ready(endpoint: Endpoint, timeout: float) -> bool:
+    """Wait until the endpoint accepts connections (uvicorn listening), or time out."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while time.monotonic() < deadline:
+        if endpoint.uds is not None:
+            if await asyncio.to_thread(_uds_accepts, endpoint.uds):
+                return True
+        else:
+            with contextlib.suppress(OSError):
+                host, port = _host_port(endpoint.url)
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=1.0)
+                writer.close()
+                return True
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    return False
+
+
+def _uds_accepts(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+        return True
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.hostname or "localhost", parts.port or (443 if parts.scheme == "https" else 80)

@@ -1,0 +1,256 @@
+"""The broker's one settings object, built once at start-up from `DOCBROKER_*` variables.
+
+Every value is validated when the object is built and every default is named here, so a
+misconfigured broker refuses to start with a message that names the variable. Nothing reads
+the environment after this module has run; the object is passed down explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "DOCBROKER_"
+
+ALLOWED_ALGORITHMS = ("RS256", "ES256", "EdDSA")
+MAX_LEEWAY_SECONDS = 30
+
+
+class SettingsError(ValueError):
+    """A `DOCBROKER_*` variable is missing or invalid. The message names it, never its value."""
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    issuer: str
+    audience: str
+    tenant_claim: str = "tenant"
+    jwks_url: str | None = None
+    jwks_file: Path | None = None  # a JWKS document or a PEM public key
+    algorithms: tuple[str, ...] = ALLOWED_ALGORITHMS
+    dev_hs256_secret_file: Path | None = None  # HS256 dev mode: never together with public keys
+    max_lifetime_seconds: int = 3600
+    leeway_seconds: int = 10
+    max_header_bytes: int = 8192
+    jwks_cache_seconds: int = 300
+    jwks_refresh_cooldown_seconds: int = 30
+    jwks_fetch_timeout_seconds: float = 3.0
+
+    @property
+    def dev_mode(self) -> bool:
+        return self.dev_hs256_secret_file is not None
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    path: Path
+    fsync: bool = True  # an audit line that is not on disk is not a record
+
+
+@dataclass(frozen=True)
+class DockerSettings:
+    base_url: str | None = None  # None: DOCKER_HOST or the default socket
+    image: str = "docbroker-server:latest"
+    require_rootless: bool = False  # refuse a rootful daemon
+    memory_bytes: int = 128 * 1024 * 1024
+    nano_cpus: int = 500_000_000  # half a core
+    pids_limit: int = 64
+    nofile: int = 256
+    tmpfs_bytes: int = 8 * 1024 * 1024
+    seccomp_profile: Path = Path("policies/seccomp.json")
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    kind: str = "docker"  # "docker" | "local" (insecure, development and tests)
+    allow_insecure_local: bool = False
+    max_sandboxes: int = 100
+    idle_timeout_seconds: float = 600.0
+    start_timeout_seconds: float = 20.0
+    call_timeout_seconds: float = 30.0
+    docker: DockerSettings = field(default_factory=DockerSettings)
+
+
+@dataclass(frozen=True)
+class ApprovalSettings:
+    ttl_seconds: int = 900  # how long a pending approval stays open for a human
+    token_ttl_seconds: int = 120  # lifetime of a minted token (server accepts at most 300)
+    require_distinct_approver: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    policies_dir: Path
+    master_key_file: Path
+    public_url: str
+    host: str
+    port: int
+    auth: AuthSettings
+    audit: AuditSettings
+    runtime: RuntimeSettings
+    approvals: ApprovalSettings
+    max_body_bytes: int = 256 * 1024
+    max_response_bytes: int = 32_000
+
+    @property
+    def tenants_dir(self) -> Path:
+        return self.data_dir / "tenants"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.data_dir / "run"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.data_dir / "secrets"
+
+    @property
+    def approvals_db(self) -> Path:
+        return self.data_dir / "approvals.sqlite3"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        r = _Reader(env)
+        data_dir = Path(r.str("DATA_DIR", "var")).absolute()
+        host = r.str("HOST", "127.0.0.1")
+        port = r.int("PORT", 8080, low=1, high=65535)
+        auth = AuthSettings(
+            issuer=r.required("AUTH_ISSUER"),
+            audience=r.required("AUTH_AUDIENCE"),
+            tenant_claim=r.str("AUTH_TENANT_CLAIM", "tenant"),
+            jwks_url=r.optional("AUTH_JWKS_URL"),
+            jwks_file=r.path("AUTH_JWKS_FILE"),
+            algorithms=r.algorithms("AUTH_ALGORITHMS"),
+            dev_hs256_secret_file=r.path("AUTH_DEV_HS256_SECRET_FILE"),
+            max_lifetime_seconds=r.int("AUTH_MAX_LIFETIME", 3600, low=60, high=86_400),
+            leeway_seconds=r.int("AUTH_LEEWAY", 10, low=0, high=MAX_LEEWAY_SECONDS),
+            max_header_bytes=r.int("AUTH_MAX_HEADER_BYTES", 8192, low=1024, high=65_536),
+        )
+        sources = sum(x is not None for x in (auth.jwks_url, auth.jwks_file, auth.dev_hs256_secret_file))
+        if sources != 1:
+            raise SettingsError(
+                f"{PREFIX}AUTH_JWKS_URL, {PREFIX}AUTH_JWKS_FILE and {PREFIX}AUTH_DEV_HS256_SECRET_FILE: "
+                "set exactly one (HS256 dev mode is never mixed with public keys)"
+            )
+        docker = DockerSettings(
+            base_url=r.optional("DOCKER_HOST"),
+            image=r.str("DOCKER_IMAGE", "docbroker-server:latest"),
+            require_rootless=r.bool("DOCKER_REQUIRE_ROOTLESS", False),
+            memory_bytes=r.int("DOCKER_MEMORY_MB", 128, low=32, high=65_536) * 1024 * 1024,
+            nano_cpus=int(r.float("DOCKER_CPUS", 0.5, low=0.05, high=64) * 1e9),
+            pids_limit=r.int("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
+            nofile=r.int("DOCKER_NOFILE", 256, low=32, high=65_536),
+            seccomp_profile=Path(r.str("DOCKER_SECCOMP_PROFILE", "policies/seccomp.json")).absolute(),
+        )
+        runtime = RuntimeSettings(
+            kind=r.choice("RUNTIME", "docker", ("docker", "local")),
+            allow_insecure_local=r.bool("ALLOW_INSECURE_LOCAL_RUNTIME", False),
+            max_sandboxes=r.int("MAX_SANDBOXES", 100, low=1, high=10_000),
+            idle_timeout_seconds=r.float("IDLE_TIMEOUT", 600.0, low=1, high=86_400),
+            start_timeout_seconds=r.float("START_TIMEOUT", 20.0, low=1, high=600),
+            call_timeout_seconds=r.float("CALL_TIMEOUT", 30.0, low=0.1, high=600),
+            docker=docker,
+        )
+        if runtime.kind == "local" and not runtime.allow_insecure_local:
+            raise SettingsError(
+                f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
+                f"set {PREFIX}ALLOW_INSECURE_LOCAL_RUNTIME=1 to accept that (development and tests only)"
+            )
+        return cls(
+            data_dir=data_dir,
+            policies_dir=Path(r.str("POLICIES_DIR", "policies")).absolute(),
+            master_key_file=Path(r.str("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute(),
+            public_url=r.str("PUBLIC_URL", f"http://{host}:{port}").rstrip("/"),
+            host=host,
+            port=port,
+            auth=auth,
+            audit=AuditSettings(
+                path=Path(r.str("AUDIT_LOG", str(data_dir / "audit.jsonl"))).absolute(),
+                fsync=r.bool("AUDIT_FSYNC", True),
+            ),
+            runtime=runtime,
+            approvals=ApprovalSettings(
+                ttl_seconds=r.int("APPROVAL_TTL", 900, low=30, high=7 * 86_400),
+                token_ttl_seconds=r.int("APPROVAL_TOKEN_TTL", 120, low=10, high=300),
+                require_distinct_approver=r.bool("APPROVAL_REQUIRE_DISTINCT_APPROVER", False),
+            ),
+            max_body_bytes=r.int("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
+            max_response_bytes=r.int("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
+        )
+
+
+class _Reader:
+    """Typed access to `DOCBROKER_*` variables; every error names the variable only."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def optional(self, name: str) -> str | None:
+        value = self._env.get(PREFIX + name, "").strip()
+        return value or None
+
+    def str(self, name: str, default: str) -> str:
+        return self.optional(name) or default
+
+    def required(self, name: str) -> str:
+        value = self.optional(name)
+        if value is None:
+            raise SettingsError(f"{PREFIX}{name} is required")
+        return value
+
+    def path(self, name: str) -> Path | None:
+        value = self.optional(name)
+        return Path(value).absolute() if value else None
+
+    def int(self, name: str, default: int, *, low: int, high: int) -> int:
+        raw = self.optional(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(f"{PREFIX}{name} must be an integer") from None
+        if not low <= value <= high:
+            raise SettingsError(f"{PREFIX}{name} must be between {low} and {high}")
+        return value
+
+    def float(self, name: str, default: float, *, low: float, high: float) -> float:
+        raw = self.optional(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"{PREFIX}{name} must be a number") from None
+        if not low <= value <= high:
+            raise SettingsError(f"{PREFIX}{name} must be between {low} and {high}")
+        return value
+
+    def bool(self, name: str, default: bool) -> bool:
+        raw = self.optional(name)
+        if raw is None:
+            return default
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{PREFIX}{name} must be true or false")
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.str(name, default)
+        if value not in choices:
+            raise SettingsError(f"{PREFIX}{name} must be one of {', '.join(choices)}")
+        return value
+
+    def algorithms(self, name: str) -> tuple[str, ...]:
+        raw = self.optional(name)
+        if raw is None:
+            return ALLOWED_ALGORITHMS
+        algs = tuple(a.strip() for a in raw.split(",") if a.strip())
+        bad = [a for a in algs if a not in ALLOWED_ALGORITHMS]
+        if not algs or bad:
+            raise SettingsError(f"{PREFIX}{name} may list only {', '.join(ALLOWED_ALGORITHMS)}")
+        return algs

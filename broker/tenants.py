@@ -1,0 +1,91 @@
+"""Where each tenant's files live on the broker's host, and how a tenant is provisioned.
+
+    <data_dir>/tenants/<tenant>/docs/sources   the tenant's documents (sandbox: read-only)
+    <data_dir>/tenants/<tenant>/docs/reports   the drop-box (sandbox: create-only, emptied at once)
+    <data_dir>/tenants/<tenant>/reports        the real reports store (never mounted in a sandbox)
+    <data_dir>/secrets/<tenant>.key            the tenant's derived approval secret
+    <data_dir>/run/<tenant>/mcp.sock           the sandbox's MCP socket
+
+A tenant is known when its policy file exists (policies/tenants/<tenant>.toml).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from broker.approvals.secrets import tenant_secret
+from broker.settings import Settings
+from broker.types import SandboxSpec
+from server.contracts import TENANT_RE
+
+# The drop-box lets the sandbox's uid create files and nothing else: write+search, no read
+# (cannot list), sticky (cannot remove others' files). Rootless containers run under a
+# sub-uid, so "others" is the class that applies to them.
+DROPBOX_MODE = 0o1733
+
+
+class Tenants:
+    def __init__(self, settings: Settings, master_key: bytes) -> None:
+        self._settings = settings
+        self._master_key = master_key
+
+    def docs_root(self, tenant: str) -> Path:
+        return self._settings.tenants_dir / _checked(tenant) / "docs"
+
+    def sources_dir(self, tenant: str) -> Path:
+        return self.docs_root(tenant) / "sources"
+
+    def dropbox_dir(self, tenant: str) -> Path:
+        return self.docs_root(tenant) / "reports"
+
+    def reports_dir(self, tenant: str) -> Path:
+        return self._settings.tenants_dir / _checked(tenant) / "reports"
+
+    def secret(self, tenant: str) -> str:
+        return tenant_secret(self._master_key, _checked(tenant))
+
+    def provision(self, tenant: str) -> SandboxSpec:
+        """Create (idempotently) the folders and secret file a sandbox needs, and describe them."""
+        _checked(tenant)
+        # The data dir is the one barrier against other users of the host: everything below it
+        # may be looser because sandboxes reach their files through bind mounts, not paths.
+        self._settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self._settings.data_dir.chmod(0o700)
+        for folder in (self.sources_dir(tenant), self.reports_dir(tenant)):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.reports_dir(tenant).chmod(0o700)
+        dropbox = self.dropbox_dir(tenant)
+        dropbox.mkdir(exist_ok=True)
+        dropbox.chmod(DROPBOX_MODE)
+        run_dir = self._settings.run_dir / tenant
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.chmod(0o1777)  # the sandbox's (sub-)uid creates its socket here; the data dir is private
+        secret_file = self._write_secret(tenant)
+        return SandboxSpec(
+            tenant=tenant,
+            docs_root=str(self.docs_root(tenant)),
+            secret_file=str(secret_file),
+            run_dir=str(run_dir),
+        )
+
+    def _write_secret(self, tenant: str) -> Path:
+        secrets_dir = self._settings.secrets_dir
+        secrets_dir.mkdir(parents=True, exist_ok=True)
+        secrets_dir.chmod(0o700)
+        path = secrets_dir / f"{tenant}.key"
+        tmp = secrets_dir / f".{tenant}.key.tmp"
+        # 0o444: a rootless sandbox reads it under a sub-uid; only this tenant's file is
+        # mounted into this tenant's sandbox, and the folder (0o700) is closed to other users.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o444)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(self.secret(tenant))
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, path)
+        return path
+
+
+def _checked(tenant: str) -> str:
+    if not TENANT_RE.fullmatch(tenant):
+        raise ValueError("tenant id must be a DNS label")
+    return tenant

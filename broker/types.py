@@ -1,0 +1,112 @@
+"""Shared names of the broker: who is calling, what a sandbox is, the states things are in.
+
+Interfaces live here; implementations sit beside them in their own packages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Scope(StrEnum):
+    DOCS_READ = "docs:read"
+    DOCS_WRITE = "docs:write"
+    REPORTS_APPROVE = "reports:approve"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller. Built only by `broker.auth` from a verified JWT."""
+
+    tenant: str
+    subject: str
+    scopes: frozenset[Scope]
+
+    def has(self, scope: Scope) -> bool:
+        return scope in self.scopes
+
+
+class SandboxState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a sandbox serves MCP Streamable HTTP.
+
+    `uds` set: connect to that unix socket and send `url` (host `localhost`).
+    `uds` None: connect to `url` over TCP (the Kubernetes pod network).
+    """
+
+    url: str
+    uds: str | None = None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a backend needs to create one tenant's sandbox. Paths are on the broker's host."""
+
+    tenant: str
+    docs_root: str  # holds sources/ (mount read-only) and reports/ (the drop-box: create-only)
+    secret_file: str  # the tenant's approval secret, mounted read-only as a file
+    run_dir: str  # per-tenant folder that holds the MCP unix socket
+
+    @property
+    def sources_dir(self) -> str:
+        return f"{self.docs_root}/sources"
+
+    @property
+    def dropbox_dir(self) -> str:
+        """The sandbox's reports/: it creates files here, the broker moves them out at once."""
+        return f"{self.docs_root}/reports"
+
+    @property
+    def socket_path(self) -> str:
+        return f"{self.run_dir}/mcp.sock"
+
+
+@dataclass
+class SandboxInfo:
+    """What the lifecycle knows of one running sandbox."""
+
+    tenant: str
+    state: SandboxState
+    endpoint: Endpoint | None
+    backend_id: str  # container id, pod name, or process id
+    started_at: float
+    last_used: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class DaemonMode(StrEnum):
+    """How the sandbox engine isolates the broker's host from a container escape."""
+
+    ROOTLESS = "rootless"
+    USERNS_REMAP = "userns-remap"
+    ROOTFUL = "rootful"
+    NOT_APPLICABLE = "n/a"  # local processes, Kubernetes
+
+
+class ApprovalState(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    CONSUMED = "consumed"
+    EXPIRED = "expired"
+
+
+class Outcome(StrEnum):
+    """Terminal outcome of a request, as the audit log records it (DESIGN §6)."""
+
+    OK = "ok"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    RESULT_UNKNOWN = "result_unknown"
+    WAITING_APPROVAL = "waiting_approval"
+    DENIED = "denied"
+    ERROR = "error"
