@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 PREFIX = "DOCBROKER_"
@@ -43,10 +44,31 @@ class AuthSettings:
         return self.dev_hs256_secret_file is not None
 
 
+class AuditFsync(StrEnum):
+    """When the audit log's lines are forced to stable storage."""
+
+    ALWAYS = "always"  # fsync before every emit returns: adds ~1-4 ms (measured) to each request
+    INTERVAL = "interval"  # write(2) per event, fsync batched every `fsync_interval_seconds`
+
+
 @dataclass(frozen=True)
 class AuditSettings:
+    """Where the audit log lives and how hard each line is pushed to disk.
+
+    Every line is written to the kernel before `emit` returns (a broker crash loses nothing);
+    with `INTERVAL` a power loss or kernel crash may lose the last `fsync_interval_seconds`.
+    Per-line fsync costs 1-4 ms (measured), against a 1.5 ms p50 budget for all the broker adds.
+    """
+
     path: Path
-    fsync: bool = True  # an audit line that is not on disk is not a record
+    fsync: AuditFsync = AuditFsync.INTERVAL
+    fsync_interval_seconds: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fsync, AuditFsync):
+            raise SettingsError(f"{PREFIX}AUDIT_FSYNC must be one of {', '.join(AuditFsync)}")
+        if not 0.01 <= self.fsync_interval_seconds <= 10:
+            raise SettingsError(f"{PREFIX}AUDIT_FSYNC_INTERVAL must be between 0.01 and 10")
 
 
 @dataclass(frozen=True)
@@ -169,7 +191,8 @@ class Settings:
             auth=auth,
             audit=AuditSettings(
                 path=Path(r.str("AUDIT_LOG", str(data_dir / "audit.jsonl"))).absolute(),
-                fsync=r.bool("AUDIT_FSYNC", True),
+                fsync=AuditFsync(r.choice("AUDIT_FSYNC", AuditFsync.INTERVAL, tuple(AuditFsync))),
+                fsync_interval_seconds=r.float("AUDIT_FSYNC_INTERVAL", 0.2, low=0.01, high=10),
             ),
             runtime=runtime,
             approvals=ApprovalSettings(

@@ -1,0 +1,48 @@
+"""The hash chain that makes the audit log tamper-evident.
+
+Each line carries `seq` (one more than the line before) and `prev`, the sha256 of the previous
+line's exact bytes without its newline. Hashing bytes, not a re-serialisation, means a verifier
+needs no canonical-JSON agreement with the writer: it hashes what is on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Final
+
+GENESIS: Final = "0" * 64  # `prev` of the first line of a log
+
+
+def line_hash(line: bytes) -> str:
+    return hashlib.sha256(line).hexdigest()
+
+
+class Chain:
+    """Where the log's chain stands: the last written `seq` and the hash of the last line."""
+
+    __slots__ = ("head", "seq")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.head = GENESIS
+
+    def resume(self, last_line: bytes | None) -> None:
+        """Continue after `last_line` (an existing log's final line), or start afresh if None.
+
+        Raises ValueError when the line is not an event with a usable `seq`: appending after it
+        would make a chain no verifier accepts, so the caller must refuse to open the log.
+        """
+        if last_line is None:
+            self.seq, self.head = 0, GENESIS
+            return
+        record = json.loads(last_line)
+        seq = record.get("seq") if isinstance(record, dict) else None
+        if type(seq) is not int or seq < 1:
+            raise ValueError("last line has no valid seq")
+        self.seq, self.head = seq, line_hash(last_line)
+
+    def advance(self, line: bytes) -> None:
+        """Record that `line` (without newline) is now the last line on disk."""
+        self.seq += 1
+        self.head = line_hash(line)

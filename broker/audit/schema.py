@@ -1,0 +1,168 @@
+"""The audit event schema (DESIGN §6): which keys a line may carry and what each value may look like.
+
+The audit log is for security teams and must never hold argument values, file names, queries,
+contents or tokens. Dropping unknown keys is not enough: a caller could put a file name into
+`reason` or a query into `tool`. So every allowed key also has a validator that accepts only the
+type and the narrow shape that key promises (identifiers, enums, bounded integers); anything else
+is refused by the pipeline and never written. `verify` applies the same validators to a stored log.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from enum import StrEnum
+from typing import Final
+
+from broker.types import ApprovalState, DaemonMode, Outcome
+
+SCHEMA_VERSION: Final = 1
+MAX_LIST_ITEMS: Final = 64
+MAX_SUBJECT_CHARS: Final = 256
+MAX_COUNT: Final = 2**53  # largest integer every JSON reader keeps exact
+
+
+class AuditEvent(StrEnum):
+    MCP_REQUEST = "mcp.request"
+    AUTH_DENIED = "auth.denied"
+    POLICY_DENIED = "policy.denied"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_DECIDED = "approval.decided"
+    APPROVAL_CONSUMED = "approval.consumed"
+    SANDBOX_STARTED = "sandbox.started"
+    SANDBOX_STOPPED = "sandbox.stopped"
+    SANDBOX_FAILED = "sandbox.failed"
+    TOOLS_REJECTED = "tools.rejected"  # descriptor admission: a sandbox advertised tools we refuse
+    CONTRACT_CHANGED = "contract.changed"  # descriptor admission: a tool's schema changed
+
+
+class Invalid:
+    """Returned by a validator for a value that must not be written."""
+
+
+INVALID: Final = Invalid()
+
+Validator = Callable[[object], object]  # normalised value, or INVALID
+
+_NAME = re.compile(r"[A-Za-z0-9_./-]{1,128}")  # tool, method, argument and header names
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # broker-made ids: request, approval, sandbox
+_TENANT = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # DNS label, as auth enforces
+_REASON = re.compile(r"[a-z0-9_.:-]{1,64}")
+_PROTOCOL = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # MCP versions are dates
+_TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _plain(value: object) -> str | None:
+    if type(value) is str:
+        return value
+    # str.__str__ yields the characters themselves, whatever a subclass's (or enum's) __str__ says.
+    return str.__str__(value) if isinstance(value, str) else None
+
+
+def _pattern(regex: re.Pattern[str]) -> Validator:
+    def check(value: object) -> object:
+        text = _plain(value)
+        return text if text is not None and regex.fullmatch(text) else INVALID
+
+    return check
+
+
+def _one_of(choices: Iterable[str]) -> Validator:
+    allowed = frozenset(str(c) for c in choices)
+
+    def check(value: object) -> object:
+        text = _plain(value)
+        return text if text in allowed else INVALID
+
+    return check
+
+
+_COLLECTIONS = (list, tuple, set, frozenset)
+
+
+def _names(value: object) -> object:
+    # A str is iterable too: refuse it, or "query" would become ["e", "q", "r", "u", "y"].
+    if not isinstance(value, _COLLECTIONS) or len(value) > MAX_LIST_ITEMS:
+        return INVALID
+    names = set()
+    for item in value:
+        name = _plain(item)
+        if name is None or not _NAME.fullmatch(name):
+            return INVALID
+        names.add(name)
+    return sorted(names)
+
+
+def _subject(value: object) -> object:
+    text = _plain(value)
+    if text is None or not 1 <= len(text) <= MAX_SUBJECT_CHARS or not text.isprintable():
+        return INVALID
+    return text
+
+
+def _count(low: int, high: int) -> Validator:
+    def check(value: object) -> object:
+        # type() rather than isinstance(): JSON `true` must not pass as the integer 1.
+        return value if type(value) is int and low <= value <= high else INVALID
+
+    return check
+
+
+def _duration(value: object) -> object:
+    if type(value) is int and 0 <= value <= MAX_COUNT:
+        return value
+    if type(value) is float and math.isfinite(value) and 0 <= value <= MAX_COUNT:
+        return round(value, 3)
+    return INVALID
+
+
+def _flag(value: object) -> object:
+    return value if type(value) is bool else INVALID
+
+
+# Keys a caller may pass to `emit` (plus `event`, its positional argument).
+CALLER_FIELDS: Final[dict[str, Validator]] = {
+    "event": _one_of(AuditEvent),
+    "request_id": _pattern(_ID),
+    "tenant": _pattern(_TENANT),
+    "subject": _subject,
+    "method": _pattern(_NAME),
+    "tool": _pattern(_NAME),
+    "arg_names": _names,
+    "header_names": _names,
+    "outcome": _one_of(Outcome),
+    "reason": _pattern(_REASON),
+    "duration_ms": _duration,
+    "bytes_in": _count(0, MAX_COUNT),
+    "bytes_out": _count(0, MAX_COUNT),
+    "approval_id": _pattern(_ID),
+    "decision": _one_of((ApprovalState.APPROVED, ApprovalState.DENIED)),
+    "sandbox": _pattern(_ID),
+    "sandbox_mode": _one_of(DaemonMode),
+    "limits_enforced": _flag,
+    "protocol": _pattern(_PROTOCOL),
+    "status": _count(100, 599),
+}
+
+
+def _invalid_names(value: object) -> object:
+    checked = _names(value)
+    if not isinstance(checked, list) or not set(checked) <= CALLER_FIELDS.keys():
+        return INVALID
+    return checked
+
+
+# Keys only the pipeline writes; a caller passing one of them has it dropped like any unknown key.
+SYSTEM_FIELDS: Final[dict[str, Validator]] = {
+    "v": _count(SCHEMA_VERSION, SCHEMA_VERSION),
+    "seq": _count(1, MAX_COUNT),
+    "ts": _pattern(_TS),
+    "prev": _pattern(_SHA256),
+    "invalid": _invalid_names,  # names of fields whose values were refused (never the values)
+    "dropped": _count(1, MAX_COUNT),  # how many unknown keys were dropped (never their names)
+}
+
+ALL_FIELDS: Final[dict[str, Validator]] = {**CALLER_FIELDS, **SYSTEM_FIELDS}
+REQUIRED_FIELDS: Final = frozenset({"v", "seq", "ts", "prev", "event"})

@@ -1,0 +1,134 @@
+"""Where audit lines go: the `Sink` interface and the file implementation.
+
+A sink moves bytes and knows nothing of events. `open` also hands back the last complete line,
+so the log can continue its hash chain across restarts and after a failed write.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 1 << 20  # far above any valid line (~20 KB with every list full)
+_CHUNK = 64 * 1024
+
+
+class ShortWriteError(OSError):
+    """write(2) took only part of a line; the torn fragment is removed when the sink reopens."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EIO, "short write")
+
+
+class Sink(Protocol):
+    def open(self) -> bytes | None:
+        """(Re)open; return the last complete line without its newline, or None for an empty log.
+
+        A torn last line (no newline: a crash or failed write mid-line) is cut off first. It
+        was never acknowledged, because `emit` raised and the request was refused.
+        """
+
+    def write(self, data: bytes) -> None:
+        """Write `data` in one call or raise OSError (ShortWriteError for a partial write)."""
+
+    def sync(self) -> None:
+        """Force written data to stable storage. Safe to call from another thread."""
+
+    def close(self) -> None: ...
+
+
+class FileSink:
+    """One append-only file, mode 0600, locked against a second writer.
+
+    O_APPEND makes every write land at the current end even if the file is also opened elsewhere;
+    flock makes a second broker pointed at the same file fail at start rather than fork the chain.
+    O_NOFOLLOW refuses a symlink planted at the log's path.
+    """
+
+    _FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._regular = True  # fsync means nothing (or EINVAL) on /dev/full, a FIFO or a tty
+        self._fd_lock = threading.Lock()  # sync() in the fsync thread vs open/close
+
+    def open(self) -> bytes | None:
+        self.close()
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, self._FLAGS, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.fstat(fd)
+            last = None
+            # /dev/full, a FIFO or a tty have no tail to resume from; only regular files do.
+            if stat.S_ISREG(st.st_mode):
+                if st.st_mode & 0o077:
+                    os.fchmod(fd, 0o600)  # who called what, when: for the broker's user only
+                    logger.warning("audit log was readable by others; mode set to 0600")
+                last = _read_tail(fd, st.st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._fd_lock:
+            self._fd, self._regular = fd, stat.S_ISREG(st.st_mode)
+        return last
+
+    def write(self, data: bytes) -> None:
+        if self._fd is None:
+            raise OSError(errno.EBADF, "audit sink is closed")
+        if os.write(self._fd, data) != len(data):
+            raise ShortWriteError()
+
+    def sync(self) -> None:
+        # fsync a duplicate so a concurrent reopen/close cannot pull the fd out from under us
+        # (or hand its number to an unrelated file) during a multi-millisecond fsync.
+        with self._fd_lock:
+            if self._fd is None or not self._regular:
+                return
+            fd = os.dup(self._fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        with self._fd_lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _read_tail(fd: int, size: int) -> bytes | None:
+    """Return the last complete line of the file (without newline); cut off a torn fragment."""
+    last_newline = _rfind_newline(fd, size)
+    if last_newline != size - 1:  # bytes after the last newline: a write that did not finish
+        size = last_newline + 1
+        os.ftruncate(fd, size)
+        logger.warning("audit log ended in a torn line; removed it")
+    if size == 0:
+        return None
+    start = _rfind_newline(fd, size - 1) + 1
+    return os.pread(fd, size - 1 - start, start)
+
+
+def _rfind_newline(fd: int, end: int) -> int:
+    """Offset of the last newline before `end`, or -1 if none; never scans past one line's bound."""
+    pos = end
+    while pos > 0:
+        if end - pos > MAX_LINE_BYTES:
+            raise OSError(errno.EFBIG, "audit log line too long")
+        start = max(0, pos - _CHUNK)
+        found = os.pread(fd, pos - start, start).rfind(b"\n")
+        if found != -1:
+            return start + found
+        pos = start
+    return -1
