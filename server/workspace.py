@@ -53,8 +53,12 @@ class ReadOk:
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-# 0o200: the sandbox's uid may write the new file but never read it back (DESIGN §7).
-REPORT_MODE = 0o200
+# 0o040: the creating open still gets its write descriptor, but afterwards the sandbox's uid
+# (the owner) can neither read nor reopen the file, and seccomp stops it changing the mode.
+# Group read is for the broker, which moves the file out of the drop-box: the sandbox runs as
+# uid 10001 with gid 0, and under a rootless daemon container gid 0 is the broker user's gid
+# (DESIGN §7, drop-box).
+REPORT_MODE = 0o040
 
 
 # --- openat2 ----------------------------------------------------------------------------------

@@ -1,0 +1,258 @@
+"""Build the container images: base (debootstrap), wheelhouse, server and broker images.
+
+    build_images(["server", "broker"], base=None, progress=print)
+
+Offline by design: the base image comes from Debian packages (`deploy/base-image.sh`), every
+Python dependency from a wheelhouse that pip fills on the host (`deploy/wheelhouse`), and the
+Dockerfiles never reach the network. Users with a registry pass `base="python:3.11-slim"`.
+
+The build context is a temporary folder holding only what a Dockerfile copies, so a build
+sends a few MB to the daemon, never the repository, a data dir or a venv.
+
+Exceptions:
+
+    ImageError
+     └── ImageBuildError     the daemon, pip or the base-image script reported a failure
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEPLOY_DIR = REPO_ROOT / "deploy"
+WHEELHOUSE = DEPLOY_DIR / "wheelhouse"
+DEFAULT_BASE = "docbroker-base:bookworm"
+IMAGE_TAGS = {"server": "docbroker-server:latest", "broker": "docbroker-broker:latest"}
+# The Python of the default base (Debian bookworm). Wheels are fetched for it, not for the
+# host's interpreter, so a host with another Python still fills a usable wheelhouse.
+TARGET_PYTHON = "3.11"
+
+Progress = Callable[[str], None]
+
+
+class ImageError(Exception):
+    """Images cannot be built or found."""
+
+
+class ImageBuildError(ImageError):
+    """A build step failed; the message says which step, the progress stream shows why."""
+
+
+def build_images(
+    which: list[str],
+    base: str | None,
+    progress: Progress,
+    *,
+    base_url: str | None = None,
+) -> None:
+    """Build the named images ("server", "broker") into the daemon at `base_url` (or DOCKER_HOST)."""
+    unknown = sorted(set(which) - set(IMAGE_TAGS))
+    if unknown or not which:
+        names = ", ".join(unknown) or "(none)"
+        raise ImageError(f"unknown image(s): {names}; choose from {', '.join(IMAGE_TAGS)}")
+    if not (DEPLOY_DIR / "server.Dockerfile").is_file():
+        raise ImageError("deploy/ is not next to this package: build images from a docbroker source checkout")
+    client = _client(base_url)
+    try:
+        base_image = base or DEFAULT_BASE
+        if base is None:
+            ensure_base(client, base_image, progress, base_url=base_url)
+        build_wheelhouse(with_broker="broker" in which, progress=progress)
+        for name in which:
+            _build_one(client, name, base_image, progress)
+    finally:
+        client.close()
+
+
+def image_present(image: str, *, base_url: str | None = None) -> bool:
+    """For `doctor`: is the image in the daemon's store?"""
+    import docker.errors
+
+    client = _client(base_url)
+    try:
+        client.images.get(image)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        client.close()
+
+
+# --- the base image --------------------------------------------------------------------------
+
+
+def ensure_base(client: Any, image: str, progress: Progress, *, base_url: str | None = None) -> None:
+    """Build the debootstrap base unless the daemon already has it (about a minute, needs root)."""
+    import docker.errors
+
+    try:
+        client.images.get(image)
+        progress(f"base image {image}: present")
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    progress(f"base image {image}: building with debootstrap")
+    env = dict(os.environ)
+    if base_url:
+        env["DOCKER_HOST"] = base_url
+    _stream_command(["sh", str(DEPLOY_DIR / "base-image.sh"), image], progress, env=env, step="base image")
+
+
+# --- the wheelhouse ----------------------------------------------------------------------------
+
+
+def build_wheelhouse(*, with_broker: bool, progress: Progress, python: str = sys.executable) -> Path:
+    """Fill deploy/wheelhouse with binary wheels for the image's Python (offline when it can)."""
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    requirements = [str(DEPLOY_DIR / "server-requirements.txt")]
+    if with_broker:
+        # The docbroker wheel itself changes with the code: rebuild it every time.
+        for old in WHEELHOUSE.glob("docbroker-*.whl"):
+            old.unlink()
+        progress("wheelhouse: building the docbroker wheel")
+        _stream_command(
+            [python, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
+             "--wheel-dir", str(WHEELHOUSE), str(REPO_ROOT)],
+            progress, step="docbroker wheel",
+        )
+        requirements.append(str(REPO_ROOT))
+    target = _target_flags()
+    for req in requirements:
+        spec = ["-r", req] if req.endswith(".txt") else [req]
+        if req == str(REPO_ROOT):
+            spec = [str(next(WHEELHOUSE.glob("docbroker-*.whl")))]
+        download = [python, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+                    "--dest", str(WHEELHOUSE), "--find-links", str(WHEELHOUSE), *target, *spec]
+        # Offline first: a wheelhouse that already satisfies the requirements needs no index.
+        if subprocess.run([*download, "--no-index"], capture_output=True).returncode == 0:
+            progress(f"wheelhouse: {Path(req).name} satisfied offline")
+            continue
+        progress(f"wheelhouse: downloading wheels for {Path(req).name}")
+        _stream_command(download, progress, step="wheelhouse")
+    return WHEELHOUSE
+
+
+def _target_flags() -> list[str]:
+    machine = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(
+        platform.machine().lower(), platform.machine().lower()
+    )
+    flags = ["--only-binary=:all:", "--python-version", TARGET_PYTHON, "--implementation", "cp"]
+    for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28", "manylinux_2_34"):
+        flags += ["--platform", f"{tag}_{machine}"]
+    return [*flags, "--platform", "any"]
+
+
+# --- the images --------------------------------------------------------------------------------
+
+
+def _build_one(client: Any, name: str, base: str, progress: Progress) -> None:
+    tag = IMAGE_TAGS[name]
+    with tempfile.TemporaryDirectory(prefix=f"docbroker-{name}-ctx-") as tmp:
+        context = Path(tmp)
+        _make_context(context, name)
+        size = sum(p.stat().st_size for p in context.rglob("*") if p.is_file())
+        progress(f"{tag}: context {size / 1e6:.1f} MB, base {base}")
+        stream = client.api.build(
+            path=str(context),
+            dockerfile="Dockerfile",
+            tag=tag,
+            buildargs={"BASE": base},
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            labels={"io.docbroker.image": name},
+        )
+        _follow_build(stream, progress, tag)
+    image = client.images.get(tag)
+    progress(f"{tag}: built, {image.attrs.get('Size', 0) / 1e6:.1f} MB")
+
+
+def _make_context(context: Path, name: str) -> None:
+    shutil.copy2(DEPLOY_DIR / f"{name}.Dockerfile", context / "Dockerfile")
+    shutil.copy2(DEPLOY_DIR / "prune.py", context / "prune.py")
+    wheels = context / "wheelhouse"
+    wheels.mkdir()
+    for wheel in WHEELHOUSE.glob("*.whl"):
+        _link_or_copy(wheel, wheels / wheel.name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    if name == "server":
+        shutil.copy2(DEPLOY_DIR / "server-requirements.txt", context / "server-requirements.txt")
+        shutil.copy2(DEPLOY_DIR / "umask.pth", context / "umask.pth")
+        shutil.copytree(REPO_ROOT / "server", context / "server", ignore=ignore)
+    else:
+        shutil.copytree(REPO_ROOT / "policies", context / "policies", ignore=ignore)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str) -> None:
+    for chunk in stream:
+        if "error" in chunk or "errorDetail" in chunk:
+            detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
+            progress(f"{tag}: {detail.strip()}")
+            raise ImageBuildError(f"building {tag} failed")
+        text = chunk.get("stream", "")
+        for line in text.splitlines():
+            if line.strip():
+                progress(line.rstrip())
+
+
+def _stream_command(
+    argv: list[str], progress: Progress, *, step: str, env: dict[str, str] | None = None
+) -> None:
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            progress(line.rstrip())
+    if proc.returncode != 0:
+        raise ImageBuildError(f"{step} failed (exit {proc.returncode})")
+
+
+def _client(base_url: str | None) -> Any:
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise ImageError("the Docker daemon does not answer (is it running? is DOCKER_HOST right?)") from exc
+    return client
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m broker.images [server] [broker] [--base IMAGE]`: used by .ci/docker.sh."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m broker.images")
+    parser.add_argument("which", nargs="*", default=["server"], choices=[*IMAGE_TAGS, "wheelhouse"])
+    parser.add_argument("--base", default=None, help=f"base image (default: build {DEFAULT_BASE} locally)")
+    args = parser.parse_args(argv)
+    try:
+        if args.which == ["wheelhouse"]:
+            build_wheelhouse(with_broker=True, progress=print)
+        else:
+            build_images(args.which, args.base, lambda line: print(line, flush=True))
+    except ImageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+#!/bin/sh
+# Fill deploy/wheelhouse (gitignored) with binary wheels for the image's Python 3.11: the
+# server's dependencies, the docbroker wheel and the broker's dependencies. Offline when the
+# wheelhouse already satisfies them; otherwise pip reaches the package index from the HOST
+# (containers cannot). Air-gapped users copy a filled wheelhouse in instead.
+#
+# Usage: deploy/wheelhouse.sh        env: PYTHON (default python3; needs pip)
+set -eu
+cd "$(dirname "$0")/.."
+exec "${PYTHON:-python3}" -m broker.images wheelhouse
