@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     # stderr only: in stdio mode stdout carries protocol frames and nothing else.
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The SDK logs session ids and request details at INFO; a session id is a credential.
+    logging.getLogger("mcp").setLevel(logging.WARNING)
     try:
         config = ServerConfig.from_env()
         from server.app import build_server, http_app  # imports the SDK: ~0.5 s, after cheap checks

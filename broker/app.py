@@ -1,0 +1,168 @@
+"""The broker's Starlette application: routes, the order of things, and the lifespan.
+
+`build_app(settings)` is the only place where components are constructed and wired; each
+gets what it needs passed in. Data flows one way: request → auth → policy → runtime →
+gateway → audit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from broker.approvals.flow import ApprovalFlow
+from broker.approvals.reports import ReportStore
+from broker.approvals.sealing import StateSealer
+from broker.approvals.secrets import load_master_key, sealing_key
+from broker.approvals.store import ApprovalStore
+from broker.audit.log import AuditLog
+from broker.auth.service import AuthService
+from broker.gateway.handler import McpGateway
+from broker.gateway.sessions import SessionBindings
+from broker.gateway.upstream import Upstreams
+from broker.metrics import Metrics
+from broker.policy import Policies, TenantLimiter
+from broker.runtime.base import Runtime, SandboxBackend
+from broker.settings import Settings
+from broker.tenants import Tenants
+from broker.web import page
+from broker.web.api import ApprovalsApi
+
+log = logging.getLogger("docbroker")
+
+
+def make_backend(settings: Settings) -> SandboxBackend:
+    if settings.runtime.kind == "local":
+        from broker.runtime.local import LocalProcessBackend
+
+        return LocalProcessBackend()
+    from broker.runtime.docker import DockerBackend
+
+    return DockerBackend(settings.runtime.docker)
+
+
+@dataclass
+class Components:
+    """Everything the app holds, for the lifespan and for tests that need a handle."""
+
+    settings: Settings
+    audit: AuditLog
+    auth: AuthService
+    policies: Policies
+    tenants: Tenants
+    runtime: Runtime
+    upstreams: Upstreams
+    store: ApprovalStore
+    metrics: Metrics
+
+
+def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend | None = None) -> Starlette:
+    """The app, wired. `audit` is opened by the caller first: no audit log, no broker."""
+    master_key = load_master_key(settings.master_key_file)
+    policies = Policies.load(settings.policies_dir)
+    tenants = Tenants(settings, master_key)
+    auth = AuthService(settings.auth, known_tenant=policies.known, public_url=settings.public_url)
+    store = ApprovalStore(settings.approvals_db)
+
+    async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
+        fields = {"tenant": tenant, "sandbox": sandbox_id[:64], "reason": details.get("reason", event.split(".")[1])}
+        if "mode" in details:
+            fields["sandbox_mode"] = details["mode"]
+        if "limits_enforced" in details:
+            fields["limits_enforced"] = bool(details["limits_enforced"])
+        await audit.emit(event, outcome="ok" if event == "sandbox.started" else "error", **fields)
+
+    runtime = Runtime(
+        backend or make_backend(settings),
+        tenants.provision,
+        max_sandboxes=settings.runtime.max_sandboxes,
+        idle_timeout=settings.runtime.idle_timeout_seconds,
+        start_timeout=settings.runtime.start_timeout_seconds,
+        on_event=sandbox_event,
+    )
+    upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
+    metrics = Metrics(runtime.running_count, store.pending_count)
+
+    def reports_for(tenant: str) -> ReportStore:
+        return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
+
+    approvals = ApprovalFlow(
+        store=store,
+        sealer=StateSealer(sealing_key(master_key)),
+        secret_for=tenants.secret,
+        reports_for=reports_for,
+        settings=settings.approvals,
+        public_url=settings.public_url,
+        audit=audit.emit,
+    )
+    gateway = McpGateway(
+        auth=auth,
+        policies=policies,
+        limiter=TenantLimiter(policies),
+        runtime=runtime,
+        upstreams=upstreams,
+        sessions=SessionBindings(),
+        approvals=approvals,
+        reports_for=reports_for,
+        audit=audit,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    api = ApprovalsApi(
+        auth=auth,
+        store=store,
+        policies=policies,
+        audit=audit.emit,
+        require_distinct_approver=settings.approvals.require_distinct_approver,
+    )
+    parts = Components(settings, audit, auth, policies, tenants, runtime, upstreams, store, metrics)
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(_: Request) -> Response:
+        checks = {
+            "audit": audit.healthy,
+            "keys": await auth.ready(),
+            "sandboxes": runtime.backend.describe(),
+        }
+        ok = checks["audit"] and checks["keys"]
+        return JSONResponse({"status": "ready" if ok else "not_ready", "checks": checks}, 200 if ok else 503)
+
+    async def metrics_endpoint(_: Request) -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    async def resource_metadata(_: Request) -> Response:
+        return JSONResponse(auth.resource_metadata(), headers={"cache-control": "public, max-age=3600"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await runtime.start()
+        log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
+        try:
+            yield
+        finally:
+            await runtime.close()
+            await upstreams.close()
+            store.close()
+
+    routes = [
+        Route("/mcp", gateway),  # every HTTP method reaches the gateway, so even a 405 is audited
+        Route("/.well-known/oauth-protected-resource/mcp", resource_metadata, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        *api.routes(),
+        *page.routes(),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.components = parts
+    return app

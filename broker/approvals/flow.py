@@ -1,0 +1,273 @@
+"""The approval gate in front of `save_report` (DESIGN §4).
+
+A `save_report` call never reaches the sandbox without a human's approval of this exact
+filename and content. `ApprovalFlow.gate` decides, for one call, between:
+
+- `Forward`: approved; the call goes on with a freshly minted `approval_token`;
+- `Answer`: the broker answers itself: a `waiting_approval` result (out-of-band), an
+  `input_required` question (in-band, 2026-07-28 clients that declare elicitation), or a
+  rejection.
+
+The approval token is minted here, with the tenant's derived secret, only at the moment of
+forwarding; it never reaches the client.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from broker.approvals.reports import ReportStore
+from broker.approvals.sealing import ApprovalState as SealedApproval
+from broker.approvals.sealing import StateSealer
+from broker.approvals.store import ApprovalStore, TooManyPending
+from broker.gateway.jsonrpc import RpcMessage
+from broker.gateway.tools_filter import BROKER_ONLY_ARGUMENT
+from broker.policy import TenantPolicy
+from broker.settings import ApprovalSettings
+from broker.types import Outcome, Principal, Scope
+from server import contracts as c
+from server.approval import content_sha256, mint_token
+
+MODERN_PROTOCOL = "2026-07-28"
+INPUT_KEY = "approval"
+DENIED_MESSAGE = "the report was not approved"
+
+# event name, fields (names and ids only)
+AuditFn = Callable[..., Awaitable[None]]
+
+
+class _ClientSave(c.StrictInput):
+    """What a client may send: the server's input without the broker-only token."""
+
+    filename: c.Filename
+    content: str
+
+
+@dataclass(frozen=True)
+class Forward:
+    arguments: dict[str, Any]
+    approval_id: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    result: dict[str, Any]  # the JSON-RPC `result` value to send back
+    outcome: Outcome
+    reason: str
+    approval_id: str | None = None
+
+
+def tool_result(status: c.Status, message: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A CallToolResult in the tools' one result shape, as produced by the broker itself."""
+    structured = {"status": status.value, "message": message, "data": data}
+    return {
+        "content": [{"type": "text", "text": json.dumps(structured, separators=(",", ":"))}],
+        "structuredContent": structured,
+        "isError": False,
+    }
+
+
+def _rejected(message: str, reason: str) -> Answer:
+    return Answer(tool_result(c.Status.REJECTED, message), Outcome.REJECTED, reason)
+
+
+class ApprovalFlow:
+    def __init__(
+        self,
+        *,
+        store: ApprovalStore,
+        sealer: StateSealer,
+        secret_for: Callable[[str], str],
+        reports_for: Callable[[str], ReportStore],
+        settings: ApprovalSettings,
+        public_url: str,
+        audit: AuditFn,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._sealer = sealer
+        self._secret_for = secret_for
+        self._reports_for = reports_for
+        self._settings = settings
+        self._public_url = public_url
+        self._audit = audit
+        self._clock = clock
+
+    async def gate(self, principal: Principal, policy: TenantPolicy, msg: RpcMessage, request_id: str) -> Forward | Answer:
+        args = msg.arguments
+        if BROKER_ONLY_ARGUMENT in args:
+            return _rejected(c.Message.INVALID_INPUT.value, "client_supplied_approval_token")
+        try:
+            save = _ClientSave.model_validate(args)
+        except ValidationError:
+            return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
+        try:
+            data = save.content.encode("utf-8")
+        except UnicodeEncodeError:
+            return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
+        if not 1 <= len(save.content) <= c.MAX_REPORT_CHARS or len(data) > c.MAX_REPORT_BYTES:
+            return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
+        if self._reports_for(principal.tenant).exists(save.filename):
+            return _rejected(c.Message.REPORT_EXISTS.value, "report_exists")
+        sha = content_sha256(save.content)
+        ids = {"request_id": request_id, "tenant": principal.tenant, "subject": principal.subject}
+
+        state = msg.params.get("requestState")
+        if state is not None:
+            return await self._answered_in_band(principal, save, sha, state, msg.params.get("inputResponses"), ids)
+
+        approved = self._store.consume(
+            tenant=principal.tenant, requester=principal.subject, filename=save.filename, sha256=sha
+        )
+        if approved is not None:
+            await self._audit("approval.consumed", approval_id=approved.id, outcome="ok", **ids)
+            return self._forward(principal.tenant, save, sha, approved.id)
+
+        if self._in_band_possible(principal, policy, msg):
+            return await self._ask_in_band(principal, save, sha, len(data), ids)
+        return await self._wait_out_of_band(principal, policy, save, sha, len(data), ids)
+
+    # -- out-of-band ------------------------------------------------------------------------
+
+    async def _wait_out_of_band(
+        self, principal: Principal, policy: TenantPolicy, save: _ClientSave, sha: str, size: int, ids: dict[str, str]
+    ) -> Answer:
+        try:
+            record, created = self._store.request(
+                tenant=principal.tenant,
+                requester=principal.subject,
+                filename=save.filename,
+                content=save.content,
+                sha256=sha,
+                size=size,
+                ttl=self._settings.ttl_seconds,
+                max_pending=policy.max_pending_approvals,
+            )
+        except TooManyPending:
+            return _rejected("too many reports are waiting for approval", "too_many_pending_approvals")
+        if created:
+            await self._audit("approval.requested", approval_id=record.id, outcome="waiting_approval", **ids)
+        data = c.PendingApprovalData(
+            approval_id=record.id,
+            filename=save.filename,
+            bytes=size,
+            sha256=sha,
+            approve_url=f"{self._public_url}/approvals?id={record.id}",
+        ).model_dump()
+        result = tool_result(c.Status.WAITING_APPROVAL, c.Message.WAITING_APPROVAL.value, data)
+        return Answer(result, Outcome.WAITING_APPROVAL, "approval_pending", record.id)
+
+    # -- in-band ----------------------------------------------------------------------------
+
+    def _in_band_possible(self, principal: Principal, policy: TenantPolicy, msg: RpcMessage) -> bool:
+        # The human answering in-band is the caller: only when they may approve, and the
+        # tenant does not demand a second person.
+        if msg.protocol_version != MODERN_PROTOCOL or "elicitation" not in msg.client_capabilities():
+            return False
+        if policy.require_distinct_approver or self._settings.require_distinct_approver:
+            return False
+        return principal.has(Scope.REPORTS_APPROVE)
+
+    async def _ask_in_band(
+        self, principal: Principal, save: _ClientSave, sha: str, size: int, ids: dict[str, str]
+    ) -> Answer:
+        approval_id = secrets.token_hex(16)
+        ttl = min(self._settings.ttl_seconds, 600)
+        self._store.record_in_band(
+            approval_id=approval_id,
+            tenant=principal.tenant,
+            requester=principal.subject,
+            filename=save.filename,
+            content=save.content,
+            sha256=sha,
+            size=size,
+            ttl=ttl,
+        )
+        sealed = self._sealer.seal(
+            SealedApproval(
+                approval_id=approval_id,
+                tenant=principal.tenant,
+                subject=principal.subject,
+                filename=save.filename,
+                sha256=sha,
+                expires=int(self._clock() + ttl),
+            )
+        )
+        question = {
+            "method": "elicitation/create",
+            "params": {
+                "mode": "form",
+                "message": (
+                    "Approve writing this report?\n\n"
+                    f"File: {save.filename}\nSize: {size} bytes\nSHA-256: {sha}\n\n"
+                    f"--- content ---\n{save.content}\n--- end ---"
+                ),
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {
+                        "decision": {"type": "string", "title": "Decision", "enum": ["approve", "deny"]}
+                    },
+                    "required": ["decision"],
+                },
+            },
+        }
+        await self._audit("approval.requested", approval_id=approval_id, outcome="waiting_approval", **ids)
+        result = {"resultType": "input_required", "inputRequests": {INPUT_KEY: question}, "requestState": sealed}
+        return Answer(result, Outcome.WAITING_APPROVAL, "approval_in_band", approval_id)
+
+    async def _answered_in_band(
+        self, principal: Principal, save: _ClientSave, sha: str, state: Any, responses: Any, ids: dict[str, str]
+    ) -> Answer | Forward:
+        opened = self._sealer.open(state)
+        if (
+            opened is None
+            or opened.tenant != principal.tenant
+            or opened.subject != principal.subject
+            or opened.filename != save.filename
+            or opened.sha256 != sha
+        ):
+            return _rejected(c.Message.APPROVAL_INVALID.value, "request_state_invalid")
+        answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
+        approve = (
+            isinstance(answer, dict)
+            and answer.get("action") == "accept"
+            and isinstance(answer.get("content"), dict)
+            and answer["content"].get("decision") == "approve"
+        )
+        record = self._store.answer_in_band(
+            opened.approval_id, tenant=principal.tenant, approver=principal.subject, approve=approve
+        )
+        if record is None:  # answered before: a replayed state
+            return _rejected(c.Message.APPROVAL_INVALID.value, "approval_replayed")
+        decision = "approved" if approve else "denied"
+        await self._audit("approval.decided", approval_id=record.id, decision=decision, outcome="ok", **ids)
+        if not approve:
+            return Answer(
+                tool_result(c.Status.REJECTED, DENIED_MESSAGE), Outcome.REJECTED, "approval_denied", record.id
+            )
+        await self._audit("approval.consumed", approval_id=record.id, outcome="ok", **ids)
+        return self._forward(principal.tenant, save, sha, record.id)
+
+    # -- forwarding -------------------------------------------------------------------------
+
+    def _forward(self, tenant: str, save: _ClientSave, sha: str, approval_id: str) -> Forward:
+        token = mint_token(
+            secret=self._secret_for(tenant),
+            scope=tenant,
+            tool=c.TOOL_SAVE,
+            filename=save.filename,
+            sha256=sha,
+            expires=int(self._clock()) + self._settings.token_ttl_seconds,
+            jti=secrets.token_hex(16),
+        )
+        arguments = {"filename": save.filename, "content": save.content, BROKER_ONLY_ARGUMENT: token}
+        return Forward(arguments=arguments, approval_id=approval_id, filename=save.filename, sha256=sha)

@@ -1,0 +1,176 @@
+"""`docbroker`: serve, mint dev tokens, provision tenants, build images, verify audit, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import sys
+import time
+from pathlib import Path
+
+from broker.settings import Settings, SettingsError
+
+_DEMO_SCOPES = "docs:read docs:write reports:approve"
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        raise SystemExit(f"docbroker: configuration error: {exc}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from broker.approvals.secrets import create_master_key
+
+    settings = _settings()
+    if create_master_key(settings.master_key_file):
+        logging.getLogger("docbroker").warning("created a new master key file")
+    return asyncio.run(_serve(settings))
+
+
+async def _serve(settings: Settings) -> int:
+    import uvicorn
+
+    from broker.app import build_app
+    from broker.approvals.secrets import KeyError_
+    from broker.audit import AuditLog, AuditSinkError
+    from broker.policy import PolicyError
+
+    try:
+        audit = await AuditLog.open(settings.audit)
+    except AuditSinkError as exc:
+        raise SystemExit(f"docbroker: cannot open the audit log ({exc.code}); refusing to start") from None
+    async with audit:
+        try:
+            app = build_app(settings, audit)
+        except (KeyError_, PolicyError, ValueError, OSError) as exc:
+            raise SystemExit(f"docbroker: cannot start: {exc}") from None
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            access_log=False,  # the audit log is the access log; uvicorn's would carry paths and peers
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
+        await uvicorn.Server(config).serve()
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """Mint an HS256 token for the dev mode. Refuses when the broker is not in dev mode."""
+    import jwt
+
+    settings = _settings()
+    secret_file = settings.auth.dev_hs256_secret_file
+    if secret_file is None:
+        raise SystemExit("docbroker token: only in dev mode (DOCBROKER_AUTH_DEV_HS256_SECRET_FILE)")
+    now = int(time.time())
+    claims = {
+        "iss": settings.auth.issuer,
+        "aud": settings.auth.audience,
+        "sub": args.subject,
+        settings.auth.tenant_claim: args.tenant,
+        "scope": args.scope,
+        "iat": now,
+        "exp": now + min(args.ttl, settings.auth.max_lifetime_seconds),
+        "jti": secrets.token_hex(8),
+    }
+    from broker.auth import load_dev_secret
+
+    key = load_dev_secret(secret_file)
+    sys.stdout.write(jwt.encode(claims, key, algorithm="HS256") + "\n")
+    return 0
+
+
+def cmd_tenant(args: argparse.Namespace) -> int:
+    from broker.approvals.secrets import create_master_key, load_master_key
+    from broker.tenants import Tenants
+
+    settings = _settings()
+    create_master_key(settings.master_key_file)
+    tenants = Tenants(settings, load_master_key(settings.master_key_file))
+    try:
+        spec = tenants.provision(args.name)
+    except ValueError as exc:
+        raise SystemExit(f"docbroker tenant: {exc}") from None
+    policy = settings.policies_dir / "tenants" / f"{args.name}.toml"
+    if not policy.exists():
+        policy.parent.mkdir(parents=True, exist_ok=True)
+        policy.write_text(f"# Tenant {args.name}: overrides of policies/default.toml\n")
+    sys.stdout.write(
+        json.dumps({"tenant": args.name, "sources": spec.sources_dir, "policy": str(policy)}, indent=2) + "\n"
+    )
+    return 0
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    from broker.audit.verify import main_verify
+
+    return main_verify(Path(args.file))
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    from broker.images import build_images
+
+    build_images(args.which, base=args.base, progress=lambda line: sys.stderr.write(line.rstrip() + "\n"))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from broker.doctor import run_doctor
+
+    return run_doctor(_settings(), out=sys.stdout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="docbroker", description="Multi-tenant MCP broker for document tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("serve", help="run the broker (configuration: DOCBROKER_* variables)").set_defaults(
+        func=cmd_serve
+    )
+
+    token = sub.add_parser("token", help="mint a dev token (HS256 dev mode only)")
+    token.add_argument("--tenant", default="demo")
+    token.add_argument("--subject", default="dev-user")
+    token.add_argument("--scope", default=_DEMO_SCOPES)
+    token.add_argument("--ttl", type=int, default=3600, help="seconds")
+    token.set_defaults(func=cmd_token)
+
+    tenant = sub.add_parser("tenant", help="provision a tenant (folders, secret, policy file)")
+    tenant.add_argument("name")
+    tenant.set_defaults(func=cmd_tenant)
+
+    image = sub.add_parser("image", help="container images").add_subparsers(dest="image_command", required=True)
+    build = image.add_parser("build", help="build the images offline (base, wheelhouse, server, broker)")
+    build.add_argument("which", nargs="*", default=["server"], choices=["server", "broker"])
+    build.add_argument("--base", default=None, help="base image (default: a locally built Debian base)")
+    build.set_defaults(func=cmd_image_build)
+
+    audit = sub.add_parser("audit", help="audit log tools").add_subparsers(dest="audit_command", required=True)
+    verify = audit.add_parser("verify", help="check an audit log's hash chain; report the first broken line")
+    verify.add_argument("file")
+    verify.set_defaults(func=cmd_audit_verify)
+
+    sub.add_parser("doctor", help="check the host: daemon, rootless, images, keys").set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Client libraries log URLs and request lines at INFO: not values we want in any log.
+    for noisy in ("httpx2", "httpcore2", "docker", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

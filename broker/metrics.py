@@ -1,0 +1,43 @@
+"""Prometheus metrics, in a registry of the broker's own (no process-global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, sandboxes_running: Callable[[], int], approvals_pending: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "docbroker_requests",
+            "MCP requests by JSON-RPC method, tool and outcome",
+            ("method", "tool", "outcome"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "docbroker_request_seconds",
+            "Time from request to last byte of the response",
+            ("method",),
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        running = Gauge("docbroker_sandboxes_running", "Tenant sandboxes running", registry=self.registry)
+        running.set_function(lambda: float(sandboxes_running()))
+        pending = Gauge("docbroker_approvals_pending", "Approvals waiting for a human", registry=self.registry)
+        pending.set_function(lambda: float(approvals_pending()))
+
+    def observe(self, method: str, tool: str, outcome: str, seconds: float) -> None:
+        # Label values come from fixed sets (allow-listed methods, tool names, outcomes),
+        # so a client cannot blow up the series count.
+        self.requests.labels(method, tool, outcome).inc()
+        self.latency.labels(method).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,153 @@
+"""Tenant policy: which tools a tenant may use, how fast, how many at once.
+
+Policies are TOML files in the policies folder, read once at start-up:
+
+    policies/default.toml          defaults for every tenant
+    policies/tenants/<tenant>.toml one per tenant; its existence is what makes a tenant known
+
+A tenant file overrides the defaults key by key. Unknown keys are errors: a typo in a
+security policy must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.contracts import TENANT_RE, TOOL_NAMES
+
+
+class PolicyError(ValueError):
+    """A policy file is invalid; raised at start-up, names the file and key."""
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    tenant: str
+    allowed_tools: frozenset[str] = frozenset(TOOL_NAMES)
+    rate_per_minute: int = 600
+    burst: int = 60
+    max_concurrent: int = 8
+    require_distinct_approver: bool = False
+    max_pending_approvals: int = 50
+
+
+_SCHEMA: dict[str, dict[str, type]] = {
+    "tools": {"allowed": list},
+    "limits": {"rate_per_minute": int, "burst": int, "max_concurrent": int},
+    "approvals": {"require_distinct_approver": bool, "max_pending": int},
+}
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any], source: str) -> dict[str, Any]:
+    merged = {section: dict(values) for section, values in base.items()}
+    for section, values in override.items():
+        if section not in _SCHEMA or not isinstance(values, dict):
+            raise PolicyError(f"{source}: unknown section [{section}]")
+        for key, value in values.items():
+            expected = _SCHEMA[section].get(key)
+            if expected is None:
+                raise PolicyError(f"{source}: unknown key {section}.{key}")
+            # bool is an int in Python: check it explicitly so `burst = true` is an error.
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                raise PolicyError(f"{source}: {section}.{key} must be {expected.__name__}")
+            merged.setdefault(section, {})[key] = value
+    return merged
+
+
+def _build(tenant: str, doc: Mapping[str, Any], source: str) -> TenantPolicy:
+    tools = doc.get("tools", {}).get("allowed", list(TOOL_NAMES))
+    unknown = [t for t in tools if t not in TOOL_NAMES]
+    if unknown:
+        raise PolicyError(f"{source}: tools.allowed names unknown tools")
+    limits = doc.get("limits", {})
+    approvals = doc.get("approvals", {})
+    policy = TenantPolicy(
+        tenant=tenant,
+        allowed_tools=frozenset(tools),
+        rate_per_minute=limits.get("rate_per_minute", 600),
+        burst=limits.get("burst", 60),
+        max_concurrent=limits.get("max_concurrent", 8),
+        require_distinct_approver=approvals.get("require_distinct_approver", False),
+        max_pending_approvals=approvals.get("max_pending", 50),
+    )
+    for name in ("rate_per_minute", "burst", "max_concurrent", "max_pending_approvals"):
+        if not 1 <= getattr(policy, name) <= 1_000_000:
+            raise PolicyError(f"{source}: {name} must be between 1 and 1000000")
+    return policy
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PolicyError(f"{path.name}: cannot be read as TOML ({type(exc).__name__})") from None
+
+
+@dataclass
+class Policies:
+    """All tenant policies, loaded once."""
+
+    by_tenant: dict[str, TenantPolicy] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: Path) -> Policies:
+        default_file = folder / "default.toml"
+        base = _merge({}, _read_toml(default_file), default_file.name) if default_file.exists() else {}
+        policies: dict[str, TenantPolicy] = {}
+        tenants_dir = folder / "tenants"
+        for path in sorted(tenants_dir.glob("*.toml")) if tenants_dir.is_dir() else []:
+            tenant = path.stem
+            if not TENANT_RE.fullmatch(tenant):
+                raise PolicyError(f"{path.name}: file name must be a tenant id (DNS label)")
+            doc = _merge(base, _read_toml(path), f"tenants/{path.name}")
+            policies[tenant] = _build(tenant, doc, f"tenants/{path.name}")
+        return cls(policies)
+
+    def known(self, tenant: str) -> bool:
+        return tenant in self.by_tenant
+
+    def get(self, tenant: str) -> TenantPolicy:
+        return self.by_tenant[tenant]
+
+
+class TenantLimiter:
+    """Per-tenant token bucket and concurrency cap. Single event loop: no locks needed."""
+
+    def __init__(self, policies: Policies, clock: Callable[[], float] = time.monotonic) -> None:
+        self._policies = policies
+        self._clock = clock
+        self._tokens: dict[str, float] = {}
+        self._stamp: dict[str, float] = {}
+        self._active: dict[str, int] = {}
+
+    def take(self, tenant: str) -> float:
+        """Take one request token. Returns 0 when allowed, else seconds until one is free."""
+        policy = self._policies.get(tenant)
+        now = self._clock()
+        rate = policy.rate_per_minute / 60.0
+        tokens = min(
+            float(policy.burst),
+            self._tokens.get(tenant, float(policy.burst)) + (now - self._stamp.get(tenant, now)) * rate,
+        )
+        self._stamp[tenant] = now
+        if tokens >= 1.0:
+            self._tokens[tenant] = tokens - 1.0
+            return 0.0
+        self._tokens[tenant] = tokens
+        return max(math.ceil((1.0 - tokens) / rate), 1)
+
+    def enter(self, tenant: str) -> bool:
+        if self._active.get(tenant, 0) >= self._policies.get(tenant).max_concurrent:
+            return False
+        self._active[tenant] = self._active.get(tenant, 0) + 1
+        return True
+
+    def leave(self, tenant: str) -> None:
+        self._active[tenant] -= 1

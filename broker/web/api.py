@@ -1,0 +1,112 @@
+"""REST for out-of-band approvals: list, show, approve, deny (DESIGN §4).
+
+Only principals with `reports:approve` may use it, and only for their own tenant: another
+tenant's approval id answers 404, exactly like an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from broker.approvals.store import ApprovalStore, DecisionError
+from broker.auth import AuthError
+from broker.auth.service import AuthService
+from broker.policy import Policies
+from broker.types import ApprovalState, Principal
+
+_ID_RE = re.compile(r"[0-9a-f]{32}")
+_DECISION_STATUS = {
+    DecisionError.NOT_FOUND: 404,
+    DecisionError.NOT_PENDING: 409,
+    DecisionError.EXPIRED: 410,
+    DecisionError.SAME_PERSON: 403,
+}
+
+Audit = Callable[..., Awaitable[None]]
+
+
+class ApprovalsApi:
+    def __init__(
+        self,
+        *,
+        auth: AuthService,
+        store: ApprovalStore,
+        policies: Policies,
+        audit: Audit,
+        require_distinct_approver: bool,
+    ) -> None:
+        self._auth = auth
+        self._store = store
+        self._policies = policies
+        self._audit = audit
+        self._require_distinct = require_distinct_approver
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/approvals", self.list, methods=["GET"]),
+            Route("/v1/approvals/{approval_id}", self.show, methods=["GET"]),
+            Route("/v1/approvals/{approval_id}/approve", self.approve, methods=["POST"]),
+            Route("/v1/approvals/{approval_id}/deny", self.deny, methods=["POST"]),
+        ]
+
+    async def _approver(self, request: Request) -> Principal | Response:
+        try:
+            return await self._auth.approver(request.headers.getlist("authorization"))
+        except AuthError as exc:
+            await self._audit("auth.denied", outcome="denied", reason=exc.reason.value, method="approvals")
+            return JSONResponse({"error": "unauthorized" if exc.status == 401 else "forbidden"}, exc.status,
+                                headers=self._auth.challenge(exc))  # fmt: skip
+
+    async def list(self, request: Request) -> Response:
+        principal = await self._approver(request)
+        if isinstance(principal, Response):
+            return principal
+        state_name = request.query_params.get("state", "pending")
+        state = ApprovalState(state_name) if state_name in ApprovalState.__members__.values() else None
+        items = [a.public() for a in self._store.list(principal.tenant, state)]
+        return JSONResponse({"approvals": items})
+
+    async def show(self, request: Request) -> Response:
+        principal = await self._approver(request)
+        if isinstance(principal, Response):
+            return principal
+        approval_id = request.path_params["approval_id"]
+        record = self._store.get(approval_id, principal.tenant) if _ID_RE.fullmatch(approval_id) else None
+        if record is None:
+            return JSONResponse({"error": "not_found"}, 404)
+        return JSONResponse(record.detail())
+
+    async def approve(self, request: Request) -> Response:
+        return await self._decide(request, approve=True)
+
+    async def deny(self, request: Request) -> Response:
+        return await self._decide(request, approve=False)
+
+    async def _decide(self, request: Request, *, approve: bool) -> Response:
+        principal = await self._approver(request)
+        if isinstance(principal, Response):
+            return principal
+        approval_id = request.path_params["approval_id"]
+        if not _ID_RE.fullmatch(approval_id):
+            return JSONResponse({"error": "not_found"}, 404)
+        policy = self._policies.get(principal.tenant)
+        outcome = self._store.decide(
+            approval_id,
+            tenant=principal.tenant,
+            approver=principal.subject,
+            approve=approve,
+            require_distinct=self._require_distinct or policy.require_distinct_approver,
+        )
+        fields: dict[str, Any] = {"tenant": principal.tenant, "subject": principal.subject, "method": "approvals"}
+        if isinstance(outcome, DecisionError):
+            await self._audit("approval.decided", outcome="rejected", reason=outcome.value, **fields)
+            return JSONResponse({"error": outcome.value}, _DECISION_STATUS[outcome])
+        decision = "approved" if approve else "denied"
+        await self._audit("approval.decided", approval_id=outcome.id, decision=decision, outcome="ok", **fields)
+        return JSONResponse(outcome.public())

@@ -1,0 +1,196 @@
+"""A real broker for tests: `python -m broker serve` in a subprocess, real HTTP, real sandboxes.
+
+Tokens are RS256, signed with a key whose public half the broker loads from a JWKS file, as
+an identity provider's would be. Nothing here reaches into the broker's memory: tests see it
+the way clients and operators do (HTTP, files, logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+ROOT = Path(__file__).resolve().parents[2]
+ISSUER = "https://idp.test.invalid"
+AUDIENCE = "docbroker-test"
+ALL_SCOPES = "docs:read docs:write reports:approve"
+TENANTS = ("acme", "globex")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Broker:
+    url: str
+    data_dir: Path
+    log_file: Path
+    env: dict[str, str]
+    private_key: rsa.RSAPrivateKey
+    kid: str
+    proc: subprocess.Popen[bytes] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.url}/mcp"
+
+    @property
+    def audit_file(self) -> Path:
+        return self.data_dir / "audit.jsonl"
+
+    def token(self, tenant: str = "acme", subject: str = "alice", scope: str = ALL_SCOPES, **claims: Any) -> str:
+        now = int(time.time())
+        payload: dict[str, Any] = {
+            "iss": ISSUER,
+            "aud": AUDIENCE,
+            "sub": subject,
+            "tenant": tenant,
+            "scope": scope,
+            "iat": now,
+            "exp": now + 600,
+        }
+        payload.update(claims)
+        payload = {k: v for k, v in payload.items() if v is not _DROP}
+        return jwt.encode(payload, self.private_key, algorithm="RS256", headers={"kid": self.kid})
+
+    def sources(self, tenant: str) -> Path:
+        return self.data_dir / "tenants" / tenant / "docs" / "sources"
+
+    def reports(self, tenant: str) -> Path:
+        return self.data_dir / "tenants" / tenant / "reports"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        if not self.audit_file.exists():
+            return []
+        return [json.loads(line) for line in self.audit_file.read_text().splitlines() if line.strip()]
+
+    def logs(self) -> str:
+        return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+    def http(self, token: str | None = None, **kwargs: Any) -> httpx2.Client:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        return httpx2.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def client(
+        self, token: str, mode: str = "auto", **kwargs: Any
+    ) -> AsyncIterator[Client]:
+        http = httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}, timeout=30)
+        async with http, Client(streamable_http_client(self.mcp_url, http_client=http), mode=mode, **kwargs) as c:
+            yield c
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def start(self) -> None:
+        log = self.log_file.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "serve"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited early:\n{self.logs()[-3000:]}")
+            with contextlib.suppress(httpx2.TransportError):
+                if httpx2.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"broker did not start:\n{self.logs()[-3000:]}")
+
+
+class _Drop:
+    """Marker: leave this claim out of the token."""
+
+
+_DROP = _Drop()
+DROP: Any = _DROP
+
+
+def make_broker(tmp: Path, *, runtime: str = "local", env: dict[str, str] | None = None) -> Broker:
+    data_dir = tmp / "data"
+    policies = tmp / "policies"
+    shutil.copytree(ROOT / "policies", policies, ignore=shutil.ignore_patterns("tenants"))
+    (policies / "tenants").mkdir()
+    for tenant in TENANTS:
+        (policies / "tenants" / f"{tenant}.toml").write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    kid = secrets.token_hex(4)
+    jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+    jwk.update({"kid": kid, "alg": "RS256", "use": "sig"})
+    jwks_file = tmp / "jwks.json"
+    jwks_file.write_text(json.dumps({"keys": [jwk]}))
+    port = free_port()
+    full_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": str(ROOT),
+        "DOCBROKER_HOST": "127.0.0.1",
+        "DOCBROKER_PORT": str(port),
+        "DOCBROKER_DATA_DIR": str(data_dir),
+        "DOCBROKER_POLICIES_DIR": str(policies),
+        "DOCBROKER_AUTH_ISSUER": ISSUER,
+        "DOCBROKER_AUTH_AUDIENCE": AUDIENCE,
+        "DOCBROKER_AUTH_JWKS_FILE": str(jwks_file),
+        "DOCBROKER_RUNTIME": runtime,
+        "DOCBROKER_ALLOW_INSECURE_LOCAL_RUNTIME": "1" if runtime == "local" else "0",
+        **(env or {}),
+    }
+    return Broker(
+        url=f"http://127.0.0.1:{port}",
+        data_dir=data_dir,
+        log_file=tmp / "broker.log",
+        env=full_env,
+        private_key=key,
+        kid=kid,
+    )
+
+
+@contextlib.contextmanager
+def running_broker(tmp: Path, **kwargs: Any) -> Iterator[Broker]:
+    broker = make_broker(tmp, **kwargs)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def structured(result: Any) -> dict[str, Any]:
+    """The structured result of a CallToolResult, as a dict."""
+    value = result.structured_content
+    assert isinstance(value, dict), result
+    return value
