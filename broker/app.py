@@ -39,14 +39,15 @@ from broker.web.api import ApprovalsApi
 log = logging.getLogger("docbroker")
 
 
-def make_backend(settings: Settings) -> SandboxBackend:
+async def make_backend(settings: Settings) -> SandboxBackend:
+    """The sandbox backend the settings name; Docker is connected (and checked) here."""
     if settings.runtime.kind == "local":
         from broker.runtime.local import LocalProcessBackend
 
         return LocalProcessBackend()
     from broker.runtime.docker import DockerBackend
 
-    return DockerBackend(settings.runtime.docker)
+    return await DockerBackend.connect(settings.runtime.docker)
 
 
 @dataclass
@@ -64,8 +65,8 @@ class Components:
     metrics: Metrics
 
 
-def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend | None = None) -> Starlette:
-    """The app, wired. `audit` is opened by the caller first: no audit log, no broker."""
+def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> Starlette:
+    """The app, wired. The audit log and the backend are opened by the caller first."""
     master_key = load_master_key(settings.master_key_file)
     policies = Policies.load(settings.policies_dir)
     tenants = Tenants(settings, master_key)
@@ -76,12 +77,13 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend | Non
         fields = {"tenant": tenant, "sandbox": sandbox_id[:64], "reason": details.get("reason", event.split(".")[1])}
         if "mode" in details:
             fields["sandbox_mode"] = details["mode"]
-        if "limits_enforced" in details:
-            fields["limits_enforced"] = bool(details["limits_enforced"])
+        limits = details.get("limits_enforced")
+        if limits is not None:  # Docker reports memory/cpu/pids separately: all must hold
+            fields["limits_enforced"] = all(limits.values()) if isinstance(limits, dict) else bool(limits)
         await audit.emit(event, outcome="ok" if event == "sandbox.started" else "error", **fields)
 
     runtime = Runtime(
-        backend or make_backend(settings),
+        backend,
         tenants.provision,
         max_sandboxes=settings.runtime.max_sandboxes,
         idle_timeout=settings.runtime.idle_timeout_seconds,

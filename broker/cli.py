@@ -36,8 +36,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(settings: Settings) -> int:
     import uvicorn
 
-    from broker.app import build_app
+    from broker.app import build_app, make_backend
     from broker.approvals.secrets import KeyError_
+    from broker.runtime.base import RuntimeErrorBase
     from broker.audit import AuditLog, AuditSinkError
     from broker.policy import PolicyError
 
@@ -47,8 +48,9 @@ async def _serve(settings: Settings) -> int:
         raise SystemExit(f"docbroker: cannot open the audit log ({exc.code}); refusing to start") from None
     async with audit:
         try:
-            app = build_app(settings, audit)
-        except (KeyError_, PolicyError, ValueError, OSError) as exc:
+            backend = await make_backend(settings)
+            app = build_app(settings, audit, backend)
+        except (KeyError_, PolicyError, RuntimeErrorBase, ValueError, OSError) as exc:
             raise SystemExit(f"docbroker: cannot start: {exc}") from None
         config = uvicorn.Config(
             app,

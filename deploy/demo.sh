@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Starts a broker with one demo tenant and prints its URL and a dev token.
-# Called by `./dev demo` after setup; expects the venv and a Docker daemon (DOCKER_HOST or
-# DOCBROKER_DEMO_DOCKER_HOST; the rootless daemon when .ci/docker.env names one).
+# Called by `./dev demo` after setup. With the rootless daemon from .ci/docker.sh, the broker
+# runs as that daemon's user (the production shape: no root anywhere on the sandbox path);
+# otherwise it uses the default (rootful) daemon.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${DOCBROKER_VENV:-$ROOT/.venv}
-DATA=${DOCBROKER_DATA_DIR:-$ROOT/var/demo}
+
+RUN_AS=()
+if [ -n "${DOCKER_HOST_ROOTLESS:-}" ] && id docbroker >/dev/null 2>&1; then
+  RUN_AS=(runuser -u docbroker --)
+  export DOCBROKER_DOCKER_HOST=$DOCKER_HOST_ROOTLESS
+  DATA=${DOCBROKER_DATA_DIR:-/var/lib/docbroker-demo}
+  mkdir -p "$DATA" && chown docbroker: "$DATA"
+else
+  DATA=${DOCBROKER_DATA_DIR:-$ROOT/var/demo}
+  mkdir -p "$DATA"
+fi
+chmod 700 "$DATA"
 
 export DOCBROKER_DATA_DIR=$DATA
 export DOCBROKER_POLICIES_DIR=$ROOT/policies
@@ -15,33 +27,35 @@ export DOCBROKER_AUTH_ISSUER=${DOCBROKER_AUTH_ISSUER:-https://demo.docbroker.inv
 export DOCBROKER_AUTH_AUDIENCE=${DOCBROKER_AUTH_AUDIENCE:-docbroker}
 export DOCBROKER_AUTH_DEV_HS256_SECRET_FILE=$DATA/dev-hs256.key
 export DOCBROKER_DOCKER_SECCOMP_PROFILE=$ROOT/policies/seccomp.json
-if [ -n "${DOCBROKER_DEMO_DOCKER_HOST:-${ROOTLESS_DOCKER_HOST:-}}" ]; then
-  export DOCBROKER_DOCKER_HOST=${DOCBROKER_DEMO_DOCKER_HOST:-$ROOTLESS_DOCKER_HOST}
-fi
 
-mkdir -p "$DATA"
-chmod 700 "$DATA"
+as_broker() { "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=|HOME=)' | sed 's/^HOME=.*/HOME=\/tmp/') "$@"; }
+
 if [ ! -s "$DOCBROKER_AUTH_DEV_HS256_SECRET_FILE" ]; then
-  (umask 077 && "$VENV/bin/python" -c 'import secrets; print(secrets.token_hex(32))' > "$DOCBROKER_AUTH_DEV_HS256_SECRET_FILE")
+  as_broker sh -c 'umask 077 && "$0" -c "import secrets; print(secrets.token_hex(32))" > "$1"' \
+    "$VENV/bin/python" "$DOCBROKER_AUTH_DEV_HS256_SECRET_FILE"
 fi
 
-"$VENV/bin/docbroker" tenant demo >/dev/null
-cp -n "$ROOT"/deploy/demo-docs/*.md "$DATA/tenants/demo/docs/sources/" 2>/dev/null || true
-TOKEN=$("$VENV/bin/docbroker" token --tenant demo --subject demo-user)
+as_broker "$VENV/bin/docbroker" tenant demo >/dev/null
+for doc in "$ROOT"/deploy/demo-docs/*.md; do
+  target="$DATA/tenants/demo/docs/sources/$(basename "$doc")"
+  [ -e "$target" ] || as_broker cp "$doc" "$target"
+done
+TOKEN=$(as_broker "$VENV/bin/docbroker" token --tenant demo --subject demo-user)
 URL="http://$DOCBROKER_HOST:$DOCBROKER_PORT/mcp"
 
 cat <<MSG
 
-  docbroker is starting with the demo tenant "demo" (sandbox: Docker ${DOCBROKER_DOCKER_HOST:-default daemon}).
+  docbroker is starting with the demo tenant "demo".
+  Sandboxes: Docker at ${DOCBROKER_DOCKER_HOST:-the default socket}${RUN_AS:+ (rootless; broker runs as user docbroker)}
 
   MCP endpoint : $URL
   Dev token    : $TOKEN
   Approvals    : http://$DOCBROKER_HOST:$DOCBROKER_PORT/approvals   (paste the token)
   Audit log    : $DATA/audit.jsonl
 
-  Try it:
-    npx @modelcontextprotocol/inspector-cli@1.0.3 --cli --transport http --server-url $URL \\
-        --header "Authorization: Bearer \$TOKEN" --method tools/list
+  Try it (Node 20):
+    npx -y @modelcontextprotocol/inspector-cli@1.0.3 --cli --transport http --server-url $URL \\
+        --header "Authorization: Bearer $TOKEN" --method tools/list
 
 MSG
-exec "$VENV/bin/docbroker" serve
+exec "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=)' ) HOME=/tmp "$VENV/bin/docbroker" serve

@@ -1,0 +1,105 @@
+"""`docbroker doctor`: check the host before serving — keys, policies, audit, sandbox engine.
+
+Prints one line per check (OK / WARN / FAIL) and exits 1 when anything fails. It reports
+facts (daemon mode, whether limits are enforced) and never prints a key or a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Callable
+from typing import TextIO
+
+from broker.settings import Settings
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+class _Report:
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self.failed = False
+
+    def line(self, level: str, what: str, detail: str) -> None:
+        self.failed |= level == FAIL
+        self._out.write(f"{level:<5} {what:<22} {detail}\n")
+
+    def check(self, what: str, fn: Callable[[], tuple[str, str]]) -> None:
+        try:
+            level, detail = fn()
+        except Exception as exc:  # a doctor reports every failure instead of stopping at the first
+            level, detail = FAIL, f"{type(exc).__name__}: {exc}"
+        self.line(level, what, detail)
+
+
+def run_doctor(settings: Settings, out: TextIO) -> int:
+    report = _Report(out)
+    report.check("master key", lambda: _master_key(settings))
+    report.check("policies", lambda: _policies(settings))
+    report.check("data dir", lambda: _data_dir(settings))
+    report.check("identity keys", lambda: asyncio.run(_keys(settings)))
+    report.check("sandbox runtime", lambda: asyncio.run(_runtime(settings)))
+    return 1 if report.failed else 0
+
+
+def _master_key(settings: Settings) -> tuple[str, str]:
+    from broker.approvals.secrets import load_master_key
+
+    path = settings.master_key_file
+    if not path.exists():
+        return WARN, "missing: `docbroker serve` or `docbroker tenant` creates one"
+    load_master_key(path)
+    return OK, f"{len(path.read_text().strip()) // 2} bytes, mode {stat.S_IMODE(path.stat().st_mode):o}"
+
+
+def _policies(settings: Settings) -> tuple[str, str]:
+    from broker.policy import Policies
+
+    policies = Policies.load(settings.policies_dir)
+    if not policies.by_tenant:
+        return WARN, "no tenants: add one with `docbroker tenant NAME`"
+    return OK, f"{len(policies.by_tenant)} tenant(s)"
+
+
+def _data_dir(settings: Settings) -> tuple[str, str]:
+    path = settings.data_dir
+    if not path.exists():
+        return WARN, "does not exist yet (created on first use)"
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        return FAIL, f"mode {mode:o}: other users could reach tenants' files (chmod 700)"
+    if not os.access(path, os.W_OK):
+        return FAIL, "not writable by this user"
+    return OK, f"mode {mode:o}"
+
+
+async def _keys(settings: Settings) -> tuple[str, str]:
+    from broker.auth import key_source
+
+    source = key_source(settings.auth)
+    ready = await source.ready()
+    mode = "dev HS256 (not for production)" if settings.auth.dev_mode else "public keys"
+    return (OK if ready else FAIL), f"{mode}; {'usable keys loaded' if ready else 'no usable keys'}"
+
+
+async def _runtime(settings: Settings) -> tuple[str, str]:
+    if settings.runtime.kind == "local":
+        return WARN, "local processes: INSECURE, no sandbox (development only)"
+    from broker.runtime.docker import DockerBackend
+
+    backend = await DockerBackend.connect(settings.runtime.docker)
+    try:
+        facts = backend.describe()
+    finally:
+        await backend.close()
+    limits = facts.get("limits_enforced", {})
+    enforced = all(limits.values()) if isinstance(limits, dict) else bool(limits)
+    detail = (
+        f"docker {facts.get('engine_version', '?')}, {facts['mode']}, image {facts.get('image')}, "
+        f"limits {'enforced' if enforced else 'NOT enforced (memory/CPU/pids)'}"
+    )
+    if facts["mode"] == "rootful":
+        return WARN, detail + "; a rootless daemon is preferred"
+    return (OK if enforced else WARN), detail
