@@ -108,10 +108,16 @@ def _parse(model: type[c.StrictInput], arguments: Mapping[str, Any]) -> Any:
     try:
         return model.model_validate(dict(arguments))
     except ValidationError as exc:
-        # Field names only: values are the caller's data and never reach a log.
-        fields = sorted({".".join(str(p) for p in err["loc"]) for err in exc.errors()})
+        # Declared field names only: values are the caller's data and never reach a log, and
+        # neither are the names of unknown fields, which the caller chose freely.
+        fields = sorted({_field_label(model, err["loc"]) for err in exc.errors()})
         log.info("%s rejected input fields: %s", model.__name__, fields)
         return None
+
+
+def _field_label(model: type[c.StrictInput], loc: tuple[int | str, ...]) -> str:
+    head = loc[0] if loc else None
+    return head if isinstance(head, str) and head in model.model_fields else "<unknown>"
 
 
 def _input_message(arguments: Mapping[str, Any]) -> Message:

@@ -91,12 +91,16 @@ _openat2_works: bool | None = None  # learnt on first use: ENOSYS/EPERM (old ker
 
 
 def _openat2(dir_fd: int, name: str, flags: int, mode: int) -> int:
+    path = os.fsencode(name)
+    if b"\0" in path:
+        # C would see the name cut short at the NUL and open another file; os.open refuses it too.
+        raise ValueError("embedded null byte")
     how = _OpenHow(flags, mode, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS)
     assert _syscall is not None
     fd = _syscall(
         ctypes.c_long(_SYS_OPENAT2),
         ctypes.c_int(dir_fd),
-        ctypes.c_char_p(os.fsencode(name)),
+        ctypes.c_char_p(path),
         ctypes.byref(how),
         ctypes.c_size_t(ctypes.sizeof(how)),
     )
