@@ -25,6 +25,8 @@ from broker.approvals.secrets import load_master_key, sealing_key
 from broker.approvals.store import ApprovalStore
 from broker.audit.log import AuditLog
 from broker.auth.service import AuthService
+from broker.gateway.breaker import CircuitBreakers
+from broker.gateway.contract import ContractPins
 from broker.gateway.handler import McpGateway
 from broker.gateway.sessions import SessionBindings
 from broker.gateway.upstream import Upstreams
@@ -116,7 +118,12 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> S
         reports_for=reports_for,
         audit=audit,
         metrics=metrics,
+        breakers=CircuitBreakers(
+            threshold=settings.runtime.breaker_threshold, cooldown=settings.runtime.breaker_cooldown_seconds
+        ),
+        pins=ContractPins(),
         max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
     )
     api = ApprovalsApi(
         auth=auth,

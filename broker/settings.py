@@ -92,6 +92,8 @@ class RuntimeSettings:
     idle_timeout_seconds: float = 600.0
     start_timeout_seconds: float = 20.0
     call_timeout_seconds: float = 30.0
+    breaker_threshold: int = 3  # consecutive sandbox failures that open the circuit
+    breaker_cooldown_seconds: float = 30.0
     docker: DockerSettings = field(default_factory=DockerSettings)
 
 
@@ -174,6 +176,8 @@ class Settings:
             idle_timeout_seconds=r.float("IDLE_TIMEOUT", 600.0, low=1, high=86_400),
             start_timeout_seconds=r.float("START_TIMEOUT", 20.0, low=1, high=600),
             call_timeout_seconds=r.float("CALL_TIMEOUT", 30.0, low=0.1, high=600),
+            breaker_threshold=r.int("BREAKER_THRESHOLD", 3, low=1, high=1000),
+            breaker_cooldown_seconds=r.float("BREAKER_COOLDOWN", 30.0, low=0.1, high=3600),
             docker=docker,
         )
         if runtime.kind == "local" and not runtime.allow_insecure_local:

@@ -9,7 +9,6 @@ hands them over as one dict, and the published input schema is the strict model'
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,9 +51,11 @@ class _RawArguments(FuncMetadata):
 
 def _as_call_result(result: ToolResult[Any]) -> CallToolResult:
     structured = result.model_dump(mode="json")
-    # Text mirrors the structured result for clients that read only `content`.
+    # The data travels once, in `structuredContent`; the text block is a short summary. A
+    # full JSON copy would double every read (a 24,000-byte document would exceed the
+    # broker's 32,000-byte response cap), and the broker rebuilds the text for its clients.
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(structured, separators=(",", ":")))],
+        content=[TextContent(type="text", text=f"{result.status}: {result.message}")],
         structured_content=structured,
         is_error=False,
     )

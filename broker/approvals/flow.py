@@ -14,7 +14,6 @@ forwarding; it never reaches the client.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +27,7 @@ from broker.approvals.sealing import ApprovalState as SealedApproval
 from broker.approvals.sealing import StateSealer
 from broker.approvals.store import ApprovalStore, TooManyPending
 from broker.gateway.jsonrpc import RpcMessage
+from broker.gateway.results import broker_result
 from broker.gateway.tools_filter import BROKER_ONLY_ARGUMENT
 from broker.policy import TenantPolicy
 from broker.settings import ApprovalSettings
@@ -66,18 +66,8 @@ class Answer:
     approval_id: str | None = None
 
 
-def tool_result(status: c.Status, message: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A CallToolResult in the tools' one result shape, as produced by the broker itself."""
-    structured = {"status": status.value, "message": message, "data": data}
-    return {
-        "content": [{"type": "text", "text": json.dumps(structured, separators=(",", ":"))}],
-        "structuredContent": structured,
-        "isError": False,
-    }
-
-
 def _rejected(message: str, reason: str) -> Answer:
-    return Answer(tool_result(c.Status.REJECTED, message), Outcome.REJECTED, reason)
+    return Answer(broker_result(c.Status.REJECTED, message), Outcome.REJECTED, reason)
 
 
 class ApprovalFlow:
@@ -163,7 +153,7 @@ class ApprovalFlow:
             sha256=sha,
             approve_url=f"{self._public_url}/approvals?id={record.id}",
         ).model_dump()
-        result = tool_result(c.Status.WAITING_APPROVAL, c.Message.WAITING_APPROVAL.value, data)
+        result = broker_result(c.Status.WAITING_APPROVAL, c.Message.WAITING_APPROVAL.value, data)
         return Answer(result, Outcome.WAITING_APPROVAL, "approval_pending", record.id)
 
     # -- in-band ----------------------------------------------------------------------------
@@ -252,7 +242,7 @@ class ApprovalFlow:
         await self._audit("approval.decided", approval_id=record.id, decision=decision, outcome="ok", **ids)
         if not approve:
             return Answer(
-                tool_result(c.Status.REJECTED, DENIED_MESSAGE), Outcome.REJECTED, "approval_denied", record.id
+                broker_result(c.Status.REJECTED, DENIED_MESSAGE), Outcome.REJECTED, "approval_denied", record.id
             )
         await self._audit("approval.consumed", approval_id=record.id, outcome="ok", **ids)
         return self._forward(principal.tenant, save, sha, record.id)

@@ -1,15 +1,20 @@
 """The `/mcp` endpoint: request → auth → policy → runtime → gateway → audit.
 
-A raw ASGI app (it sits on the hot path of every call; Starlette's request objects would
-cost more than they give here). For each request it:
+A raw ASGI app (it sits on the hot path of every call). For each request it:
 
-1. authenticates the bearer JWT and applies the tenant's policy and limits;
-2. inspects the JSON-RPC message (names only) and gates `save_report` behind approvals;
-3. leases the tenant's sandbox and forwards the request over its socket, streaming SSE
-   event by event (notifications pass at once; the final response is held until audited);
-4. filters `tools/list`, reads tool outcomes, moves approved reports out of the drop-box;
+1. authenticates the bearer JWT, applies the tenant's policy and limits, and lets through
+   only the JSON-RPC methods the document tools need;
+2. gates `save_report` behind a human's approval (broker.approvals.flow);
+3. leases the tenant's sandbox, checks its circuit breaker and its pinned contract (tool
+   descriptors admitted and pinned when the sandbox started), and forwards the request over
+   the sandbox's socket, streaming SSE event by event;
+4. consumes what comes back: `tools/list` is answered from the pinned, admitted descriptors
+   (after a fresh listing proves they are unchanged), `tools/call` results are validated
+   against the pinned output schema, and approved reports leave the drop-box;
 5. writes exactly one terminal audit event. If the audit log cannot be written, the request
    is refused before anything reaches a sandbox, and no result is released unaudited.
+
+The sandbox is never trusted: nothing it says reaches the client unchecked.
 """
 
 from __future__ import annotations
@@ -19,36 +24,41 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
 from starlette.types import Receive, Scope, Send
 
+from broker.approvals.flow import Answer, ApprovalFlow
+from broker.approvals.reports import Accepted, ReportStore
 from broker.auth import AuthError
 from broker.auth.service import AuthService
-from broker.approvals.flow import ApprovalFlow, Answer, Forward, tool_result
-from broker.approvals.reports import Accepted, ReportStore
 from broker.errors import Denial, Denied
 from broker.gateway import jsonrpc as rpc
-from broker.gateway import sse
+from broker.gateway import listing, results, sse
+from broker.gateway.admission import Admission, admit
+from broker.gateway.breaker import CircuitBreakers
+from broker.gateway.contract import ContractPins, Pin
+from broker.gateway.methods import client_may_send, sandbox_may_send
+from broker.gateway.responder import CallRecord, Responder
 from broker.gateway.sessions import SessionBindings
 from broker.gateway.tools_filter import may_call, visible_tools
 from broker.gateway.upstream import PARAM_PREFIX, Upstreams, request_headers, response_headers
 from broker.metrics import Metrics
 from broker.policy import Policies, TenantLimiter
 from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
-from broker.types import Outcome, Principal
+from broker.types import Outcome, Principal, SandboxInfo
 from server import contracts as c
 
 log = logging.getLogger("docbroker.gateway")
 
 MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
-_RESULT_STATUSES = {s.value for s in c.Status}
+_RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
 _KNOWN_METHODS = frozenset(
     {"initialize", "notifications/initialized", "ping", "server/discover", "tools/list", "tools/call",
      "notifications/cancelled", "GET", "DELETE"}
 )  # fmt: skip
+
 
 class AuditLike:
     """What the gateway needs of the audit log (see broker.audit)."""
@@ -58,50 +68,12 @@ class AuditLike:
     async def emit(self, event: str, **fields: Any) -> None: ...
 
 
-@dataclass
-class _Call:
-    """Everything known about one request, for its terminal audit event."""
+class _TransportFailed(Exception):
+    """The sandbox could not be reached or dropped the connection before answering."""
 
-    request_id: str
-    started: float
-    method: str = "-"
-    tool: str | None = None
-    arg_names: list[str] = field(default_factory=list)
-    header_names: list[str] = field(default_factory=list)
-    protocol: str | None = None
-    principal: Principal | None = None
-    outcome: Outcome = Outcome.ERROR
-    reason: str = "unhandled"
-    status: int = 500
-    bytes_in: int = 0
-    bytes_out: int = 0
-    approval_id: str | None = None
-    event: str = "mcp.request"
-    save: Forward | None = None
-    rpc_id: rpc.RequestId | None = None
-    audited: bool = False
 
-    def audit_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {
-            "request_id": self.request_id,
-            "method": self.method,
-            "outcome": self.outcome.value,
-            "reason": self.reason,
-            "status": self.status,
-            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-        }
-        if self.principal is not None:
-            fields["tenant"] = self.principal.tenant
-            fields["subject"] = self.principal.subject
-        optional = {"tool": self.tool, "protocol": self.protocol, "approval_id": self.approval_id}
-        fields.update({k: v for k, v in optional.items() if v is not None})
-        if self.arg_names:
-            fields["arg_names"] = self.arg_names
-        if self.header_names:
-            fields["header_names"] = self.header_names
-        return fields
+class _AuditFailed(Exception):
+    pass
 
 
 class McpGateway:
@@ -118,7 +90,10 @@ class McpGateway:
         reports_for: Callable[[str], ReportStore],
         audit: AuditLike,
         metrics: Metrics,
+        breakers: CircuitBreakers,
+        pins: ContractPins,
         max_body_bytes: int,
+        max_response_bytes: int,
     ) -> None:
         self._auth = auth
         self._policies = policies
@@ -130,14 +105,16 @@ class McpGateway:
         self._reports_for = reports_for
         self._audit = audit
         self._metrics = metrics
+        self._breakers = breakers
+        self._pins = pins
         self._max_body = max_body_bytes
+        self._max_response = max_response_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        call = _Call(request_id=uuid.uuid4().hex, started=time.perf_counter())
-        out = _Responder(send, call)
-        entered: str | None = None
+        call = CallRecord(request_id=uuid.uuid4().hex, started=time.perf_counter())
+        out = Responder(send, call)
         try:
-            entered = await self._serve(scope, receive, out, call)
+            await self._serve(scope, receive, out, call)
         except AuthError as exc:
             call.event, call.outcome, call.reason = "auth.denied", Outcome.DENIED, exc.reason.value
             await self._finish_json(out, call, exc.status, _auth_error_body(exc), self._auth.challenge(exc))
@@ -149,9 +126,11 @@ class McpGateway:
             headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else {}
             body = rpc.error(call.rpc_id, exc.denial.code, exc.denial.message)
             await self._finish_json(out, call, exc.denial.status, body, headers)
+        except _AuditFailed:
+            pass  # the response was held back; the client sees the connection end
         finally:
-            if entered is not None:
-                self._limiter.leave(entered)
+            if call.limited_tenant is not None:
+                self._limiter.leave(call.limited_tenant)
             self._metrics.observe(
                 call.method if call.method in _KNOWN_METHODS else "other",
                 call.tool if call.tool in c.TOOL_NAMES else "-",
@@ -159,9 +138,9 @@ class McpGateway:
                 time.perf_counter() - call.started,
             )
 
-    # -- the pipeline -----------------------------------------------------------------------
+    # -- before the sandbox -----------------------------------------------------------------
 
-    async def _serve(self, scope: Scope, receive: Receive, out: _Responder, call: _Call) -> str | None:
+    async def _serve(self, scope: Scope, receive: Receive, out: Responder, call: CallRecord) -> None:
         http_method = scope["method"]
         headers = _headers(scope)
         if http_method not in ("POST", "GET", "DELETE"):
@@ -180,10 +159,11 @@ class McpGateway:
                 msg = rpc.parse(body)
             except rpc.RpcParseError as exc:
                 raise Denied(Denial.BAD_REQUEST, exc.reason) from None
-            call.method = msg.method or "response"
-            call.rpc_id = msg.id
+            call.method, call.rpc_id = msg.method or "response", msg.id
             call.tool, call.arg_names = msg.tool, msg.arg_names
             call.protocol = msg.protocol_version or headers.get("mcp-protocol-version")
+            if not client_may_send(msg.method, is_notification=msg.id is None):
+                raise Denied(Denial.METHOD_NOT_FOUND, "method_not_allowed")
             _check_routing_headers(msg, headers)
 
         retry_after = self._limiter.take(principal.tenant)
@@ -191,7 +171,7 @@ class McpGateway:
             raise Denied(Denial.RATE_LIMITED, "rate_limited", retry_after=int(retry_after))
         if not self._limiter.enter(principal.tenant):
             raise Denied(Denial.TOO_MANY_CONCURRENT, "concurrency_limited", retry_after=1)
-        entered = principal.tenant
+        call.limited_tenant = principal.tenant
 
         session_id = headers.get("mcp-session-id")
         if session_id is not None and not self._sessions.owned_by(session_id, principal):
@@ -206,58 +186,170 @@ class McpGateway:
                 decision = await self._approvals.gate(principal, policy, msg, call.request_id)
                 if isinstance(decision, Answer):
                     call.outcome, call.reason, call.approval_id = decision.outcome, decision.reason, decision.approval_id
-                    result = decision.result
-                    if msg.protocol_version is not None:  # 2026-07-28 results carry their type
-                        result = {"resultType": "complete", **result}
-                    await self._finish_json(out, call, 200, rpc.result(msg.id, result))
-                    return entered
+                    await self._finish_json(out, call, 200, rpc.result(msg.id, _typed(msg, decision.result)))
+                    return
                 call.save, call.approval_id = decision, decision.approval_id
-                body = _forward_body(msg, decision)
+                body = _forward_body(msg, decision.arguments)
 
         self._audit_ready()
-        await self._forward(http_method, headers, body, msg, principal, out, call)
-        return entered
+        await self._to_sandbox(http_method, headers, body, msg, principal, out, call)
 
-    async def _forward(
+    # -- the sandbox ------------------------------------------------------------------------
+
+    async def _to_sandbox(
         self,
         http_method: str,
         headers: dict[str, str],
         body: bytes,
         msg: rpc.RpcMessage | None,
         principal: Principal,
-        out: _Responder,
-        call: _Call,
+        out: Responder,
+        call: CallRecord,
     ) -> None:
+        tenant = principal.tenant
+        wait = self._breakers.admit(tenant)
+        if wait:
+            raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=wait)
+        # Reads may be retried once on a transport failure; writes never (DESIGN §2: a write
+        # that may have happened is result_unknown, not something to do twice).
+        retryable = msg is not None and (
+            msg.method in _RETRYABLE_METHODS or (msg.method == "tools/call" and call.tool != c.TOOL_SAVE)
+        )
+        for attempt in (1, 2):
+            try:
+                async with self._runtime.lease(tenant) as sandbox:
+                    call.sandbox = sandbox.backend_id[:64]
+                    client = self._upstreams.client(sandbox.endpoint)
+                    try:
+                        pin = await self._pinned(principal, sandbox, client)
+                        if msg is not None and msg.method == "tools/list":
+                            await self._answer_tools_list(msg, principal, sandbox, client, pin, out, call)
+                        else:
+                            await self._exchange(http_method, headers, body, msg, principal, sandbox, pin, out, call)
+                    except (httpx2.TransportError, sse.EventTooLarge, listing.ListingError) as exc:
+                        await self._upstreams.forget(sandbox.endpoint)
+                        await self._runtime.mark_broken(tenant)
+                        if isinstance(exc, httpx2.TimeoutException):
+                            raise
+                        raise _TransportFailed from exc
+                self._breakers.success(tenant)
+                return
+            except httpx2.TimeoutException:
+                self._breakers.failure(tenant)
+                await self._upstream_failed(msg, out, call, Denial.UPSTREAM_TIMEOUT, "upstream_timeout")
+                return
+            except _TransportFailed:
+                self._breakers.failure(tenant)
+                if attempt == 1 and retryable and not out.started:
+                    continue
+                await self._upstream_failed(msg, out, call, Denial.UPSTREAM_FAILED, "upstream_failed")
+                return
+            except CapacityError:
+                raise Denied(Denial.SANDBOX_UNAVAILABLE, CapacityError.reason, retry_after=30) from None
+            except RuntimeErrorBase as exc:
+                self._breakers.failure(tenant)
+                raise Denied(Denial.SANDBOX_UNAVAILABLE, exc.reason, retry_after=5) from None
+
+    async def _upstream_failed(
+        self, msg: rpc.RpcMessage | None, out: Responder, call: CallRecord, denial: Denial, reason: str
+    ) -> None:
+        if out.started:
+            call.outcome, call.reason = Outcome.ERROR, reason
+            await self._emit_terminal(call)
+            return
+        if call.save is not None and msg is not None:
+            # The approved write was sent: it may or may not have happened.
+            call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
+            unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
+            await self._finish_json(out, call, 200, rpc.result(msg.id, _typed(msg, unknown)))
+            return
+        raise Denied(denial, reason)
+
+    async def _pinned(self, principal: Principal, sandbox: SandboxInfo, client: httpx2.AsyncClient) -> Pin:
+        """The contract pinned for this sandbox instance, listing and pinning it on first use."""
+        pin = self._pins.get(principal.tenant, sandbox.backend_id)
+        if pin is None:
+            admission = await self._list_and_admit(client, sandbox)
+            pin = self._pins.pin(principal.tenant, sandbox.backend_id, admission)
+            for tool, reason in admission.rejected:
+                await self._audit.emit(
+                    "tools.rejected", tenant=principal.tenant, sandbox=sandbox.backend_id[:64],
+                    tool=tool if tool in c.TOOL_NAMES else None, reason=reason, outcome="rejected",
+                )  # fmt: skip
+        if pin.broken:
+            raise Denied(Denial.CONTRACT_CHANGED, "contract_changed")
+        return pin
+
+    async def _list_and_admit(self, client: httpx2.AsyncClient, sandbox: SandboxInfo) -> Admission:
+        assert sandbox.endpoint is not None
+        tools, problems = await listing.list_all_tools(client, sandbox.endpoint)
+        admission = admit(tools)
+        admission.rejected.extend(("-", problem) for problem in problems)
+        return admission
+
+    async def _answer_tools_list(
+        self,
+        msg: rpc.RpcMessage,
+        principal: Principal,
+        sandbox: SandboxInfo,
+        client: httpx2.AsyncClient,
+        pin: Pin,
+        out: Responder,
+        call: CallRecord,
+    ) -> None:
+        """Answer from the pin, after a fresh listing shows the sandbox still offers the same."""
+        fresh = await self._list_and_admit(client, sandbox)
+        if not self._pins.matches(pin, fresh):
+            await self._audit.emit(
+                "contract.changed", tenant=principal.tenant, subject=principal.subject,
+                sandbox=sandbox.backend_id[:64], request_id=call.request_id, outcome="denied",
+                reason="descriptors_changed",
+            )  # fmt: skip
+            raise Denied(Denial.CONTRACT_CHANGED, "contract_changed")
+        policy = self._policies.get(principal.tenant)
+        tools = visible_tools(list(pin.admission.tools.values()), principal, policy)
+        result: dict[str, Any] = {"tools": tools}
+        if msg.protocol_version is not None:
+            result.update(resultType="complete", ttlMs=0, cacheScope="private")
+        call.outcome, call.reason = Outcome.OK, "ok"
+        await self._finish_json(out, call, 200, rpc.result(msg.id, result))
+
+    async def _exchange(
+        self,
+        http_method: str,
+        headers: dict[str, str],
+        body: bytes,
+        msg: rpc.RpcMessage | None,
+        principal: Principal,
+        sandbox: SandboxInfo,
+        pin: Pin,
+        out: Responder,
+        call: CallRecord,
+    ) -> None:
+        descriptor: dict[str, Any] | None = None
+        if msg is not None and msg.method == "tools/call":
+            descriptor = pin.admission.tools.get(call.tool or "")
+            if descriptor is None:
+                raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
+        assert sandbox.endpoint is not None
+        client = self._upstreams.client(sandbox.endpoint)
+        request = client.build_request(
+            http_method, sandbox.endpoint.url, headers=request_headers(headers.items()), content=body or None
+        )
+        response = await client.send(request, stream=True)
         try:
-            async with self._runtime.lease(principal.tenant) as endpoint:
-                client = self._upstreams.client(endpoint)
-                request = client.build_request(
-                    http_method, endpoint.url, headers=request_headers(headers.items()), content=body or None
-                )
-                try:
-                    response = await client.send(request, stream=True)
-                except httpx2.TimeoutException:
-                    raise Denied(Denial.UPSTREAM_TIMEOUT, "upstream_timeout") from None
-                except httpx2.TransportError:
-                    await self._runtime.mark_broken(principal.tenant)
-                    await self._upstreams.forget(endpoint)
-                    raise Denied(Denial.SANDBOX_UNAVAILABLE, "upstream_unreachable", retry_after=1) from None
-                try:
-                    await self._relay(response, msg, principal, out, call)
-                except httpx2.TimeoutException:
-                    raise Denied(Denial.UPSTREAM_TIMEOUT, "upstream_timeout") from None
-                except (httpx2.TransportError, sse.EventTooLarge):
-                    await self._runtime.mark_broken(principal.tenant)
-                    raise Denied(Denial.UPSTREAM_FAILED, "upstream_failed") from None
-                finally:
-                    await response.aclose()
-        except CapacityError:
-            raise Denied(Denial.SANDBOX_UNAVAILABLE, CapacityError.reason, retry_after=30) from None
-        except RuntimeErrorBase as exc:
-            raise Denied(Denial.SANDBOX_UNAVAILABLE, exc.reason, retry_after=5) from None
+            await self._relay(response, msg, principal, descriptor, out, call)
+        finally:
+            await response.aclose()
 
     async def _relay(
-        self, response: httpx2.Response, msg: rpc.RpcMessage | None, principal: Principal, out: _Responder, call: _Call
+        self,
+        response: httpx2.Response,
+        msg: rpc.RpcMessage | None,
+        principal: Principal,
+        descriptor: dict[str, Any] | None,
+        out: Responder,
+        call: CallRecord,
     ) -> None:
         session_id = response.headers.get("mcp-session-id")
         if session_id and msg is not None and msg.method == "initialize" and response.status_code == 200:
@@ -265,69 +357,71 @@ class McpGateway:
         if call.method == "DELETE" and response.status_code < 300 and session_id:
             self._sessions.forget(session_id)
         passed = response_headers(response.headers.items())
-        content_type = response.headers.get("content-type", "")
+        ours = msg is not None and msg.id is not None
 
-        if content_type.startswith("text/event-stream"):
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
             await out.start(response.status_code, passed)
             async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
                 data = event.data
-                parsed = _json(data) if data is not None else None
-                if isinstance(parsed, dict) and msg is not None and parsed.get("id") == msg.id and msg.id is not None:
-                    reply = await self._consume(parsed, msg, principal, call)
+                parsed = _json(data)
+                if ours and isinstance(parsed, dict) and parsed.get("id") == msg.id and "method" not in parsed:
+                    reply = await self._consume(parsed, len(data or b""), msg, principal, descriptor, call)
                     framed = event.with_data(rpc.encode(reply))
                     call.bytes_out += len(framed)
                     await self._emit_terminal(call)  # the result is held until it is audited
                     await out.chunk(framed, counted=True)
-                else:
+                elif isinstance(parsed, dict) and sandbox_may_send(parsed):
                     await out.chunk(event.framed())
+                elif parsed is not None:
+                    await self._refused_from_sandbox(parsed, principal, call)
             if not call.audited:
-                call.outcome, call.reason = _stream_outcome(call, response.status_code)
+                call.outcome, call.reason = _plain_outcome(response.status_code)
                 await self._emit_terminal(call)
             await out.end()
             return
 
         raw = await _read_capped(response, MAX_UPSTREAM_EVENT_BYTES)
-        parsed = _json(raw) if raw else None
-        if isinstance(parsed, dict) and msg is not None and msg.id is not None and parsed.get("id") == msg.id:
-            reply = await self._consume(parsed, msg, principal, call)
+        parsed = _json(raw)
+        if ours and isinstance(parsed, dict) and parsed.get("id") == msg.id:
+            reply = await self._consume(parsed, len(raw), msg, principal, descriptor, call)
             await self._finish_json(out, call, response.status_code, reply, dict(_str_headers(passed)))
             return
-        call.outcome, call.reason = _stream_outcome(call, response.status_code)
+        call.outcome, call.reason = _plain_outcome(response.status_code)
         await self._finish_raw(out, call, response.status_code, raw, passed)
 
     async def _consume(
-        self, reply: dict[str, Any], msg: rpc.RpcMessage, principal: Principal, call: _Call
+        self,
+        reply: dict[str, Any],
+        size: int,
+        msg: rpc.RpcMessage,
+        principal: Principal,
+        descriptor: dict[str, Any] | None,
+        call: CallRecord,
     ) -> dict[str, Any]:
-        """Look at the sandbox's answer to this request; return what the client gets."""
-        if "error" in reply or not isinstance(reply.get("result"), dict):
-            call.outcome, call.reason = Outcome.ERROR, "upstream_error"
+        """The sandbox's answer to this request, checked; returns what the client gets."""
+        if msg.method != "tools/call" or descriptor is None:
+            if "error" in reply or not isinstance(reply.get("result"), dict):
+                call.outcome, call.reason = Outcome.ERROR, "upstream_error"
+                return rpc.error(msg.id, rpc.INTERNAL_ERROR, "Tool sandbox returned an error")
+            call.outcome, call.reason = Outcome.OK, "ok"
             return reply
-        result = reply["result"]
-        call.outcome, call.reason = Outcome.OK, "ok"
-        if msg.method == "tools/list":
-            tools = result.get("tools")
-            policy = self._policies.get(principal.tenant)
-            result = {**result, "tools": visible_tools(tools if isinstance(tools, list) else [], principal, policy)}
-        elif msg.method == "tools/call":
-            status = _tool_status(result)
-            call.outcome, call.reason = Outcome(status), f"tool_{status}"
-            if call.save is not None:
-                result = self._accept_report(principal.tenant, result, status, call)
-        return {**reply, "result": result}
+        consumed = results.consume(reply, call.tool or "", descriptor, size, self._max_response)
+        call.outcome, call.reason = Outcome(consumed.status), consumed.reason
+        result = consumed.result
+        if call.save is not None and consumed.status == c.Status.OK.value:
+            accepted = self._reports_for(principal.tenant).accept(call.save.filename, call.save.sha256)
+            if accepted is not Accepted.OK:
+                call.outcome, call.reason = Outcome.RESULT_UNKNOWN, f"report_{accepted.value}"
+                result = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
+        return rpc.result(msg.id, _typed(msg, result))
 
-    def _accept_report(self, tenant: str, result: dict[str, Any], status: str, call: _Call) -> dict[str, Any]:
-        """Move an `ok` report out of the drop-box, or never call the write `ok`."""
-        assert call.save is not None
-        if status != c.Status.OK.value:
-            if status not in (c.Status.REJECTED.value, c.Status.FAILED.value):
-                call.outcome, call.reason = Outcome.RESULT_UNKNOWN, "save_result_unknown"
-                return {**tool_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), **_extra(result)}
-            return result
-        accepted = self._reports_for(tenant).accept(call.save.filename, call.save.sha256)
-        if accepted is Accepted.OK:
-            return result
-        call.outcome, call.reason = Outcome.RESULT_UNKNOWN, f"report_{accepted.value}"
-        return {**tool_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), **_extra(result)}
+    async def _refused_from_sandbox(self, message: dict[str, Any], principal: Principal, call: CallRecord) -> None:
+        """A request or unexpected notification from the sandbox: dropped, and audited by name."""
+        method = message.get("method")
+        await self._audit.emit(
+            "policy.denied", tenant=principal.tenant, subject=principal.subject, request_id=call.request_id,
+            method=method if isinstance(method, str) else None, outcome="denied", reason="sandbox_message_refused",
+        )  # fmt: skip
 
     # -- endings ----------------------------------------------------------------------------
 
@@ -337,7 +431,7 @@ class McpGateway:
         except Exception:
             raise Denied(Denial.AUDIT_UNAVAILABLE, "audit_unavailable") from None
 
-    async def _emit_terminal(self, call: _Call) -> None:
+    async def _emit_terminal(self, call: CallRecord) -> None:
         if call.audited:
             return
         call.audited = True
@@ -348,14 +442,14 @@ class McpGateway:
             raise _AuditFailed from None
 
     async def _finish_json(
-        self, out: _Responder, call: _Call, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+        self, out: Responder, call: CallRecord, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
     ) -> None:
         payload = rpc.encode(body)
-        extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items() if k != "content-type"]
         await self._finish_raw(out, call, status, payload, [(b"content-type", b"application/json"), *extra])
 
     async def _finish_raw(
-        self, out: _Responder, call: _Call, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]
+        self, out: Responder, call: CallRecord, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]
     ) -> None:
         call.status = status
         call.bytes_out = len(payload)
@@ -364,43 +458,10 @@ class McpGateway:
         except _AuditFailed:
             if out.started:
                 return
-            status, payload = 503, rpc.encode(rpc.error(None, Denial.AUDIT_UNAVAILABLE.code, Denial.AUDIT_UNAVAILABLE.message))
+            denial = Denial.AUDIT_UNAVAILABLE
+            status, payload = denial.status, rpc.encode(rpc.error(call.rpc_id, denial.code, denial.message))
             headers = [(b"content-type", b"application/json")]
         await out.whole(status, payload, headers)
-
-
-class _AuditFailed(Exception):
-    pass
-
-
-class _Responder:
-    """Sends one HTTP response: whole, or as a stream of chunks."""
-
-    def __init__(self, send: Send, call: _Call) -> None:
-        self._send = send
-        self._call = call
-        self.started = False
-
-    async def whole(self, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        if self.started:
-            return
-        self.started = True
-        headers = [*headers, (b"content-length", str(len(payload)).encode())]
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-        await self._send({"type": "http.response.body", "body": payload})
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        self._call.status = status
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def chunk(self, data: bytes, *, counted: bool = False) -> None:
-        if not counted:
-            self._call.bytes_out += len(data)
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def end(self) -> None:
-        await self._send({"type": "http.response.body", "body": b""})
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -462,11 +523,18 @@ def _check_routing_headers(msg: rpc.RpcMessage, headers: dict[str, str]) -> None
         raise Denied(Denial.BAD_REQUEST, "routing_header_mismatch")
 
 
-def _forward_body(msg: rpc.RpcMessage, decision: Forward) -> bytes:
+def _forward_body(msg: rpc.RpcMessage, arguments: dict[str, Any]) -> bytes:
     # The in-band answer is the broker's business: the sandbox gets a plain call with the token.
     params = {k: v for k, v in msg.params.items() if k not in ("requestState", "inputResponses")}
-    params["arguments"] = decision.arguments
+    params["arguments"] = arguments
     return rpc.encode({**msg.body, "params": params})
+
+
+def _typed(msg: rpc.RpcMessage, result: dict[str, Any]) -> dict[str, Any]:
+    """2026-07-28 results carry their type; handshake-era results do not."""
+    if msg.protocol_version is None:
+        return {k: v for k, v in result.items() if k != "resultType"}
+    return {"resultType": "complete", **result}
 
 
 def _json(raw: bytes | None) -> Any:
@@ -478,22 +546,8 @@ def _json(raw: bytes | None) -> Any:
         return None
 
 
-def _tool_status(result: dict[str, Any]) -> str:
-    structured = result.get("structuredContent")
-    if isinstance(structured, dict) and structured.get("status") in _RESULT_STATUSES:
-        return str(structured["status"])
-    return c.Status.FAILED.value if result.get("isError") else c.Status.OK.value
-
-
-def _extra(result: dict[str, Any]) -> dict[str, Any]:
-    """Protocol fields of the original result worth keeping (e.g. resultType)."""
-    return {k: v for k, v in result.items() if k in ("resultType", "_meta")}
-
-
-def _stream_outcome(call: _Call, status: int) -> tuple[Outcome, str]:
-    if status < 300:
-        return Outcome.OK, "ok"
-    return Outcome.ERROR, f"upstream_http_{status}"
+def _plain_outcome(status: int) -> tuple[Outcome, str]:
+    return (Outcome.OK, "ok") if status < 300 else (Outcome.ERROR, f"upstream_http_{status}")
 
 
 def _auth_error_body(exc: AuthError) -> dict[str, Any]:

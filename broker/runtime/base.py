@@ -133,12 +133,13 @@ class Runtime:
         await self.backend.close()
 
     @contextlib.asynccontextmanager
-    async def lease(self, tenant: str) -> AsyncIterator[Endpoint]:
-        """The tenant's endpoint, kept from being reaped while the caller uses it."""
-        endpoint = await self.ensure(tenant)
+    async def lease(self, tenant: str) -> AsyncIterator[SandboxInfo]:
+        """The tenant's running sandbox, kept from being reaped while the caller uses it."""
+        await self.ensure(tenant)
+        info = self._sandboxes[tenant]
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         try:
-            yield endpoint
+            yield info
         finally:
             self._inflight[tenant] -= 1
             info = self._sandboxes.get(tenant)

@@ -1,0 +1,99 @@
+"""The broker's own `tools/list` of a sandbox: every page, bounded, cursors checked.
+
+Clients never page through the sandbox themselves: the broker follows `nextCursor` (an empty
+string is a valid cursor), stops at a repeated cursor or too many pages, and hands the whole
+listing to admission.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import httpx2
+
+from broker.gateway import sse
+from broker.types import Endpoint
+
+MODERN = "2026-07-28"
+MAX_PAGES = 4
+MAX_PAGE_BYTES = 64 * 1024
+_ids = itertools.count(1)
+
+
+class ListingError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def request(client: httpx2.AsyncClient, endpoint: Endpoint, method: str, params: dict[str, Any]) -> Any:
+    """One modern (2026-07-28) request from the broker itself; returns the `result` value."""
+    request_id = f"broker-{next(_ids)}"
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+    body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
+    headers = {
+        "host": "localhost",
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": method,
+    }
+    async with client.stream("POST", endpoint.url, headers=headers, content=json.dumps(body)) as response:
+        if response.status_code != 200:
+            raise ListingError(f"upstream_http_{response.status_code}")
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            async for event in sse.events(response.aiter_raw(), MAX_PAGE_BYTES):
+                message = _json(event.data)
+                if isinstance(message, dict) and message.get("id") == request_id:
+                    return _result(message)
+            raise ListingError("no_response")
+        raw = b""
+        async for chunk in response.aiter_raw():
+            raw += chunk
+            if len(raw) > MAX_PAGE_BYTES:
+                raise ListingError("page_too_large")
+        message = _json(raw)
+        if not isinstance(message, dict) or message.get("id") != request_id:
+            raise ListingError("invalid_response")
+        return _result(message)
+
+
+async def list_all_tools(client: httpx2.AsyncClient, endpoint: Endpoint) -> tuple[list[Any], list[str]]:
+    """All descriptors across pages, and the reasons (if any) the listing was cut short."""
+    tools: list[Any] = []
+    problems: list[str] = []
+    cursors: set[str] = set()
+    params: dict[str, Any] = {}
+    for _ in range(MAX_PAGES):
+        result = await request(client, endpoint, "tools/list", params)
+        if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+            raise ListingError("invalid_listing")
+        tools.extend(result["tools"])
+        cursor = result.get("nextCursor")
+        if cursor is None:
+            return tools, problems
+        if not isinstance(cursor, str) or len(cursor) > 256:
+            problems.append("cursor_invalid")
+            return tools, problems
+        if cursor in cursors:
+            problems.append("cursor_repeated")
+            return tools, problems
+        cursors.add(cursor)
+        params = {"cursor": cursor}
+    problems.append("too_many_pages")
+    return tools, problems
+
+
+def _result(message: dict[str, Any]) -> Any:
+    if "error" in message:
+        raise ListingError("upstream_error")
+    return message.get("result")
+
+
+def _json(raw: bytes | None) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        return None

@@ -1,0 +1,92 @@
+"""Sending one HTTP response from raw ASGI: whole, or streamed chunk by chunk, and the
+per-request record (`CallRecord`) that becomes the request's terminal audit event."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Send
+
+from broker.approvals.flow import Forward
+from broker.gateway import jsonrpc as rpc
+from broker.types import Outcome, Principal
+
+
+@dataclass
+class CallRecord:
+    """Everything known about one request, in names and numbers only."""
+
+    request_id: str
+    started: float
+    method: str = "-"
+    tool: str | None = None
+    arg_names: list[str] = field(default_factory=list)
+    header_names: list[str] = field(default_factory=list)
+    protocol: str | None = None
+    principal: Principal | None = None
+    outcome: Outcome = Outcome.ERROR
+    reason: str = "unhandled"
+    status: int = 500
+    bytes_in: int = 0
+    bytes_out: int = 0
+    approval_id: str | None = None
+    sandbox: str | None = None
+    event: str = "mcp.request"
+    save: Forward | None = None
+    rpc_id: rpc.RequestId | None = None
+    audited: bool = False
+    limited_tenant: str | None = None  # set when a concurrency slot was taken
+
+    def audit_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "request_id": self.request_id,
+            "method": self.method,
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "status": self.status,
+            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "tool": self.tool,
+            "protocol": self.protocol,
+            "approval_id": self.approval_id,
+            "sandbox": self.sandbox,
+            "arg_names": self.arg_names or None,
+            "header_names": self.header_names or None,
+        }
+        if self.principal is not None:
+            fields["tenant"] = self.principal.tenant
+            fields["subject"] = self.principal.subject
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+class Responder:
+    """Sends one HTTP response: whole, or as a stream of chunks."""
+
+    def __init__(self, send: Send, call: CallRecord) -> None:
+        self._send = send
+        self._call = call
+        self.started = False
+
+    async def whole(self, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.started:
+            return
+        self.started = True
+        headers = [*headers, (b"content-length", str(len(payload)).encode())]
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": payload})
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self._call.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def chunk(self, data: bytes, *, counted: bool = False) -> None:
+        if not counted:
+            self._call.bytes_out += len(data)
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self) -> None:
+        await self._send({"type": "http.response.body", "body": b""})

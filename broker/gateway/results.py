@@ -1,0 +1,102 @@
+"""Result consumption: a sandbox's `tools/call` answer is checked before a client sees it.
+
+The client gets either a result the broker has validated against the pinned descriptor, or a
+clean result the broker wrote itself. What the sandbox may return is narrow: one JSON-RPC
+result of at most `max_bytes`, whose `structuredContent` validates against the pinned output
+schema, with a status the sandbox may produce, and one short text block. The text the client
+receives is rebuilt from the validated structured result, so injected content blocks (a
+prompt injection riding along a valid result) never pass.
+
+For `save_report`, anything but a valid, complete result is `result_unknown`: the write may
+or may not have happened, and it is never retried automatically.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from server import contracts as c
+
+MAX_TEXT_BLOCK_CHARS = 1_024
+_SANDBOX_STATUSES = frozenset({"ok", "rejected", "failed", "result_unknown"})  # waiting_approval is the broker's
+INVALID_RESULT_MESSAGE = "the tool sandbox returned an invalid result"
+
+
+@dataclass(frozen=True)
+class Consumed:
+    result: dict[str, Any]  # what the client receives as the JSON-RPC `result`
+    status: str  # the tool result status (for the audit outcome)
+    reason: str  # fixed code
+
+
+def broker_result(status: c.Status, message: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A CallToolResult in the tools' one result shape, written by the broker."""
+    structured = {"status": status.value, "message": message, "data": data}
+    return {"content": [_text_block(structured)], "structuredContent": structured, "isError": False}
+
+
+def consume(reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: int, max_bytes: int) -> Consumed:
+    problem = _problem(reply, descriptor, size, max_bytes)
+    if problem is None:
+        result = reply["result"]
+        structured = result["structuredContent"]
+        clean = {"content": [_text_block(structured)], "structuredContent": structured, "isError": False}
+        if "resultType" in result:
+            clean["resultType"] = result["resultType"]
+        return Consumed(clean, structured["status"], f"tool_{structured['status']}")
+    if problem == "tool_error" and tool != c.TOOL_SAVE:
+        return Consumed(broker_result(c.Status.FAILED, c.Message.READ_FAILED.value), "failed", "tool_is_error")
+    if tool == c.TOOL_SAVE:
+        return Consumed(broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", problem)
+    return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", problem)
+
+
+def _problem(reply: dict[str, Any], descriptor: dict[str, Any], size: int, max_bytes: int) -> str | None:
+    if size > max_bytes:
+        return "result_too_large"
+    if "error" in reply:
+        return "upstream_error"
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        return "result_not_object"
+    if result.get("resultType", "complete") != "complete":
+        return "result_incomplete"
+    if result.get("isError") is True:
+        return "tool_error"
+    structured = result.get("structuredContent")
+    if not isinstance(structured, dict) or structured.get("status") not in _SANDBOX_STATUSES:
+        return "structured_content_invalid"
+    schema = descriptor.get("outputSchema")
+    if not isinstance(schema, dict) or not _valid(schema, structured):
+        return "output_schema_mismatch"
+    content = result.get("content")
+    if not isinstance(content, list) or len(content) != 1:
+        return "content_blocks_invalid"
+    block = content[0]
+    if (
+        not isinstance(block, dict)
+        or block.get("type") != "text"
+        or not isinstance(block.get("text"), str)
+        or len(block["text"]) > MAX_TEXT_BLOCK_CHARS
+        or set(block) - {"type", "text"}
+    ):
+        return "content_blocks_invalid"
+    return None
+
+
+def _valid(schema: dict[str, Any], value: Any) -> bool:
+    # Admission allowed only a small, reference-free subset without `pattern`, so validation
+    # cannot fetch anything or backtrack without bound.
+    try:
+        return bool(Draft202012Validator(schema).is_valid(value))
+    except (SchemaError, RecursionError, TypeError):
+        return False
+
+
+def _text_block(structured: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "text", "text": json.dumps(structured, separators=(",", ":"), ensure_ascii=False)}
