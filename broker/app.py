@@ -46,7 +46,7 @@ async def make_backend(settings: Settings) -> SandboxBackend:
     if settings.runtime.kind == "local":
         from broker.runtime.local import LocalProcessBackend
 
-        return LocalProcessBackend()
+        return LocalProcessBackend(settings.runtime.local_command)
     from broker.runtime.docker import DockerBackend
 
     return await DockerBackend.connect(settings.runtime.docker)
@@ -76,7 +76,11 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> S
     store = ApprovalStore(settings.approvals_db)
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
-        fields = {"tenant": tenant, "sandbox": sandbox_id[:64], "reason": details.get("reason", event.split(".")[1])}
+        fields = {
+            "tenant": tenant,
+            "sandbox": sandbox_id[:64],
+            "reason": details.get("reason", event.split(".")[1]),
+        }
         if "mode" in details:
             fields["sandbox_mode"] = details["mode"]
         limits = details.get("limits_enforced")

@@ -38,9 +38,9 @@ async def _serve(settings: Settings) -> int:
 
     from broker.app import build_app, make_backend
     from broker.approvals.secrets import KeyError_
-    from broker.runtime.base import RuntimeErrorBase
     from broker.audit import AuditLog, AuditSinkError
     from broker.policy import PolicyError
+    from broker.runtime.base import RuntimeErrorBase
 
     try:
         audit = await AuditLog.open(settings.audit)
@@ -132,7 +132,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="docbroker", description="Multi-tenant MCP broker for document tools")
+    parser = argparse.ArgumentParser(
+        prog="docbroker", description="Multi-tenant MCP broker for document tools"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("serve", help="run the broker (configuration: DOCBROKER_* variables)").set_defaults(
@@ -150,23 +152,31 @@ def build_parser() -> argparse.ArgumentParser:
     tenant.add_argument("name")
     tenant.set_defaults(func=cmd_tenant)
 
-    image = sub.add_parser("image", help="container images").add_subparsers(dest="image_command", required=True)
+    image = sub.add_parser("image", help="container images").add_subparsers(
+        dest="image_command", required=True
+    )
     build = image.add_parser("build", help="build the images offline (base, wheelhouse, server, broker)")
     build.add_argument("which", nargs="*", default=["server"], choices=["server", "broker"])
     build.add_argument("--base", default=None, help="base image (default: a locally built Debian base)")
     build.set_defaults(func=cmd_image_build)
 
-    audit = sub.add_parser("audit", help="audit log tools").add_subparsers(dest="audit_command", required=True)
+    audit = sub.add_parser("audit", help="audit log tools").add_subparsers(
+        dest="audit_command", required=True
+    )
     verify = audit.add_parser("verify", help="check an audit log's hash chain; report the first broken line")
     verify.add_argument("file")
     verify.set_defaults(func=cmd_audit_verify)
 
-    sub.add_parser("doctor", help="check the host: daemon, rootless, images, keys").set_defaults(func=cmd_doctor)
+    sub.add_parser("doctor", help="check the host: daemon, rootless, images, keys").set_defaults(
+        func=cmd_doctor
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     # Client libraries log URLs and request lines at INFO: not values we want in any log.
     for noisy in ("httpx2", "httpcore2", "docker", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -37,7 +37,9 @@ class Denial(Enum):
     UPSTREAM_FAILED = _Row(200, rpc.INTERNAL_ERROR, "Tool call failed")
     UPSTREAM_INVALID = _Row(200, rpc.INTERNAL_ERROR, "Tool sandbox sent an invalid response")
     AUDIT_UNAVAILABLE = _Row(503, rpc.AUDIT_UNAVAILABLE, "Audit log unavailable; request refused")
-    CONTRACT_CHANGED = _Row(503, rpc.UNAVAILABLE, "Tool sandbox changed its tools; an operator must restart it")
+    CONTRACT_CHANGED = _Row(
+        503, rpc.UNAVAILABLE, "Tool sandbox changed its tools; an operator must restart it"
+    )
 
     @property
     def status(self) -> int:

@@ -30,7 +30,9 @@ class Metrics:
         )
         running = Gauge("docbroker_sandboxes_running", "Tenant sandboxes running", registry=self.registry)
         running.set_function(lambda: float(sandboxes_running()))
-        pending = Gauge("docbroker_approvals_pending", "Approvals waiting for a human", registry=self.registry)
+        pending = Gauge(
+            "docbroker_approvals_pending", "Approvals waiting for a human", registry=self.registry
+        )
         pending.set_function(lambda: float(approvals_pending()))
 
     def observe(self, method: str, tool: str, outcome: str, seconds: float) -> None:

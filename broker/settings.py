@@ -8,6 +8,7 @@ the environment after this module has run; the object is passed down explicitly.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -88,6 +89,9 @@ class DockerSettings:
 class RuntimeSettings:
     kind: str = "docker"  # "docker" | "local" (insecure, development and tests)
     allow_insecure_local: bool = False
+    # Local runtime only: the server command (`--socket PATH` is appended). For tests that put
+    # a deliberately hostile server behind the real broker.
+    local_command: tuple[str, ...] | None = None
     max_sandboxes: int = 100
     idle_timeout_seconds: float = 600.0
     start_timeout_seconds: float = 20.0
@@ -172,6 +176,7 @@ class Settings:
         runtime = RuntimeSettings(
             kind=r.choice("RUNTIME", "docker", ("docker", "local")),
             allow_insecure_local=r.bool("ALLOW_INSECURE_LOCAL_RUNTIME", False),
+            local_command=tuple(shlex.split(r.str("LOCAL_SERVER_COMMAND", ""))) or None,
             max_sandboxes=r.int("MAX_SANDBOXES", 100, low=1, high=10_000),
             idle_timeout_seconds=r.float("IDLE_TIMEOUT", 600.0, low=1, high=86_400),
             start_timeout_seconds=r.float("START_TIMEOUT", 20.0, low=1, high=600),

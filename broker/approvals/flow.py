@@ -92,7 +92,9 @@ class ApprovalFlow:
         self._audit = audit
         self._clock = clock
 
-    async def gate(self, principal: Principal, policy: TenantPolicy, msg: RpcMessage, request_id: str) -> Forward | Answer:
+    async def gate(
+        self, principal: Principal, policy: TenantPolicy, msg: RpcMessage, request_id: str
+    ) -> Forward | Answer:
         args = msg.arguments
         if BROKER_ONLY_ARGUMENT in args:
             return _rejected(c.Message.INVALID_INPUT.value, "client_supplied_approval_token")
@@ -113,7 +115,9 @@ class ApprovalFlow:
 
         state = msg.params.get("requestState")
         if state is not None:
-            return await self._answered_in_band(principal, save, sha, state, msg.params.get("inputResponses"), ids)
+            return await self._answered_in_band(
+                principal, save, sha, state, msg.params.get("inputResponses"), ids
+            )
 
         approved = self._store.consume(
             tenant=principal.tenant, requester=principal.subject, filename=save.filename, sha256=sha
@@ -129,7 +133,13 @@ class ApprovalFlow:
     # -- out-of-band ------------------------------------------------------------------------
 
     async def _wait_out_of_band(
-        self, principal: Principal, policy: TenantPolicy, save: _ClientSave, sha: str, size: int, ids: dict[str, str]
+        self,
+        principal: Principal,
+        policy: TenantPolicy,
+        save: _ClientSave,
+        sha: str,
+        size: int,
+        ids: dict[str, str],
     ) -> Answer:
         try:
             record, created = self._store.request(
@@ -211,11 +221,21 @@ class ApprovalFlow:
             },
         }
         await self._audit("approval.requested", approval_id=approval_id, outcome="waiting_approval", **ids)
-        result = {"resultType": "input_required", "inputRequests": {INPUT_KEY: question}, "requestState": sealed}
+        result = {
+            "resultType": "input_required",
+            "inputRequests": {INPUT_KEY: question},
+            "requestState": sealed,
+        }
         return Answer(result, Outcome.WAITING_APPROVAL, "approval_in_band", approval_id)
 
     async def _answered_in_band(
-        self, principal: Principal, save: _ClientSave, sha: str, state: Any, responses: Any, ids: dict[str, str]
+        self,
+        principal: Principal,
+        save: _ClientSave,
+        sha: str,
+        state: Any,
+        responses: Any,
+        ids: dict[str, str],
     ) -> Answer | Forward:
         opened = self._sealer.open(state)
         if (
@@ -242,7 +262,10 @@ class ApprovalFlow:
         await self._audit("approval.decided", approval_id=record.id, decision=decision, outcome="ok", **ids)
         if not approve:
             return Answer(
-                broker_result(c.Status.REJECTED, DENIED_MESSAGE), Outcome.REJECTED, "approval_denied", record.id
+                broker_result(c.Status.REJECTED, DENIED_MESSAGE),
+                Outcome.REJECTED,
+                "approval_denied",
+                record.id,
             )
         await self._audit("approval.consumed", approval_id=record.id, outcome="ok", **ids)
         return self._forward(principal.tenant, save, sha, record.id)

@@ -72,7 +72,11 @@ class ReportStore:
         except FileNotFoundError:
             return Accepted.MISSING
         except OSError as exc:
-            return Accepted.NOT_REGULAR if exc.errno in (errno.ELOOP, errno.EACCES, errno.EPERM) else Accepted.IO_ERROR
+            return (
+                Accepted.NOT_REGULAR
+                if exc.errno in (errno.ELOOP, errno.EACCES, errno.EPERM)
+                else Accepted.IO_ERROR
+            )
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > MAX_REPORT_BYTES:
@@ -87,7 +91,12 @@ class ReportStore:
         # Write our own copy (owned by the broker, 0600) from the verified bytes, then drop theirs:
         # the sandbox's inode never enters the store, so nothing it still holds open can change it.
         try:
-            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=reports_fd)
+            out = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=reports_fd,
+            )
         except FileExistsError:
             self._quarantine(drop_fd, name)
             return Accepted.EXISTS

@@ -150,11 +150,7 @@ class ApprovalStore:
         if open_count >= max_pending:
             raise TooManyPending
         approval_id = secrets.token_hex(16)
-        self._db.execute(
-            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, created_at, "
-            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-            (approval_id, tenant, requester, filename, sha256, size, content, now, now + ttl),
-        )
+        self._insert_pending(approval_id, tenant, requester, filename, content, sha256, size, now + ttl)
         created = self.get(approval_id, tenant)
         assert created is not None
         return created, True
@@ -215,13 +211,11 @@ class ApprovalStore:
     ) -> None:
         """An in-band question was asked: remember it as pending so its answer counts once."""
         now = self._clock()
-        self._db.execute(
-            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, created_at, "
-            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-            (approval_id, tenant, requester, filename, sha256, size, content, now, now + ttl),
-        )
+        self._insert_pending(approval_id, tenant, requester, filename, content, sha256, size, now + ttl)
 
-    def answer_in_band(self, approval_id: str, *, tenant: str, approver: str, approve: bool) -> Approval | None:
+    def answer_in_band(
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool
+    ) -> Approval | None:
         """Record the in-band answer and, on approve, consume at once. None if already answered."""
         now = self._clock()
         new_state = ApprovalState.CONSUMED if approve else ApprovalState.DENIED
@@ -232,8 +226,28 @@ class ApprovalStore:
         )
         return self.get(approval_id, tenant) if cur.rowcount == 1 else None
 
+    def _insert_pending(
+        self,
+        approval_id: str,
+        tenant: str,
+        requester: str,
+        filename: str,
+        content: str,
+        sha256: str,
+        size: int,
+        expires_at: float,
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
+            "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            (approval_id, tenant, requester, filename, sha256, size, content, self._clock(), expires_at),
+        )
+
     def _expired_view(self, approval: Approval) -> Approval:
-        if approval.state in (ApprovalState.PENDING, ApprovalState.APPROVED) and approval.expires_at <= self._clock():
+        if (
+            approval.state in (ApprovalState.PENDING, ApprovalState.APPROVED)
+            and approval.expires_at <= self._clock()
+        ):
             return _replace_state(approval, ApprovalState.EXPIRED)
         return approval
 

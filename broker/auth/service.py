@@ -19,7 +19,9 @@ from broker.types import Principal, Scope
 
 
 class AuthService:
-    def __init__(self, settings: AuthSettings, *, known_tenant: Callable[[str], bool], public_url: str) -> None:
+    def __init__(
+        self, settings: AuthSettings, *, known_tenant: Callable[[str], bool], public_url: str
+    ) -> None:
         self._keys = key_source(settings)
         self._authenticator = Authenticator(settings, known_tenant, self._keys)
         self._metadata_url = resource_metadata_url(public_url)

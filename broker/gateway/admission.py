@@ -25,7 +25,9 @@ MAX_SCHEMA_NODES = 256
 MAX_PROPERTY_NAME = 64
 MAX_PATTERN_CHARS = 128
 
-_DESCRIPTOR_KEYS = frozenset({"name", "title", "description", "inputSchema", "outputSchema", "annotations", "_meta"})
+_DESCRIPTOR_KEYS = frozenset(
+    {"name", "title", "description", "inputSchema", "outputSchema", "annotations", "_meta"}
+)
 _ANNOTATION_TYPES: dict[str, type] = {
     "title": str,
     "readOnlyHint": bool,
@@ -121,7 +123,9 @@ def _admit_one(descriptor: Any) -> dict[str, Any]:
         # No `pattern` here: the broker evaluates output schemas, and a hostile regular
         # expression would be a denial of service against it.
         _check_schema(output_schema, allow_pattern=False)
-    admitted = {k: v for k, v in descriptor.items() if k != "_meta"}  # _meta is the sandbox's, not the client's
+    admitted = {
+        k: v for k, v in descriptor.items() if k != "_meta"
+    }  # _meta is the sandbox's, not the client's
     return admitted
 
 
@@ -146,7 +150,9 @@ def _check_schema(schema: dict[str, Any], *, allow_pattern: bool) -> None:
         for key, value in node.items():
             if key not in _SCHEMA_KEYWORDS:
                 raise Rejected("schema_keyword_not_allowed")
-            if key == "pattern" and (not allow_pattern or not isinstance(value, str) or len(value) > MAX_PATTERN_CHARS):
+            if key == "pattern" and (
+                not allow_pattern or not isinstance(value, str) or len(value) > MAX_PATTERN_CHARS
+            ):
                 raise Rejected("schema_pattern_not_allowed")
             if key == "type":
                 types = value if isinstance(value, list) else [value]
@@ -189,7 +195,7 @@ def _check_headers(input_schema: dict[str, Any]) -> None:
                 walk(value)
 
     walk(input_schema)
-    for prop, sub in (properties.items() if isinstance(properties, dict) else []):
+    for prop, sub in properties.items() if isinstance(properties, dict) else []:
         if not isinstance(sub, dict) or "x-mcp-header" not in sub:
             continue
         header = sub["x-mcp-header"]

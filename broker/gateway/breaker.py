@@ -30,7 +30,9 @@ class _Circuit:
 
 
 class CircuitBreakers:
-    def __init__(self, *, threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._threshold = threshold
         self._cooldown = cooldown
         self._clock = clock

@@ -185,7 +185,11 @@ class McpGateway:
             if call.tool == c.TOOL_SAVE:
                 decision = await self._approvals.gate(principal, policy, msg, call.request_id)
                 if isinstance(decision, Answer):
-                    call.outcome, call.reason, call.approval_id = decision.outcome, decision.reason, decision.approval_id
+                    call.outcome, call.reason, call.approval_id = (
+                        decision.outcome,
+                        decision.reason,
+                        decision.approval_id,
+                    )
                     await self._finish_json(out, call, 200, rpc.result(msg.id, _typed(msg, decision.result)))
                     return
                 call.save, call.approval_id = decision, decision.approval_id
@@ -225,7 +229,9 @@ class McpGateway:
                         if msg is not None and msg.method == "tools/list":
                             await self._answer_tools_list(msg, principal, sandbox, client, pin, out, call)
                         else:
-                            await self._exchange(http_method, headers, body, msg, principal, sandbox, pin, out, call)
+                            await self._exchange(
+                                http_method, headers, body, msg, principal, sandbox, pin, out, call
+                            )
                     except (httpx2.TransportError, sse.EventTooLarge, listing.ListingError) as exc:
                         await self._upstreams.forget(sandbox.endpoint)
                         await self._runtime.mark_broken(tenant)
@@ -364,7 +370,12 @@ class McpGateway:
             async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
                 data = event.data
                 parsed = _json(data)
-                if ours and isinstance(parsed, dict) and parsed.get("id") == msg.id and "method" not in parsed:
+                if (
+                    ours
+                    and isinstance(parsed, dict)
+                    and parsed.get("id") == msg.id
+                    and "method" not in parsed
+                ):
                     reply = await self._consume(parsed, len(data or b""), msg, principal, descriptor, call)
                     framed = event.with_data(rpc.encode(reply))
                     call.bytes_out += len(framed)
@@ -415,13 +426,20 @@ class McpGateway:
                 result = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
         return rpc.result(msg.id, _typed(msg, result))
 
-    async def _refused_from_sandbox(self, message: dict[str, Any], principal: Principal, call: CallRecord) -> None:
+    async def _refused_from_sandbox(
+        self, message: dict[str, Any], principal: Principal, call: CallRecord
+    ) -> None:
         """A request or unexpected notification from the sandbox: dropped, and audited by name."""
         method = message.get("method")
         await self._audit.emit(
-            "policy.denied", tenant=principal.tenant, subject=principal.subject, request_id=call.request_id,
-            method=method if isinstance(method, str) else None, outcome="denied", reason="sandbox_message_refused",
-        )  # fmt: skip
+            "policy.denied",
+            tenant=principal.tenant,
+            subject=principal.subject,
+            request_id=call.request_id,
+            method=method if isinstance(method, str) else None,
+            outcome="denied",
+            reason="sandbox_message_refused",
+        )
 
     # -- endings ----------------------------------------------------------------------------
 
@@ -442,14 +460,24 @@ class McpGateway:
             raise _AuditFailed from None
 
     async def _finish_json(
-        self, out: Responder, call: CallRecord, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+        self,
+        out: Responder,
+        call: CallRecord,
+        status: int,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
     ) -> None:
         payload = rpc.encode(body)
         extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items() if k != "content-type"]
         await self._finish_raw(out, call, status, payload, [(b"content-type", b"application/json"), *extra])
 
     async def _finish_raw(
-        self, out: Responder, call: CallRecord, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]
+        self,
+        out: Responder,
+        call: CallRecord,
+        status: int,
+        payload: bytes,
+        headers: list[tuple[bytes, bytes]],
     ) -> None:
         call.status = status
         call.bytes_out = len(payload)

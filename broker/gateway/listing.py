@@ -31,7 +31,10 @@ class ListingError(Exception):
 async def request(client: httpx2.AsyncClient, endpoint: Endpoint, method: str, params: dict[str, Any]) -> Any:
     """One modern (2026-07-28) request from the broker itself; returns the `result` value."""
     request_id = f"broker-{next(_ids)}"
-    meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
     body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
     headers = {
         "host": "localhost",

@@ -14,7 +14,9 @@ from typing import Any
 CLIENT_REQUESTS = frozenset({"server/discover", "initialize", "ping", "tools/list", "tools/call"})
 CLIENT_NOTIFICATIONS = frozenset({"notifications/initialized", "notifications/cancelled"})
 # Sandbox → client, inside a response stream: notifications only, and only these.
-SERVER_NOTIFICATIONS = frozenset({"notifications/progress", "notifications/cancelled", "notifications/message"})
+SERVER_NOTIFICATIONS = frozenset(
+    {"notifications/progress", "notifications/cancelled", "notifications/message"}
+)
 
 
 def client_may_send(method: str | None, is_notification: bool) -> bool:

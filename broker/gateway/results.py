@@ -23,7 +23,9 @@ from jsonschema.exceptions import SchemaError
 from server import contracts as c
 
 MAX_TEXT_BLOCK_CHARS = 1_024
-_SANDBOX_STATUSES = frozenset({"ok", "rejected", "failed", "result_unknown"})  # waiting_approval is the broker's
+_SANDBOX_STATUSES = frozenset(
+    {"ok", "rejected", "failed", "result_unknown"}
+)  # waiting_approval is the broker's
 INVALID_RESULT_MESSAGE = "the tool sandbox returned an invalid result"
 
 
@@ -40,7 +42,9 @@ def broker_result(status: c.Status, message: str, data: dict[str, Any] | None = 
     return {"content": [_text_block(structured)], "structuredContent": structured, "isError": False}
 
 
-def consume(reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: int, max_bytes: int) -> Consumed:
+def consume(
+    reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: int, max_bytes: int
+) -> Consumed:
     problem = _problem(reply, descriptor, size, max_bytes)
     if problem is None:
         result = reply["result"]
@@ -50,9 +54,13 @@ def consume(reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: 
             clean["resultType"] = result["resultType"]
         return Consumed(clean, structured["status"], f"tool_{structured['status']}")
     if problem == "tool_error" and tool != c.TOOL_SAVE:
-        return Consumed(broker_result(c.Status.FAILED, c.Message.READ_FAILED.value), "failed", "tool_is_error")
+        return Consumed(
+            broker_result(c.Status.FAILED, c.Message.READ_FAILED.value), "failed", "tool_is_error"
+        )
     if tool == c.TOOL_SAVE:
-        return Consumed(broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", problem)
+        return Consumed(
+            broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", problem
+        )
     return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", problem)
 
 

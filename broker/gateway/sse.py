@@ -21,11 +21,7 @@ class Event:
 
     @property
     def data(self) -> bytes | None:
-        lines = [
-            line[5:].removeprefix(b" ")
-            for line in self.raw.split(b"\n")
-            if line.startswith(b"data:")
-        ]
+        lines = [line[5:].removeprefix(b" ") for line in self.raw.split(b"\n") if line.startswith(b"data:")]
         return b"\n".join(lines) if lines else None
 
     def with_data(self, data: bytes) -> bytes:

@@ -14,7 +14,15 @@ from broker.types import Endpoint
 
 # Request headers forwarded to the sandbox (lower-case); `mcp-param-*` is matched by prefix.
 FORWARD_REQUEST = frozenset(
-    {"content-type", "accept", "mcp-protocol-version", "mcp-method", "mcp-name", "mcp-session-id", "last-event-id"}
+    {
+        "content-type",
+        "accept",
+        "mcp-protocol-version",
+        "mcp-method",
+        "mcp-name",
+        "mcp-session-id",
+        "last-event-id",
+    }
 )
 PARAM_PREFIX = "mcp-param-"
 # Response headers passed back to the client.
@@ -41,7 +49,9 @@ class Upstreams:
     def client(self, endpoint: Endpoint) -> httpx2.AsyncClient:
         client = self._clients.get(endpoint)
         if client is None:
-            transport = httpx2.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else httpx2.AsyncHTTPTransport()
+            transport = (
+                httpx2.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else httpx2.AsyncHTTPTransport()
+            )
             client = httpx2.AsyncClient(transport=transport, timeout=self._timeout, trust_env=False)
             self._clients[endpoint] = client
         return client

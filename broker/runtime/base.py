@@ -114,7 +114,11 @@ class Runtime:
     async def start(self) -> None:
         """Adopt what an earlier broker left running, then start the idle reaper."""
         for info in await self.backend.discover():
-            if info.endpoint is not None and await self.backend.alive(info) and await _ready(info.endpoint, 2.0):
+            if (
+                info.endpoint is not None
+                and await self.backend.alive(info)
+                and await _ready(info.endpoint, 2.0)
+            ):
                 info.last_used = self._clock()
                 self._sandboxes[info.tenant] = info
                 log.info("adopted sandbox", extra={"backend": self.backend.name})

@@ -23,8 +23,8 @@ _STOP_GRACE_SECONDS = 3.0
 class LocalProcessBackend(SandboxBackend):
     name = "local"
 
-    def __init__(self, python: str = sys.executable) -> None:
-        self._python = python
+    def __init__(self, command: tuple[str, ...] | None = None) -> None:
+        self._command = command or (sys.executable, "-m", "server")
         self._procs: dict[str, asyncio.subprocess.Process] = {}
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
@@ -38,9 +38,7 @@ class LocalProcessBackend(SandboxBackend):
             "DOCS_SECRET_FILE": spec.secret_file,
         }
         proc = await asyncio.create_subprocess_exec(
-            self._python,
-            "-m",
-            "server",
+            *self._command,
             "--socket",
             spec.socket_path,
             env=env,

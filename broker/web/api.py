@@ -103,10 +103,16 @@ class ApprovalsApi:
             approve=approve,
             require_distinct=self._require_distinct or policy.require_distinct_approver,
         )
-        fields: dict[str, Any] = {"tenant": principal.tenant, "subject": principal.subject, "method": "approvals"}
+        fields: dict[str, Any] = {
+            "tenant": principal.tenant,
+            "subject": principal.subject,
+            "method": "approvals",
+        }
         if isinstance(outcome, DecisionError):
             await self._audit("approval.decided", outcome="rejected", reason=outcome.value, **fields)
             return JSONResponse({"error": outcome.value}, _DECISION_STATUS[outcome])
         decision = "approved" if approve else "denied"
-        await self._audit("approval.decided", approval_id=outcome.id, decision=decision, outcome="ok", **fields)
+        await self._audit(
+            "approval.decided", approval_id=outcome.id, decision=decision, outcome="ok", **fields
+        )
         return JSONResponse(outcome.public())
