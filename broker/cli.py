@@ -119,9 +119,20 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from broker.images import build_images
+    import os
 
-    build_images(args.which, base=args.base, progress=lambda line: sys.stderr.write(line.rstrip() + "\n"))
+    from broker.images import ImageError, build_images
+
+    try:
+        build_images(
+            args.which,
+            base=args.base,
+            progress=lambda line: sys.stderr.write(line.rstrip() + "\n"),
+            base_url=os.environ.get("DOCBROKER_DOCKER_HOST") or None,
+        )
+    except ImageError as exc:
+        sys.stderr.write(f"docbroker image build: {exc}\n")
+        return 1
     return 0
 
 
