@@ -1,0 +1,218 @@
+"""Cold start and footprint of a hardened sandbox.
+
+    python bench/cold_start.py [--runs 10] [--host unix:///var/run/docker.sock] [--many 100]
+
+Prints one table:
+  (a) DockerBackend (hardened, unix socket): create → socket ready → first tools/call result
+  (b) naive hardened `docker run -i` of the same image via the CLI, MCP over stdio
+  idle memory of one sandbox (as `docker stats` shows it), image size, and with --many N,
+  N sandboxes running at once with their memory per container.
+
+Tenant folders are provisioned before the clock starts (the broker does that once per tenant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import httpx2  # noqa: E402
+from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+
+from broker.approvals.secrets import tenant_secret  # noqa: E402
+from broker.runtime.base import _ready  # noqa: E402
+from broker.runtime.docker import DockerBackend  # noqa: E402
+from broker.settings import DockerSettings  # noqa: E402
+from broker.tenants import DROPBOX_MODE  # noqa: E402
+from broker.types import SandboxSpec  # noqa: E402
+
+QUERY = {"query": "bench"}
+
+
+class Tenants:
+    """Broker-style tenant folders, owned by the daemon's user (root, or the rootless user)."""
+
+    def __init__(self, owner: tuple[int, int]) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="docbroker-bench-", dir="/var/tmp"))
+        self.owner = owner
+        self.key = os.urandom(32)
+        os.chown(self.root, *owner)
+
+    def make(self, name: str) -> SandboxSpec:
+        docs = self.root / name / "docs"
+        run = self.root / name / "run"
+        for path, mode in ((docs / "sources", 0o755), (docs / "reports", DROPBOX_MODE), (run, 0o1777)):
+            path.mkdir(parents=True)
+            path.chmod(mode)
+        (docs / "sources" / "a.md").write_text("bench document\n")
+        secret = self.root / name / "secret.key"
+        secret.write_text(tenant_secret(self.key, name))
+        secret.chmod(0o444)
+        owned = (self.root / name, docs, docs / "sources", docs / "reports", run, secret)
+        for path in (*owned, docs / "sources" / "a.md"):
+            os.chown(path, *self.owner)
+        return SandboxSpec(tenant=name, docs_root=str(docs), secret_file=str(secret), run_dir=str(run))
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+async def call_over_socket(path: str) -> None:
+    async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=path), timeout=30) as http:
+        async with Client(streamable_http_client("http://localhost/mcp", http_client=http)) as client:
+            result = await client.call_tool("search_documents", QUERY)
+            assert result.structured_content and result.structured_content["status"] == "ok"
+
+
+async def backend_cold_start(backend: DockerBackend, spec: SandboxSpec) -> tuple[float, Any]:
+    started = time.perf_counter()
+    info = await backend.create(spec)
+    assert info.endpoint is not None and info.endpoint.uds is not None
+    if not await _ready(info.endpoint, 30.0):
+        raise RuntimeError("sandbox never became ready")
+    await call_over_socket(info.endpoint.uds)
+    return time.perf_counter() - started, info
+
+
+async def naive_cold_start(host: str, image: str, spec: SandboxSpec, cpus: str) -> float:
+    """`docker run -i --rm` with the same hardening flags, MCP over the container's stdio."""
+    args = [
+        "run", "-i", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges:true",
+        "--security-opt", f"seccomp={REPO / 'policies' / 'seccomp.json'}",
+        "--user", "10001:0", "--tmpfs", "/tmp:rw,noexec,nosuid,nodev,size=8m",  # noqa: S108
+        "--memory", "128m", "--pids-limit", "64", "--cpus", cpus,
+        "-e", f"DOCS_SCOPE={spec.tenant}",
+        "-v", f"{spec.sources_dir}:/srv/docs/sources:ro", "-v", f"{spec.dropbox_dir}:/srv/docs/reports",
+        "-v", f"{spec.secret_file}:/run/secrets/approval.key:ro",
+        "--entrypoint", "/opt/venv/bin/python", image, "-m", "server",
+    ]
+    params = StdioServerParameters(command="docker", args=args, env={**os.environ, "DOCKER_HOST": host})
+    started = time.perf_counter()
+    async with Client(params) as client:
+        result = await client.call_tool("search_documents", QUERY)
+        elapsed = time.perf_counter() - started
+        assert result.structured_content and result.structured_content["status"] == "ok"
+    return elapsed
+
+
+def docker_stats_mib(host: str, names: list[str]) -> list[float]:
+    """Memory as `docker stats --no-stream` reports it, in MiB."""
+    out = subprocess.run(
+        ["docker", "stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}}", *names],
+        capture_output=True, text=True, check=True, env={**os.environ, "DOCKER_HOST": host},
+    ).stdout
+    factor = {"B": 1 / 1024 / 1024, "KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
+    values = []
+    for line in out.splitlines():
+        match = re.match(r"([0-9.]+)([A-Za-z]+)", line.split()[1])
+        assert match, line
+        values.append(float(match.group(1)) * factor[match.group(2)])
+    return values
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--host", default=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+    parser.add_argument("--image", default="docbroker-server:latest")
+    parser.add_argument("--many", type=int, default=0, help="also run N sandboxes at once")
+    parser.add_argument("--idle-wait", type=float, default=5.0)
+    parser.add_argument("--cpus", type=float, default=0.5, help="sandbox CPU limit (DOCBROKER_DOCKER_CPUS)")
+    args = parser.parse_args()
+
+    seccomp = REPO / "policies" / "seccomp.json"
+    settings = DockerSettings(
+        base_url=args.host, image=args.image, seccomp_profile=seccomp, nano_cpus=int(args.cpus * 1e9)
+    )
+    instance = f"bench{uuid.uuid4().hex[:6]}"
+    backend = await DockerBackend.connect(settings, instance=instance)
+    owner = (0, 0)
+    if backend.describe()["mode"] == "rootless":
+        st = os.stat(args.host.removeprefix("unix://"))
+        import pwd
+
+        owner = (st.st_uid, pwd.getpwuid(st.st_uid).pw_gid)
+    tenants = Tenants(owner)
+    described = backend.describe()
+    rows: list[tuple[str, str]] = [("daemon", f"{described['mode']} {described['engine_version']}")]
+    try:
+        # warm the page cache and the daemon once; not counted
+        _, info = await backend_cold_start(backend, tenants.make("warmup"))
+        await backend.delete(info)
+
+        hardened: list[float] = []
+        for i in range(args.runs):
+            elapsed, info = await backend_cold_start(backend, tenants.make(f"cold-{i}"))
+            hardened.append(elapsed)
+            if i == 0:
+                await asyncio.sleep(args.idle_wait)
+                idle = docker_stats_mib(args.host, [backend.container_name(info.tenant)])[0]
+            await backend.delete(info)
+        cpus = str(settings.nano_cpus / 1e9)
+        naive = []
+        for i in range(args.runs):
+            naive.append(await naive_cold_start(args.host, args.image, tenants.make(f"naive-{i}"), cpus))
+
+        image = backend._client.images.get(args.image)
+        rows += [
+            (f"(a) DockerBackend cold start p50 / p90 (n={args.runs}, {args.cpus} CPU)",
+             f"{statistics.median(hardened) * 1000:.0f} ms / {pct(hardened, 0.9) * 1000:.0f} ms"),
+            (f"(b) naive docker run + stdio p50 / p90 (n={args.runs}, {args.cpus} CPU)",
+             f"{statistics.median(naive) * 1000:.0f} ms / {pct(naive, 0.9) * 1000:.0f} ms"),
+            ("idle sandbox memory (docker stats)", f"{idle:.1f} MiB"),
+            ("server image size", f"{image.attrs['Size'] / 1e6:.1f} MB"),
+        ]
+        if args.many:
+            started = time.perf_counter()
+            specs = [tenants.make(f"many-{i}") for i in range(args.many)]
+            infos = []
+            for spec in specs:  # created one by one, started concurrently by the daemon
+                infos.append(await backend.create(spec))
+            ready = await asyncio.gather(*(_ready(i.endpoint, 300.0) for i in infos if i.endpoint))
+            all_up = time.perf_counter() - started
+            await asyncio.sleep(args.idle_wait)
+            sockets = [i.endpoint.uds for i in infos if i.endpoint and i.endpoint.uds]
+            await asyncio.gather(*(call_over_socket(path) for path in sockets))
+            mem = docker_stats_mib(args.host, [backend.container_name(i.tenant) for i in infos])
+            rows += [
+                (f"{args.many} sandboxes: all ready", f"{sum(ready)}/{args.many} in {all_up:.1f} s"),
+                (f"{args.many} sandboxes: memory per container p50 / max",
+                 f"{statistics.median(mem):.1f} / {max(mem):.1f} MiB (total {sum(mem) / 1024:.2f} GiB)"),
+            ]
+            await asyncio.gather(*(backend.delete(i) for i in infos))
+    finally:
+        client = backend._client
+        for c in client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"}):
+            c.remove(force=True)
+        await backend.close()
+        tenants.cleanup()
+
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
