@@ -58,7 +58,6 @@ start_rootful() {
   fi
   step "starting the rootful dockerd"
   local log=/var/log/docbroker-dockerd-rootful.log
-  pgrep -x containerd >/dev/null || true
   nohup dockerd >"$log" 2>&1 </dev/null &
   wait_socket "$ROOTFUL_HOST" 60 "$log"
 }
