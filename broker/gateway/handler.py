@@ -182,6 +182,9 @@ class McpGateway:
         if msg is not None and msg.method == "tools/call":
             if call.tool is None or not may_call(principal, policy, call.tool):
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_allowed")
+            if self._pinned_without(principal.tenant, call.tool):
+                # Before the approval gate: no human is asked to approve a call bound to be refused.
+                raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
             if call.tool == c.TOOL_SAVE:
                 decision = await self._approvals.gate(principal, policy, msg, call.request_id)
                 if isinstance(decision, Answer):
@@ -285,6 +288,14 @@ class McpGateway:
         if pin.broken:
             raise Denied(Denial.CONTRACT_CHANGED, "contract_changed")
         return pin
+
+    def _pinned_without(self, tenant: str, tool: str) -> bool:
+        """Was the tenant's running sandbox pinned without this tool?"""
+        for sandbox in self._runtime.list():
+            if sandbox.tenant == tenant:
+                pin = self._pins.get(tenant, sandbox.backend_id)
+                return pin is not None and tool not in pin.admission.tools
+        return False
 
     async def _list_and_admit(self, client: httpx2.AsyncClient, sandbox: SandboxInfo) -> Admission:
         assert sandbox.endpoint is not None
