@@ -263,8 +263,20 @@ class McpGateway:
         self, msg: rpc.RpcMessage | None, out: Responder, call: CallRecord, denial: Denial, reason: str
     ) -> None:
         if out.started:
-            call.outcome, call.reason = Outcome.ERROR, reason
-            await self._emit_terminal(call)
+            # Mid-stream: the client still gets exactly one answer, then the stream ends.
+            if msg is not None and msg.id is not None and not call.audited:
+                if call.save is not None:
+                    call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
+                    unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
+                    body = rpc.result(msg.id, _typed(msg, unknown))
+                else:
+                    call.outcome, call.reason = Outcome.ERROR, reason
+                    body = rpc.error(msg.id, denial.code, denial.message)
+                await self._answer_in_stream(out, call, _sse_event(body))
+            else:
+                call.outcome, call.reason = Outcome.ERROR, reason
+                await self._emit_terminal(call)
+            await out.end()
             return
         if call.save is not None and msg is not None:
             # The approved write was sent: it may or may not have happened.
@@ -388,28 +400,45 @@ class McpGateway:
                     and "method" not in parsed
                 ):
                     reply = await self._consume(parsed, len(data or b""), msg, principal, descriptor, call)
-                    framed = event.with_data(rpc.encode(reply))
-                    call.bytes_out += len(framed)
-                    await self._emit_terminal(call)  # the result is held until it is audited
-                    await out.chunk(framed, counted=True)
+                    await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
+                    break  # one answer per request: anything the sandbox sends after it is dropped
                 elif isinstance(parsed, dict) and sandbox_may_send(parsed):
                     await out.chunk(event.framed())
                 elif parsed is not None:
                     await self._refused_from_sandbox(parsed, principal, call)
-            if not call.audited:
+            if ours and not call.audited:
+                reply = await self._consume({}, 0, msg, principal, descriptor, call)
+                call.reason = "upstream_no_answer"
+                await self._answer_in_stream(out, call, _sse_event(reply))
+            elif not call.audited:
                 call.outcome, call.reason = _plain_outcome(response.status_code)
                 await self._emit_terminal(call)
             await out.end()
             return
 
         raw = await _read_capped(response, MAX_UPSTREAM_EVENT_BYTES)
-        parsed = _json(raw)
-        if ours and isinstance(parsed, dict) and parsed.get("id") == msg.id:
-            reply = await self._consume(parsed, len(raw), msg, principal, descriptor, call)
-            await self._finish_json(out, call, response.status_code, reply, dict(_str_headers(passed)))
+        if not ours:
+            # Notifications, responses, GET and DELETE: the status is the answer; a body the
+            # sandbox attaches has no reader and is not passed on.
+            call.outcome, call.reason = _plain_outcome(response.status_code)
+            await self._finish_raw(out, call, response.status_code, b"", passed)
             return
-        call.outcome, call.reason = _plain_outcome(response.status_code)
-        await self._finish_raw(out, call, response.status_code, raw, passed)
+        parsed = _json(raw)
+        status = response.status_code
+        if not (isinstance(parsed, dict) and parsed.get("id") == msg.id and "method" not in parsed):
+            # Not an answer to this request (another id, HTML, nothing): none of it is passed
+            # on; the client gets the broker's own answer (for save_report: result_unknown).
+            parsed, status = {}, (200 if descriptor is not None or status < 400 else status)
+            reply = await self._consume(parsed, len(raw), msg, principal, descriptor, call)
+            call.reason = "upstream_no_answer"
+        else:
+            reply = await self._consume(parsed, len(raw), msg, principal, descriptor, call)
+        await self._finish_json(out, call, status, reply, dict(_str_headers(passed)))
+
+    async def _answer_in_stream(self, out: Responder, call: CallRecord, framed: bytes) -> None:
+        call.bytes_out += len(framed)
+        await self._emit_terminal(call)  # the answer is held until it is audited
+        await out.chunk(framed, counted=True)
 
     async def _consume(
         self,
@@ -574,6 +603,10 @@ def _typed(msg: rpc.RpcMessage, result: dict[str, Any]) -> dict[str, Any]:
     if msg.protocol_version is None:
         return {k: v for k, v in result.items() if k != "resultType"}
     return {"resultType": "complete", **result}
+
+
+def _sse_event(body: dict[str, Any]) -> bytes:
+    return b"event: message\ndata: " + rpc.encode(body) + b"\n\n"
 
 
 def _json(raw: bytes | None) -> Any:
