@@ -19,11 +19,13 @@ The sandbox is never trusted: nothing it says reaches the client unchecked.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx2
@@ -228,13 +230,16 @@ class McpGateway:
                     call.sandbox = sandbox.backend_id[:64]
                     client = self._upstreams.client(sandbox.endpoint)
                     try:
-                        pin = await self._pinned(principal, sandbox, client)
-                        if msg is not None and msg.method == "tools/list":
-                            await self._answer_tools_list(msg, principal, sandbox, client, pin, out, call)
-                        else:
-                            await self._exchange(
-                                http_method, headers, body, msg, principal, sandbox, pin, out, call
-                            )
+                        async with _deadline(self._upstreams.call_timeout):
+                            pin = await self._pinned(principal, sandbox, client)
+                        # A GET stream lives as long as its session; every POST has a deadline.
+                        async with _deadline(self._upstreams.call_timeout if msg is not None else None):
+                            if msg is not None and msg.method == "tools/list":
+                                await self._answer_tools_list(msg, principal, sandbox, client, pin, out, call)
+                            else:
+                                await self._exchange(
+                                    http_method, headers, body, msg, principal, sandbox, pin, out, call
+                                )
                     except (httpx2.TransportError, sse.EventTooLarge, listing.ListingError) as exc:
                         await self._upstreams.forget(sandbox.endpoint)
                         await self._runtime.mark_broken(tenant)
@@ -533,6 +538,18 @@ class McpGateway:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _deadline(seconds: float | None) -> AsyncIterator[None]:
+    """A deadline for the whole exchange. The HTTP client's timeout bounds each read only, so
+    a sandbox that keeps sending bytes (SSE comments, a trickle) would otherwise hold a call
+    forever; expiry is reported like any other upstream timeout."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise httpx2.ReadTimeout("call deadline passed") from None
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -44,6 +44,7 @@ class Upstreams:
 
     def __init__(self, *, connect_timeout: float, call_timeout: float) -> None:
         self._timeout = httpx2.Timeout(call_timeout, connect=connect_timeout)
+        self.call_timeout = call_timeout  # also the deadline of a whole call (gateway)
         self._clients: dict[Endpoint, httpx2.AsyncClient] = {}
 
     def client(self, endpoint: Endpoint) -> httpx2.AsyncClient:
