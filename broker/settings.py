@@ -78,7 +78,7 @@ class DockerSettings:
     image: str = "docbroker-server:latest"
     require_rootless: bool = False  # refuse a rootful daemon
     memory_bytes: int = 128 * 1024 * 1024
-    nano_cpus: int = 500_000_000  # half a core
+    nano_cpus: int = 1_000_000_000  # one core: start-up is CPU-bound (SDK import), 0.5 doubles it
     pids_limit: int = 64
     nofile: int = 256
     tmpfs_bytes: int = 8 * 1024 * 1024
@@ -168,7 +168,7 @@ class Settings:
             image=r.str("DOCKER_IMAGE", "docbroker-server:latest"),
             require_rootless=r.bool("DOCKER_REQUIRE_ROOTLESS", False),
             memory_bytes=r.int("DOCKER_MEMORY_MB", 128, low=32, high=65_536) * 1024 * 1024,
-            nano_cpus=int(r.float("DOCKER_CPUS", 0.5, low=0.05, high=64) * 1e9),
+            nano_cpus=int(r.float("DOCKER_CPUS", 1.0, low=0.05, high=64) * 1e9),
             pids_limit=r.int("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
             nofile=r.int("DOCKER_NOFILE", 256, low=32, high=65_536),
             seccomp_profile=Path(r.str("DOCKER_SECCOMP_PROFILE", "policies/seccomp.json")).absolute(),
