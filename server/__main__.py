@@ -20,7 +20,9 @@ from server.workspace import WorkspaceError
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m server", description="docbroker document-tools MCP server")
+    parser = argparse.ArgumentParser(
+        prog="python -m server", description="docbroker document-tools MCP server"
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP on TCP")
     where.add_argument("--socket", metavar="PATH", help="serve Streamable HTTP on a unix socket")
@@ -30,7 +32,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     # stderr only: in stdio mode stdout carries protocol frames and nothing else.
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     # The SDK logs session ids and request details at INFO; a session id is a credential.
     logging.getLogger("mcp").setLevel(logging.WARNING)
     try:

@@ -35,7 +35,9 @@ def _mac(secret: str, encoded: str) -> str:
     return hmac.new(secret.encode("ascii"), encoded.encode("ascii"), hashlib.sha256).hexdigest()
 
 
-def mint_token(*, secret: str, scope: str, tool: str, filename: str, sha256: str, expires: int, jti: str) -> str:
+def mint_token(
+    *, secret: str, scope: str, tool: str, filename: str, sha256: str, expires: int, jti: str
+) -> str:
     payload = {
         "v": TOKEN_VERSION,
         "scope": scope,

@@ -41,7 +41,9 @@ class ServerConfig:
         docs_root = Path(root)
         for folder in (docs_root, docs_root / "sources", docs_root / "reports"):
             if not folder.is_dir() or folder.is_symlink():
-                raise ConfigError(f"DOCS_ROOT must hold the folders sources/ and reports/; missing: {folder.name}/")
+                raise ConfigError(
+                    f"DOCS_ROOT must hold the folders sources/ and reports/; missing: {folder.name}/"
+                )
         return cls(docs_root=docs_root, scope=scope, secret=_read_secret(Path(secret_file)))
 
 

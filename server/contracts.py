@@ -72,8 +72,13 @@ class StrictInput(BaseModel):
 
 
 class SearchInput(StrictInput):
-    query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="Literal, case-sensitive text to find")]
-    max_results: Annotated[int, Field(ge=1, le=MAX_SEARCH_RESULTS, description="Hits to return")] = MAX_SEARCH_RESULTS
+    query: Annotated[
+        str,
+        Field(min_length=1, max_length=MAX_QUERY_CHARS, description="Literal, case-sensitive text to find"),
+    ]
+    max_results: Annotated[int, Field(ge=1, le=MAX_SEARCH_RESULTS, description="Hits to return")] = (
+        MAX_SEARCH_RESULTS
+    )
 
 
 class ReadInput(StrictInput):
@@ -88,7 +93,11 @@ class SaveInput(StrictInput):
     ]
 
 
-INPUT_MODELS: dict[str, type[StrictInput]] = {TOOL_SEARCH: SearchInput, TOOL_READ: ReadInput, TOOL_SAVE: SaveInput}
+INPUT_MODELS: dict[str, type[StrictInput]] = {
+    TOOL_SEARCH: SearchInput,
+    TOOL_READ: ReadInput,
+    TOOL_SAVE: SaveInput,
+}
 
 
 # --- outputs --------------------------------------------------------------------------------
@@ -181,7 +190,10 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             ref = node.get("$ref")
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                merged = {**defs[ref.removeprefix("#/$defs/")], **{k: v for k, v in node.items() if k != "$ref"}}
+                merged = {
+                    **defs[ref.removeprefix("#/$defs/")],
+                    **{k: v for k, v in node.items() if k != "$ref"},
+                }
                 return resolve(merged)
             return {k: resolve(v) for k, v in node.items() if k != "$defs"}
         if isinstance(node, list):

@@ -37,7 +37,11 @@ class DocumentTools:
         self._scope = scope
 
     def handlers(self) -> dict[str, Callable[[Mapping[str, Any]], ToolResult[Any]]]:
-        return {c.TOOL_SEARCH: self.search_documents, c.TOOL_READ: self.read_document, c.TOOL_SAVE: self.save_report}
+        return {
+            c.TOOL_SEARCH: self.search_documents,
+            c.TOOL_READ: self.read_document,
+            c.TOOL_SAVE: self.save_report,
+        }
 
     def search_documents(self, arguments: Mapping[str, Any]) -> ToolResult[c.SearchData]:
         args = _parse(c.SearchInput, arguments)

@@ -133,7 +133,9 @@ def _open_dir(path: Path, flags: int) -> int:
     try:
         return os.open(path, flags | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise WorkspaceError(f"{path} is not an openable directory ({errno.errorcode.get(exc.errno or 0, 'error')})") from exc
+        raise WorkspaceError(
+            f"{path} is not an openable directory ({errno.errorcode.get(exc.errno or 0, 'error')})"
+        ) from exc
 
 
 class Workspace:
