@@ -1,0 +1,137 @@
+"""End to end on Docker: a real MCP client with a bearer JWT, the real broker, a real container.
+
+The client searches, reads, and saves a report that a human approves over REST; the report
+must then be on the host, in the tenant's reports store, with exactly the approved bytes. Run
+against every daemon: with a rootless daemon the broker runs as that daemon's user, which is
+the production shape (nothing on the sandbox path runs as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from tests.broker.harness import Broker, make_broker, structured
+from tests.docker.conftest import IMAGE, SECCOMP, Daemon
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+DOC = "# Quarterly notes\n\nThe sandbox keeps every tenant apart.\n"
+REPORT = "# Summary\n\nSandboxes keep tenants apart — approved by a human.\n"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def _start_as(broker: Broker, uid: int, gid: int) -> None:
+    """Broker.start, as the daemon's user (root for a rootful daemon)."""
+    log = broker.log_file.open("ab")
+    broker.proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "serve"],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**broker.env, "HOME": pwd.getpwuid(uid).pw_dir},
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        user=uid,
+        group=gid,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if broker.proc.poll() is not None:
+            pytest.fail(
+                f"broker exited early (is the checkout readable by uid {uid}?):\n{broker.logs()[-3000:]}"
+            )
+        with contextlib.suppress(httpx2.TransportError):
+            if httpx2.get(f"{broker.url}/healthz", timeout=1).status_code == 200:
+                return
+        time.sleep(0.2)
+    pytest.fail(f"broker did not start:\n{broker.logs()[-3000:]}")
+
+
+@pytest.fixture
+def docker_broker(daemon: Daemon) -> Iterator[Broker]:
+    # /var/tmp: a rootless daemon (another user) must reach the bind-mount sources.
+    base = Path(tempfile.mkdtemp(prefix="docbroker-e2e-", dir="/var/tmp"))
+    env = {
+        "DOCBROKER_DOCKER_HOST": daemon.host,
+        "DOCBROKER_DOCKER_IMAGE": IMAGE,
+        "DOCBROKER_DOCKER_SECCOMP_PROFILE": str(SECCOMP),
+        "DOCBROKER_IDLE_TIMEOUT": "300",
+    }
+    broker = make_broker(base, runtime="docker", env=env)
+    sources = broker.sources("acme")
+    sources.mkdir(parents=True)
+    (sources / "notes.md").write_text(DOC, encoding="utf-8")
+    _chown_tree(base, daemon.owner_uid, daemon.owner_gid)
+    base.chmod(0o711)
+    try:
+        _start_as(broker, daemon.owner_uid, daemon.owner_gid)
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_search_read_and_approved_save_through_a_real_container(
+    docker_broker: Broker, daemon: Daemon
+) -> None:
+    broker = docker_broker
+    writer = broker.token("acme", subject="alice", scope="docs:read docs:write")
+    approver = broker.token("acme", subject="bob", scope="reports:approve")
+
+    async with broker.client(writer) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names == {"search_documents", "read_document", "save_report"}
+
+        found = structured(await client.call_tool("search_documents", {"query": "tenant apart"}))
+        assert found["status"] == "ok"
+        assert [h["filename"] for h in found["data"]["hits"]] == ["notes.md"]
+
+        read = structured(await client.call_tool("read_document", {"filename": "notes.md"}))
+        assert read["status"] == "ok" and read["data"]["content"] == DOC
+
+        args = {"filename": "summary.md", "content": REPORT}
+        waiting = structured(await client.call_tool("save_report", args))
+        assert waiting["status"] == "waiting_approval"
+        approval_id = waiting["data"]["approval_id"]
+
+        with broker.http(approver) as http:
+            decided = http.post(f"/v1/approvals/{approval_id}/approve")
+            assert decided.status_code == 200, decided.text
+
+        saved = structured(await client.call_tool("save_report", args))
+        assert saved["status"] == "ok", saved
+        assert saved["data"]["bytes"] == len(REPORT.encode())
+
+    stored = broker.reports("acme") / "summary.md"
+    assert stored.read_bytes() == REPORT.encode("utf-8")
+    dropbox = broker.data_dir / "tenants" / "acme" / "docs" / "reports"
+    assert list(dropbox.iterdir()) == []  # moved out: the sandbox can never see it again
+
+    started = [e for e in broker.audit_events() if e["event"] == "sandbox.started"]
+    assert started and started[0]["tenant"] == "acme"
+    expected_mode = "rootful" if daemon.owner_uid == 0 else "rootless"
+    assert started[0]["sandbox_mode"] == expected_mode
+
+    with broker.http() as http:
+        ready = http.get("/readyz").json()
+    assert ready["checks"]["sandboxes"]["mode"] == expected_mode
