@@ -118,6 +118,10 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     return main_verify(Path(args.file))
 
 
+def _progress(line: str) -> None:
+    sys.stderr.write(line.rstrip() + "\n")
+
+
 def cmd_image_build(args: argparse.Namespace) -> int:
     import os
 
@@ -127,7 +131,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
         build_images(
             args.which,
             base=args.base,
-            progress=lambda line: sys.stderr.write(line.rstrip() + "\n"),
+            progress=_progress,
             base_url=os.environ.get("DOCBROKER_DOCKER_HOST") or None,
         )
     except ImageError as exc:

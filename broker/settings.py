@@ -142,20 +142,20 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         r = _Reader(env)
-        data_dir = Path(r.str("DATA_DIR", "var")).absolute()
-        host = r.str("HOST", "127.0.0.1")
-        port = r.int("PORT", 8080, low=1, high=65535)
+        data_dir = Path(r.text("DATA_DIR", "var")).absolute()
+        host = r.text("HOST", "127.0.0.1")
+        port = r.integer("PORT", 8080, low=1, high=65535)
         auth = AuthSettings(
             issuer=r.required("AUTH_ISSUER"),
             audience=r.required("AUTH_AUDIENCE"),
-            tenant_claim=r.str("AUTH_TENANT_CLAIM", "tenant"),
+            tenant_claim=r.text("AUTH_TENANT_CLAIM", "tenant"),
             jwks_url=r.optional("AUTH_JWKS_URL"),
             jwks_file=r.path("AUTH_JWKS_FILE"),
             algorithms=r.algorithms("AUTH_ALGORITHMS"),
             dev_hs256_secret_file=r.path("AUTH_DEV_HS256_SECRET_FILE"),
-            max_lifetime_seconds=r.int("AUTH_MAX_LIFETIME", 3600, low=60, high=86_400),
-            leeway_seconds=r.int("AUTH_LEEWAY", 10, low=0, high=MAX_LEEWAY_SECONDS),
-            max_header_bytes=r.int("AUTH_MAX_HEADER_BYTES", 8192, low=1024, high=65_536),
+            max_lifetime_seconds=r.integer("AUTH_MAX_LIFETIME", 3600, low=60, high=86_400),
+            leeway_seconds=r.integer("AUTH_LEEWAY", 10, low=0, high=MAX_LEEWAY_SECONDS),
+            max_header_bytes=r.integer("AUTH_MAX_HEADER_BYTES", 8192, low=1024, high=65_536),
         )
         sources = sum(x is not None for x in (auth.jwks_url, auth.jwks_file, auth.dev_hs256_secret_file))
         if sources != 1:
@@ -165,24 +165,24 @@ class Settings:
             )
         docker = DockerSettings(
             base_url=r.optional("DOCKER_HOST"),
-            image=r.str("DOCKER_IMAGE", "docbroker-server:latest"),
-            require_rootless=r.bool("DOCKER_REQUIRE_ROOTLESS", False),
-            memory_bytes=r.int("DOCKER_MEMORY_MB", 128, low=32, high=65_536) * 1024 * 1024,
-            nano_cpus=int(r.float("DOCKER_CPUS", 1.0, low=0.05, high=64) * 1e9),
-            pids_limit=r.int("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
-            nofile=r.int("DOCKER_NOFILE", 256, low=32, high=65_536),
-            seccomp_profile=Path(r.str("DOCKER_SECCOMP_PROFILE", "policies/seccomp.json")).absolute(),
+            image=r.text("DOCKER_IMAGE", "docbroker-server:latest"),
+            require_rootless=r.flag("DOCKER_REQUIRE_ROOTLESS", False),
+            memory_bytes=r.integer("DOCKER_MEMORY_MB", 128, low=32, high=65_536) * 1024 * 1024,
+            nano_cpus=int(r.number("DOCKER_CPUS", 1.0, low=0.05, high=64) * 1e9),
+            pids_limit=r.integer("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
+            nofile=r.integer("DOCKER_NOFILE", 256, low=32, high=65_536),
+            seccomp_profile=Path(r.text("DOCKER_SECCOMP_PROFILE", "policies/seccomp.json")).absolute(),
         )
         runtime = RuntimeSettings(
             kind=r.choice("RUNTIME", "docker", ("docker", "local")),
-            allow_insecure_local=r.bool("ALLOW_INSECURE_LOCAL_RUNTIME", False),
-            local_command=tuple(shlex.split(r.str("LOCAL_SERVER_COMMAND", ""))) or None,
-            max_sandboxes=r.int("MAX_SANDBOXES", 100, low=1, high=10_000),
-            idle_timeout_seconds=r.float("IDLE_TIMEOUT", 600.0, low=1, high=86_400),
-            start_timeout_seconds=r.float("START_TIMEOUT", 20.0, low=1, high=600),
-            call_timeout_seconds=r.float("CALL_TIMEOUT", 30.0, low=0.1, high=600),
-            breaker_threshold=r.int("BREAKER_THRESHOLD", 3, low=1, high=1000),
-            breaker_cooldown_seconds=r.float("BREAKER_COOLDOWN", 30.0, low=0.1, high=3600),
+            allow_insecure_local=r.flag("ALLOW_INSECURE_LOCAL_RUNTIME", False),
+            local_command=tuple(shlex.split(r.text("LOCAL_SERVER_COMMAND", ""))) or None,
+            max_sandboxes=r.integer("MAX_SANDBOXES", 100, low=1, high=10_000),
+            idle_timeout_seconds=r.number("IDLE_TIMEOUT", 600.0, low=1, high=86_400),
+            start_timeout_seconds=r.number("START_TIMEOUT", 20.0, low=1, high=600),
+            call_timeout_seconds=r.number("CALL_TIMEOUT", 30.0, low=0.1, high=600),
+            breaker_threshold=r.integer("BREAKER_THRESHOLD", 3, low=1, high=1000),
+            breaker_cooldown_seconds=r.number("BREAKER_COOLDOWN", 30.0, low=0.1, high=3600),
             docker=docker,
         )
         if runtime.kind == "local" and not runtime.allow_insecure_local:
@@ -192,25 +192,25 @@ class Settings:
             )
         return cls(
             data_dir=data_dir,
-            policies_dir=Path(r.str("POLICIES_DIR", "policies")).absolute(),
-            master_key_file=Path(r.str("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute(),
-            public_url=r.str("PUBLIC_URL", f"http://{host}:{port}").rstrip("/"),
+            policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
+            master_key_file=Path(r.text("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute(),
+            public_url=r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/"),
             host=host,
             port=port,
             auth=auth,
             audit=AuditSettings(
-                path=Path(r.str("AUDIT_LOG", str(data_dir / "audit.jsonl"))).absolute(),
+                path=Path(r.text("AUDIT_LOG", str(data_dir / "audit.jsonl"))).absolute(),
                 fsync=AuditFsync(r.choice("AUDIT_FSYNC", AuditFsync.INTERVAL, tuple(AuditFsync))),
-                fsync_interval_seconds=r.float("AUDIT_FSYNC_INTERVAL", 0.2, low=0.01, high=10),
+                fsync_interval_seconds=r.number("AUDIT_FSYNC_INTERVAL", 0.2, low=0.01, high=10),
             ),
             runtime=runtime,
             approvals=ApprovalSettings(
-                ttl_seconds=r.int("APPROVAL_TTL", 900, low=30, high=7 * 86_400),
-                token_ttl_seconds=r.int("APPROVAL_TOKEN_TTL", 120, low=10, high=300),
-                require_distinct_approver=r.bool("APPROVAL_REQUIRE_DISTINCT_APPROVER", False),
+                ttl_seconds=r.integer("APPROVAL_TTL", 900, low=30, high=7 * 86_400),
+                token_ttl_seconds=r.integer("APPROVAL_TOKEN_TTL", 120, low=10, high=300),
+                require_distinct_approver=r.flag("APPROVAL_REQUIRE_DISTINCT_APPROVER", False),
             ),
-            max_body_bytes=r.int("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
-            max_response_bytes=r.int("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
+            max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
+            max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
         )
 
 
@@ -224,7 +224,7 @@ class _Reader:
         value = self._env.get(PREFIX + name, "").strip()
         return value or None
 
-    def str(self, name: str, default: str) -> str:
+    def text(self, name: str, default: str) -> str:
         return self.optional(name) or default
 
     def required(self, name: str) -> str:
@@ -237,7 +237,7 @@ class _Reader:
         value = self.optional(name)
         return Path(value).absolute() if value else None
 
-    def int(self, name: str, default: int, *, low: int, high: int) -> int:
+    def integer(self, name: str, default: int, *, low: int, high: int) -> int:
         raw = self.optional(name)
         if raw is None:
             return default
@@ -249,7 +249,7 @@ class _Reader:
             raise SettingsError(f"{PREFIX}{name} must be between {low} and {high}")
         return value
 
-    def float(self, name: str, default: float, *, low: float, high: float) -> float:
+    def number(self, name: str, default: float, *, low: float, high: float) -> float:
         raw = self.optional(name)
         if raw is None:
             return default
@@ -261,7 +261,7 @@ class _Reader:
             raise SettingsError(f"{PREFIX}{name} must be between {low} and {high}")
         return value
 
-    def bool(self, name: str, default: bool) -> bool:
+    def flag(self, name: str, default: bool) -> bool:
         raw = self.optional(name)
         if raw is None:
             return default
@@ -272,7 +272,7 @@ class _Reader:
         raise SettingsError(f"{PREFIX}{name} must be true or false")
 
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
-        value = self.str(name, default)
+        value = self.text(name, default)
         if value not in choices:
             raise SettingsError(f"{PREFIX}{name} must be one of {', '.join(choices)}")
         return value

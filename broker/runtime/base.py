@@ -146,9 +146,9 @@ class Runtime:
             yield info
         finally:
             self._inflight[tenant] -= 1
-            info = self._sandboxes.get(tenant)
-            if info is not None:
-                info.last_used = self._clock()
+            current = self._sandboxes.get(tenant)
+            if current is not None:
+                current.last_used = self._clock()
 
     async def ensure(self, tenant: str) -> Endpoint:
         info = self._sandboxes.get(tenant)
