@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import httpx2
@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from broker.approvals.flow import Answer, ApprovalFlow
 from broker.approvals.reports import Accepted, ReportStore
+from broker.audit import AuditSinkError
 from broker.auth import AuthError
 from broker.auth.service import AuthService
 from broker.errors import Denial, Denied
@@ -128,6 +129,14 @@ class McpGateway:
             headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else {}
             body = rpc.error(call.rpc_id, exc.denial.code, exc.denial.message)
             await self._finish_json(out, call, exc.denial.status, body, headers)
+        except AuditSinkError:
+            # An event before the terminal one (approval, sandbox, admission) could not be
+            # written: refuse like a known-broken log, never with a bare 500.
+            call.outcome, call.reason = Outcome.ERROR, "audit_unavailable"
+            denial = Denial.AUDIT_UNAVAILABLE
+            await self._finish_json(
+                out, call, denial.status, rpc.error(call.rpc_id, denial.code, denial.message)
+            )
         except _AuditFailed:
             pass  # the response was held back; the client sees the connection end
         finally:
@@ -160,7 +169,11 @@ class McpGateway:
             try:
                 msg = rpc.parse(body)
             except rpc.RpcParseError as exc:
-                raise Denied(Denial.BAD_REQUEST, exc.reason) from None
+                # JSON-RPC's own code and a fixed text that says what was wrong (-32700 for
+                # non-JSON, "batches are not supported"), not a bare "Invalid request".
+                call.reason = exc.reason
+                await self._finish_json(out, call, 400, rpc.error(None, exc.code, exc.message))
+                return
             call.method, call.rpc_id = msg.method or "response", msg.id
             call.tool, call.arg_names = msg.tool, msg.arg_names
             call.protocol = msg.protocol_version or headers.get("mcp-protocol-version")
@@ -180,6 +193,8 @@ class McpGateway:
             raise Denied(Denial.SESSION_NOT_FOUND, "session_not_owned")
         if http_method in ("GET", "DELETE") and session_id is None:
             raise Denied(Denial.BAD_REQUEST, "session_required")
+        # Before the approval gate too: a broken audit log must not consume or open approvals.
+        self._audit_ready()
 
         if msg is not None and msg.method == "tools/call":
             if call.tool is None or not may_call(principal, policy, call.tool):
@@ -200,8 +215,12 @@ class McpGateway:
                 call.save, call.approval_id = decision, decision.approval_id
                 body = _forward_body(msg, decision.arguments)
 
-        self._audit_ready()
-        await self._to_sandbox(http_method, headers, body, msg, principal, out, call)
+        work = self._to_sandbox(http_method, headers, body, msg, principal, out, call)
+        if http_method != "GET":
+            await work
+        elif await _until_client_leaves(receive, work) and not call.audited:
+            call.outcome, call.reason = Outcome.OK, "client_disconnected"
+            await self._emit_terminal(call)
 
     # -- the sandbox ------------------------------------------------------------------------
 
@@ -550,6 +569,34 @@ async def _deadline(seconds: float | None) -> AsyncIterator[None]:
             yield
     except TimeoutError:
         raise httpx2.ReadTimeout("call deadline passed") from None
+
+
+async def _until_client_leaves(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work` (a GET stream's relay) until it ends or the client disconnects; True if the
+    client left first. Only `receive` tells: uvicorn drops what is sent to a gone client
+    without a word, and a sandbox's idle stream sends nothing the relay would forward, so a
+    vanished client would otherwise hold its tenant's concurrency slot and lease for ever."""
+    job = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        job.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if job.done():
+        job.result()  # the relay's own exceptions (Denied, _AuditFailed...) go on as usual
+        return False
+    job.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await job
+    return True
 
 
 def _headers(scope: Scope) -> dict[str, str]:
