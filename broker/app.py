@@ -134,6 +134,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> S
         store=store,
         policies=policies,
         audit=audit.emit,
+        audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
     )
     parts = Components(settings, audit, auth, policies, tenants, runtime, upstreams, store, metrics)

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from broker.approvals.store import ApprovalStore, DecisionError
+from broker.audit import AuditSinkError
 from broker.auth import AuthError
 from broker.auth.service import AuthService
 from broker.policy import Policies
@@ -29,6 +30,7 @@ _DECISION_STATUS = {
 }
 
 Audit = Callable[..., Awaitable[None]]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class ApprovalsApi:
@@ -39,20 +41,22 @@ class ApprovalsApi:
         store: ApprovalStore,
         policies: Policies,
         audit: Audit,
+        audit_ready: Callable[[], None],
         require_distinct_approver: bool,
     ) -> None:
         self._auth = auth
         self._store = store
         self._policies = policies
         self._audit = audit
+        self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
         self._require_distinct = require_distinct_approver
 
     def routes(self) -> list[Route]:
         return [
-            Route("/v1/approvals", self.list, methods=["GET"]),
-            Route("/v1/approvals/{approval_id}", self.show, methods=["GET"]),
-            Route("/v1/approvals/{approval_id}/approve", self.approve, methods=["POST"]),
-            Route("/v1/approvals/{approval_id}/deny", self.deny, methods=["POST"]),
+            Route("/v1/approvals", _fail_closed(self.list), methods=["GET"]),
+            Route("/v1/approvals/{approval_id}", _fail_closed(self.show), methods=["GET"]),
+            Route("/v1/approvals/{approval_id}/approve", _fail_closed(self.approve), methods=["POST"]),
+            Route("/v1/approvals/{approval_id}/deny", _fail_closed(self.deny), methods=["POST"]),
         ]
 
     async def _approver(self, request: Request) -> Principal | Response:
@@ -96,6 +100,7 @@ class ApprovalsApi:
         if not _ID_RE.fullmatch(approval_id):
             return JSONResponse({"error": "not_found"}, 404)
         policy = self._policies.get(principal.tenant)
+        self._audit_ready()  # a decision is recorded only while it can be audited
         outcome = self._store.decide(
             approval_id,
             tenant=principal.tenant,
@@ -116,3 +121,15 @@ class ApprovalsApi:
             "approval.decided", approval_id=outcome.id, decision=decision, outcome="ok", **fields
         )
         return JSONResponse(outcome.public())
+
+
+def _fail_closed(endpoint: Endpoint) -> Endpoint:
+    """The audit log cannot be written: refuse with 503 (as /mcp does), never a bare 500."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except AuditSinkError:
+            return JSONResponse({"error": "audit_unavailable"}, 503)
+
+    return guarded
