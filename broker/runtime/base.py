@@ -81,6 +81,8 @@ class SandboxBackend(ABC):
 
 
 SpecFactory = Callable[[str], SandboxSpec]
+# Pauses (seconds) between looks when deciding whether a sandbox that broke a connection died.
+_EXIT_GRACE = (0.0, 0.05, 0.1, 0.2)
 
 
 class Runtime:
@@ -168,9 +170,17 @@ class Runtime:
         info = self._sandboxes.get(tenant)
         if info is None:
             return
-        if not await self.backend.alive(info):
-            info.state = SandboxState.FAILED
-            await self._on_event("sandbox.failed", tenant, info.backend_id, {"reason": "crashed"})
+        # A crashing sandbox closes its connections before it is gone (the kernel closes files
+        # first; the engine or event loop learns of the exit later): look again for a moment,
+        # or the gateway's retry is sent to the same dead sandbox.
+        for pause in _EXIT_GRACE:
+            await asyncio.sleep(pause)
+            if self._sandboxes.get(tenant) is not info or info.state is not SandboxState.RUNNING:
+                return  # replaced or marked meanwhile
+            if not await self.backend.alive(info):
+                info.state = SandboxState.FAILED
+                await self._on_event("sandbox.failed", tenant, info.backend_id, {"reason": "crashed"})
+                return
 
     async def stop(self, tenant: str, *, reason: str = "requested") -> None:
         async with self._locks.setdefault(tenant, asyncio.Lock()):
