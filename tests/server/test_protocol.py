@@ -9,6 +9,7 @@ for the module, so the whole matrix costs about four server start-ups.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import selectors
@@ -478,7 +479,7 @@ async def test_replayed_approval_is_rejected(client: Client, kit: Any, tenant: T
     again = await call(client, c.TOOL_SAVE, {"filename": first, "content": "x", "approval_token": token})
     assert again == rejected(Message.APPROVAL_INVALID)
     # Another valid token reusing the jti.
-    jti = json.loads(__import__("base64").urlsafe_b64decode(token.rpartition(".")[0]))["jti"]
+    jti = json.loads(base64.urlsafe_b64decode(token.rpartition(".")[0]))["jti"]
     reused = kit.mint(second, "x", jti=jti)
     result = await call(client, c.TOOL_SAVE, {"filename": second, "content": "x", "approval_token": reused})
     assert result == rejected(Message.APPROVAL_INVALID)
@@ -549,7 +550,6 @@ def _read_responses(proc: subprocess.Popen[bytes], want: set[int], timeout: floa
     return lines
 
 
-@pytest.mark.anyio(False)
 def test_stdio_stdout_is_protocol_only_and_logs_go_to_stderr(kit: Any, tenant: Tenant) -> None:
     path = kit.canaries[0]
     frames = [

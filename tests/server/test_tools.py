@@ -133,6 +133,7 @@ def test_hit_limit_reached_on_the_last_entry_is_not_truncated(tools: DocumentToo
     assert (len(data["hits"]), data["examined"], data["truncated"]) == (3, 3, False)
 
 
+@pytest.mark.timeout(10)  # a FIFO among the candidates: a blocking open would hang here
 def test_search_skips_every_candidate_read_document_would_refuse(
     tools: DocumentTools, sources: Path, outside: Path
 ) -> None:
