@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import ApprovalState as SealedApproval
 from broker.approvals.sealing import StateSealer
-from broker.approvals.store import ApprovalStore, TooManyPending
+from broker.approvals.store import ApprovalStore, Draft, TooManyPending
 from broker.gateway.jsonrpc import RpcMessage
 from broker.gateway.results import broker_result
 from broker.gateway.tools_filter import BROKER_ONLY_ARGUMENT
@@ -100,57 +100,44 @@ class ApprovalFlow:
             return _rejected(c.Message.INVALID_INPUT.value, "client_supplied_approval_token")
         try:
             save = _ClientSave.model_validate(args)
-        except ValidationError:
-            return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
-        try:
             data = save.content.encode("utf-8")
-        except UnicodeEncodeError:
+        except (ValidationError, UnicodeEncodeError):  # lone surrogates survive JSON decoding
             return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
         if not 1 <= len(save.content) <= c.MAX_REPORT_CHARS or len(data) > c.MAX_REPORT_BYTES:
             return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
         if self._reports_for(principal.tenant).exists(save.filename):
             return _rejected(c.Message.REPORT_EXISTS.value, "report_exists")
-        sha = content_sha256(save.content)
+        draft = Draft(
+            tenant=principal.tenant,
+            requester=principal.subject,
+            filename=save.filename,
+            content=save.content,
+            sha256=content_sha256(save.content),
+            size=len(data),
+        )
         ids = {"request_id": request_id, "tenant": principal.tenant, "subject": principal.subject}
 
         state = msg.params.get("requestState")
         if state is not None:
-            return await self._answered_in_band(
-                principal, save, sha, state, msg.params.get("inputResponses"), ids
-            )
+            return await self._answered_in_band(draft, state, msg.params.get("inputResponses"), ids)
 
         approved = self._store.consume(
-            tenant=principal.tenant, requester=principal.subject, filename=save.filename, sha256=sha
+            tenant=draft.tenant, requester=draft.requester, filename=draft.filename, sha256=draft.sha256
         )
         if approved is not None:
             await self._audit("approval.consumed", approval_id=approved.id, outcome="ok", **ids)
-            return self._forward(principal.tenant, save, sha, approved.id)
+            return self._forward(draft, approved.id)
 
         if self._in_band_possible(principal, policy, msg):
-            return await self._ask_in_band(principal, save, sha, len(data), ids)
-        return await self._wait_out_of_band(principal, policy, save, sha, len(data), ids)
+            return await self._ask_in_band(draft, ids)
+        return await self._wait_out_of_band(draft, policy, ids)
 
     # -- out-of-band ------------------------------------------------------------------------
 
-    async def _wait_out_of_band(
-        self,
-        principal: Principal,
-        policy: TenantPolicy,
-        save: _ClientSave,
-        sha: str,
-        size: int,
-        ids: dict[str, str],
-    ) -> Answer:
+    async def _wait_out_of_band(self, draft: Draft, policy: TenantPolicy, ids: dict[str, str]) -> Answer:
         try:
             record, created = self._store.request(
-                tenant=principal.tenant,
-                requester=principal.subject,
-                filename=save.filename,
-                content=save.content,
-                sha256=sha,
-                size=size,
-                ttl=self._settings.ttl_seconds,
-                max_pending=policy.max_pending_approvals,
+                draft, ttl=self._settings.ttl_seconds, max_pending=policy.max_pending_approvals
             )
         except TooManyPending:
             return _rejected("too many reports are waiting for approval", "too_many_pending_approvals")
@@ -158,9 +145,9 @@ class ApprovalFlow:
             await self._audit("approval.requested", approval_id=record.id, outcome="waiting_approval", **ids)
         data = c.PendingApprovalData(
             approval_id=record.id,
-            filename=save.filename,
-            bytes=size,
-            sha256=sha,
+            filename=draft.filename,
+            bytes=draft.size,
+            sha256=draft.sha256,
             approve_url=f"{self._public_url}/approvals?id={record.id}",
         ).model_dump()
         result = broker_result(c.Status.WAITING_APPROVAL, c.Message.WAITING_APPROVAL.value, data)
@@ -177,28 +164,17 @@ class ApprovalFlow:
             return False
         return principal.has(Scope.REPORTS_APPROVE)
 
-    async def _ask_in_band(
-        self, principal: Principal, save: _ClientSave, sha: str, size: int, ids: dict[str, str]
-    ) -> Answer:
+    async def _ask_in_band(self, draft: Draft, ids: dict[str, str]) -> Answer:
         approval_id = secrets.token_hex(16)
         ttl = min(self._settings.ttl_seconds, 600)
-        self._store.record_in_band(
-            approval_id=approval_id,
-            tenant=principal.tenant,
-            requester=principal.subject,
-            filename=save.filename,
-            content=save.content,
-            sha256=sha,
-            size=size,
-            ttl=ttl,
-        )
+        self._store.record_in_band(approval_id, draft, ttl=ttl)
         sealed = self._sealer.seal(
             SealedApproval(
                 approval_id=approval_id,
-                tenant=principal.tenant,
-                subject=principal.subject,
-                filename=save.filename,
-                sha256=sha,
+                tenant=draft.tenant,
+                subject=draft.requester,
+                filename=draft.filename,
+                sha256=draft.sha256,
                 expires=int(self._clock() + ttl),
             )
         )
@@ -208,8 +184,8 @@ class ApprovalFlow:
                 "mode": "form",
                 "message": (
                     "Approve writing this report?\n\n"
-                    f"File: {save.filename}\nSize: {size} bytes\nSHA-256: {sha}\n\n"
-                    f"--- content ---\n{save.content}\n--- end ---"
+                    f"File: {draft.filename}\nSize: {draft.size} bytes\nSHA-256: {draft.sha256}\n\n"
+                    f"--- content ---\n{draft.content}\n--- end ---"
                 ),
                 "requestedSchema": {
                     "type": "object",
@@ -229,21 +205,14 @@ class ApprovalFlow:
         return Answer(result, Outcome.WAITING_APPROVAL, "approval_in_band", approval_id)
 
     async def _answered_in_band(
-        self,
-        principal: Principal,
-        save: _ClientSave,
-        sha: str,
-        state: Any,
-        responses: Any,
-        ids: dict[str, str],
+        self, draft: Draft, state: Any, responses: Any, ids: dict[str, str]
     ) -> Answer | Forward:
         opened = self._sealer.open(state)
-        if (
-            opened is None
-            or opened.tenant != principal.tenant
-            or opened.subject != principal.subject
-            or opened.filename != save.filename
-            or opened.sha256 != sha
+        if opened is None or (opened.tenant, opened.subject, opened.filename, opened.sha256) != (
+            draft.tenant,
+            draft.requester,
+            draft.filename,
+            draft.sha256,
         ):
             return _rejected(c.Message.APPROVAL_INVALID.value, "request_state_invalid")
         answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
@@ -254,7 +223,7 @@ class ApprovalFlow:
             and answer["content"].get("decision") == "approve"
         )
         record = self._store.answer_in_band(
-            opened.approval_id, tenant=principal.tenant, approver=principal.subject, approve=approve
+            opened.approval_id, tenant=draft.tenant, approver=draft.requester, approve=approve
         )
         if record is None:  # answered before: a replayed state
             return _rejected(c.Message.APPROVAL_INVALID.value, "approval_replayed")
@@ -268,19 +237,21 @@ class ApprovalFlow:
                 record.id,
             )
         await self._audit("approval.consumed", approval_id=record.id, outcome="ok", **ids)
-        return self._forward(principal.tenant, save, sha, record.id)
+        return self._forward(draft, record.id)
 
     # -- forwarding -------------------------------------------------------------------------
 
-    def _forward(self, tenant: str, save: _ClientSave, sha: str, approval_id: str) -> Forward:
+    def _forward(self, draft: Draft, approval_id: str) -> Forward:
         token = mint_token(
-            secret=self._secret_for(tenant),
-            scope=tenant,
+            secret=self._secret_for(draft.tenant),
+            scope=draft.tenant,
             tool=c.TOOL_SAVE,
-            filename=save.filename,
-            sha256=sha,
+            filename=draft.filename,
+            sha256=draft.sha256,
             expires=int(self._clock()) + self._settings.token_ttl_seconds,
             jti=secrets.token_hex(16),
         )
-        arguments = {"filename": save.filename, "content": save.content, BROKER_ONLY_ARGUMENT: token}
-        return Forward(arguments=arguments, approval_id=approval_id, filename=save.filename, sha256=sha)
+        arguments = {"filename": draft.filename, "content": draft.content, BROKER_ONLY_ARGUMENT: token}
+        return Forward(
+            arguments=arguments, approval_id=approval_id, filename=draft.filename, sha256=draft.sha256
+        )

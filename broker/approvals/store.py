@@ -51,6 +51,18 @@ class TooManyPending(Exception):
 
 
 @dataclass(frozen=True)
+class Draft:
+    """A report someone wants written: what a human approves, exactly."""
+
+    tenant: str
+    requester: str
+    filename: str
+    content: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Approval:
     id: str
     tenant: str
@@ -122,36 +134,25 @@ class ApprovalStore:
 
     # -- transitions ------------------------------------------------------------------------
 
-    def request(
-        self,
-        *,
-        tenant: str,
-        requester: str,
-        filename: str,
-        content: str,
-        sha256: str,
-        size: int,
-        ttl: float,
-        max_pending: int,
-    ) -> tuple[Approval, bool]:
+    def request(self, draft: Draft, *, ttl: float, max_pending: int) -> tuple[Approval, bool]:
         """The open approval for exactly this report, or a new pending one. Returns (record, created)."""
         now = self._clock()
         row = self._db.execute(
             "SELECT * FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
             "AND state IN ('pending', 'approved') AND expires_at > ? ORDER BY created_at DESC LIMIT 1",
-            (tenant, requester, filename, sha256, now),
+            (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
         ).fetchone()
         if row:
             return _row(row), False
         open_count = self._db.execute(
             "SELECT COUNT(*) FROM approvals WHERE tenant = ? AND state = 'pending' AND expires_at > ?",
-            (tenant, now),
+            (draft.tenant, now),
         ).fetchone()[0]
         if open_count >= max_pending:
             raise TooManyPending
         approval_id = secrets.token_hex(16)
-        self._insert_pending(approval_id, tenant, requester, filename, content, sha256, size, now + ttl)
-        created = self.get(approval_id, tenant)
+        self._insert_pending(approval_id, draft, now + ttl)
+        created = self.get(approval_id, draft.tenant)
         assert created is not None
         return created, True
 
@@ -197,21 +198,9 @@ class ApprovalStore:
             return None  # a concurrent retry won the race
         return self.get(row["id"], tenant)
 
-    def record_in_band(
-        self,
-        *,
-        approval_id: str,
-        tenant: str,
-        requester: str,
-        filename: str,
-        content: str,
-        sha256: str,
-        size: int,
-        ttl: float,
-    ) -> None:
+    def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float) -> None:
         """An in-band question was asked: remember it as pending so its answer counts once."""
-        now = self._clock()
-        self._insert_pending(approval_id, tenant, requester, filename, content, sha256, size, now + ttl)
+        self._insert_pending(approval_id, draft, self._clock() + ttl)
 
     def answer_in_band(
         self, approval_id: str, *, tenant: str, approver: str, approve: bool
@@ -226,22 +215,13 @@ class ApprovalStore:
         )
         return self.get(approval_id, tenant) if cur.rowcount == 1 else None
 
-    def _insert_pending(
-        self,
-        approval_id: str,
-        tenant: str,
-        requester: str,
-        filename: str,
-        content: str,
-        sha256: str,
-        size: int,
-        expires_at: float,
-    ) -> None:
+    def _insert_pending(self, approval_id: str, draft: Draft, expires_at: float) -> None:
         self._db.execute(
             "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
             "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-            (approval_id, tenant, requester, filename, sha256, size, content, self._clock(), expires_at),
-        )
+            (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
+             draft.content, self._clock(), expires_at),
+        )  # fmt: skip
 
     def _expired_view(self, approval: Approval) -> Approval:
         if (
