@@ -1,0 +1,90 @@
+"""Approvals live in the broker's SQLite store and survive a restart (DESIGN §4); the
+"approver must differ from requester" rule can also come from the environment
+(DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER=1), for every tenant at once.
+
+This module owns its broker: it stops and starts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mcp_types
+import pytest
+from harness import Broker, make_broker, structured
+from support import approver, decide, open_mcp, unique
+
+from broker.audit import verify_file
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    broker = make_broker(tmp_path_factory.mktemp("restart"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+async def save(
+    broker: Broker, name: str, content: str, subject: str = "alice", **client: Any
+) -> dict[str, Any]:
+    mode = "auto" if "elicitation_callback" in client else "legacy"
+    async with open_mcp(broker, broker.token(subject=subject), mode=mode, **client) as c:
+        return structured(await c.call_tool("save_report", {"filename": name, "content": content}))
+
+
+async def test_approvals_survive_a_restart_and_env_requires_a_distinct_approver(restartable: Broker) -> None:
+    broker = restartable
+    pending_name, approved_name = unique("pending"), unique("approved")
+    pending = (await save(broker, pending_name, "decided after the restart"))["data"]["approval_id"]
+    approved = (await save(broker, approved_name, "approved before the restart"))["data"]["approval_id"]
+    assert decide(broker, approved, subject="alice").status_code == 200  # allowed: no rule yet
+    seq_before = broker.audit_events()[-1]["seq"]
+
+    broker.stop()
+    broker.env["DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER"] = "1"
+    broker.start()
+
+    with approver(broker) as http:
+        states = {
+            a["approval_id"]: a["state"]
+            for a in http.get("/v1/approvals", params={"state": "bogus"}).json()["approvals"]
+        }
+    assert states == {pending: "pending", approved: "approved"}
+
+    # the environment's rule now holds for every tenant
+    own = decide(broker, pending, subject="alice")
+    assert (own.status_code, own.json()) == (403, {"error": "approver_is_requester"})
+    assert decide(broker, pending, subject="bob").status_code == 200
+
+    # both approvals still write their reports, once
+    assert (await save(broker, approved_name, "approved before the restart"))["status"] == "ok"
+    assert (await save(broker, pending_name, "decided after the restart"))["status"] == "ok"
+    assert (broker.reports("acme") / approved_name).read_text() == "approved before the restart"
+    assert (broker.reports("acme") / pending_name).read_text() == "decided after the restart"
+
+    # and in-band is off: the caller would approve their own write
+    asked: list[Any] = []
+
+    async def human(_ctx: Any, params: Any) -> mcp_types.ElicitResult:
+        asked.append(params)
+        return mcp_types.ElicitResult(action="accept", content={"decision": "approve"})
+
+    result = await save(broker, unique("no-in-band"), "x", elicitation_callback=human)
+    assert result["status"] == "waiting_approval" and asked == []
+
+    # one audit chain across both lives of the broker
+    report = verify_file(broker.audit_file)
+    assert report.ok, report
+    assert broker.audit_events()[-1]["seq"] > seq_before
+
+
+def test_master_key_and_store_are_private(restartable: Broker) -> None:
+    for path in (restartable.data_dir / "master.key", restartable.data_dir / "approvals.sqlite3"):
+        assert Path(path).stat().st_mode & 0o077 == 0, path
