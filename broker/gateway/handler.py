@@ -475,11 +475,13 @@ class McpGateway:
     ) -> dict[str, Any]:
         """The sandbox's answer to this request, checked; returns what the client gets."""
         if msg.method != "tools/call" or descriptor is None:
-            if "error" in reply or not isinstance(reply.get("result"), dict):
+            result = reply.get("result")
+            clean = results.handshake(msg.method or "", result) if isinstance(result, dict) else None
+            if "error" in reply or clean is None:
                 call.outcome, call.reason = Outcome.ERROR, "upstream_error"
                 return rpc.error(msg.id, rpc.INTERNAL_ERROR, "Tool sandbox returned an error")
             call.outcome, call.reason = Outcome.OK, "ok"
-            return reply
+            return rpc.result(msg.id, clean)
         consumed = results.consume(reply, call.tool or "", descriptor, size, self._max_response)
         call.outcome, call.reason = Outcome(consumed.status), consumed.reason
         result = consumed.result

@@ -9,11 +9,17 @@ prompt injection riding along a valid result) never pass.
 
 For `save_report`, anything but a valid, complete result is `result_unknown`: the write may
 or may not have happened, and it is never retried automatically.
+
+The handshake answers (`server/discover`, `initialize`, `ping`) are rebuilt too: the client
+learns the sandbox's protocol versions and nothing else it says. Instructions and server info
+are the broker's words (a client puts instructions straight into its model's context), and
+only the tools capability is advertised, the one the gateway lets through.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +33,11 @@ _SANDBOX_STATUSES = frozenset(
     {"ok", "rejected", "failed", "result_unknown"}
 )  # waiting_approval is the broker's
 INVALID_RESULT_MESSAGE = "the tool sandbox returned an invalid result"
+INSTRUCTIONS = "Document tools over one tenant's files. Reports need a human's approval."
+SERVER_INFO = {"name": "docbroker", "version": "1"}
+_SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
+_VERSION = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_MAX_VERSIONS = 8
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,40 @@ def consume(
             broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", problem
         )
     return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", problem)
+
+
+def handshake(method: str, result: dict[str, Any]) -> dict[str, Any] | None:
+    """The client's view of a sandbox's handshake answer, or None if the answer is unusable."""
+    if method == "ping":
+        return {}
+    if method == "server/discover":
+        versions = result.get("supportedVersions")
+        if (
+            not isinstance(versions, list)
+            or not 0 < len(versions) <= _MAX_VERSIONS
+            or not all(isinstance(v, str) and _VERSION.fullmatch(v) for v in versions)
+        ):
+            return None
+        return {
+            "supportedVersions": versions,
+            "capabilities": {"tools": {}},
+            "instructions": INSTRUCTIONS,
+            "resultType": "complete",
+            "ttlMs": 0,
+            "cacheScope": "private",
+            "_meta": {_SERVER_INFO_META: SERVER_INFO},
+        }
+    if method == "initialize":
+        version = result.get("protocolVersion")
+        if not isinstance(version, str) or not _VERSION.fullmatch(version):
+            return None
+        return {
+            "protocolVersion": version,
+            "capabilities": {"tools": {}},
+            "serverInfo": SERVER_INFO,
+            "instructions": INSTRUCTIONS,
+        }
+    return None
 
 
 def _problem(reply: dict[str, Any], descriptor: dict[str, Any], size: int, max_bytes: int) -> str | None:
