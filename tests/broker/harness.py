@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,12 +140,18 @@ _DROP = _Drop()
 DROP: Any = _DROP
 
 
-def make_broker(tmp: Path, *, runtime: str = "local", env: dict[str, str] | None = None) -> Broker:
+def make_broker(
+    tmp: Path,
+    *,
+    runtime: str = "local",
+    env: dict[str, str] | None = None,
+    tenants: Iterable[str] = TENANTS,
+) -> Broker:
     data_dir = tmp / "data"
     policies = tmp / "policies"
     shutil.copytree(ROOT / "policies", policies, ignore=shutil.ignore_patterns("tenants"))
     (policies / "tenants").mkdir()
-    for tenant in TENANTS:
+    for tenant in tenants:
         (policies / "tenants" / f"{tenant}.toml").write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     kid = secrets.token_hex(4)
