@@ -410,7 +410,7 @@ class McpGateway:
         if call.method == "DELETE" and response.status_code < 300 and session_id:
             self._sessions.forget(session_id)
         passed = response_headers(response.headers.items())
-        ours = msg is not None and msg.id is not None
+        ours = msg if msg is not None and msg.id is not None else None  # a request: it needs an answer
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             await out.start(response.status_code, passed)
@@ -418,20 +418,20 @@ class McpGateway:
                 data = event.data
                 parsed = _json(data)
                 if (
-                    ours
+                    ours is not None
                     and isinstance(parsed, dict)
-                    and parsed.get("id") == msg.id
+                    and parsed.get("id") == ours.id
                     and "method" not in parsed
                 ):
-                    reply = await self._consume(parsed, len(data or b""), msg, principal, descriptor, call)
+                    reply = await self._consume(parsed, len(data or b""), ours, principal, descriptor, call)
                     await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
                     break  # one answer per request: anything the sandbox sends after it is dropped
                 elif isinstance(parsed, dict) and sandbox_may_send(parsed):
                     await out.chunk(event.framed())
                 elif parsed is not None:
                     await self._refused_from_sandbox(parsed, principal, call)
-            if ours and not call.audited:
-                reply = await self._consume({}, 0, msg, principal, descriptor, call)
+            if ours is not None and not call.audited:
+                reply = await self._consume({}, 0, ours, principal, descriptor, call)
                 call.reason = "upstream_no_answer"
                 await self._answer_in_stream(out, call, _sse_event(reply))
             elif not call.audited:
@@ -441,7 +441,7 @@ class McpGateway:
             return
 
         raw = await _read_capped(response, MAX_UPSTREAM_EVENT_BYTES)
-        if not ours:
+        if ours is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.
             call.outcome, call.reason = _plain_outcome(response.status_code)
@@ -449,14 +449,14 @@ class McpGateway:
             return
         parsed = _json(raw)
         status = response.status_code
-        if not (isinstance(parsed, dict) and parsed.get("id") == msg.id and "method" not in parsed):
+        if not (isinstance(parsed, dict) and parsed.get("id") == ours.id and "method" not in parsed):
             # Not an answer to this request (another id, HTML, nothing): none of it is passed
             # on; the client gets the broker's own answer (for save_report: result_unknown).
             parsed, status = {}, (200 if descriptor is not None or status < 400 else status)
-            reply = await self._consume(parsed, len(raw), msg, principal, descriptor, call)
+            reply = await self._consume(parsed, len(raw), ours, principal, descriptor, call)
             call.reason = "upstream_no_answer"
         else:
-            reply = await self._consume(parsed, len(raw), msg, principal, descriptor, call)
+            reply = await self._consume(parsed, len(raw), ours, principal, descriptor, call)
         await self._finish_json(out, call, status, reply, dict(_str_headers(passed)))
 
     async def _answer_in_stream(self, out: Responder, call: CallRecord, framed: bytes) -> None:
