@@ -53,7 +53,7 @@ def test_rate_limit_answers_429_with_retry_after(broker: Broker) -> None:
 
 async def test_rate_limited_mcp_client_gets_a_clean_error(broker: Broker) -> None:
     with pytest.raises(BaseException) as raised:
-        async with open_mcp(broker, broker.token(tenant="ratelimited"), mode="auto") as client:
+        async with open_mcp(broker, broker.token(tenant="ratelimited-too"), mode="auto") as client:
             for _ in range(5):
                 await client.call_tool("no_such_tool", {})
     error = mcp_error(raised.value)

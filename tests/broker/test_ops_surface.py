@@ -219,7 +219,7 @@ async def test_hung_server_times_out_cleanly(broker: Broker, crashy: str) -> Non
             assert error is not None and (error.code, str(error)) == (-32603, "Tool call timed out"), (
                 raised.value
             )
-            assert time.monotonic() - started < CALL_TIMEOUT_SECONDS + 5
+            assert time.monotonic() - started < CALL_TIMEOUT_SECONDS + 10  # the deadline, not a hang
         finally:
             os.kill(hung, signal.SIGKILL)
             os.kill(hung, signal.SIGCONT)
