@@ -128,6 +128,11 @@ class ApprovalFlow:
             await self._audit("approval.consumed", approval_id=approved.id, outcome="ok", **ids)
             return self._forward(draft, approved.id)
 
+        refused = self._store.denied(draft)
+        if refused is not None:
+            result = broker_result(c.Status.REJECTED, DENIED_MESSAGE)
+            return Answer(result, Outcome.REJECTED, "approval_denied", refused.id)
+
         if self._in_band_possible(principal, policy, msg):
             return await self._ask_in_band(draft, ids)
         return await self._wait_out_of_band(draft, policy, ids)

@@ -198,6 +198,15 @@ class ApprovalStore:
             return None  # a concurrent retry won the race
         return self.get(row["id"], tenant)
 
+    def denied(self, draft: Draft) -> Approval | None:
+        """A human's unexpired "no" to exactly this report: asking again must not reopen it."""
+        row = self._db.execute(
+            "SELECT * FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+            "AND state = 'denied' AND expires_at > ? ORDER BY decided_at DESC LIMIT 1",
+            (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
+        ).fetchone()
+        return _row(row) if row else None
+
     def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float) -> None:
         """An in-band question was asked: remember it as pending so its answer counts once."""
         self._insert_pending(approval_id, draft, self._clock() + ttl)

@@ -42,7 +42,7 @@ from broker.gateway import listing, results, sse
 from broker.gateway.admission import Admission, admit
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins, Pin
-from broker.gateway.methods import client_may_send, sandbox_may_send
+from broker.gateway.methods import audit_method, client_may_send, sandbox_may_send
 from broker.gateway.responder import CallRecord, Responder
 from broker.gateway.sessions import SessionBindings
 from broker.gateway.tools_filter import may_call, visible_tools
@@ -502,7 +502,7 @@ class McpGateway:
             tenant=principal.tenant,
             subject=principal.subject,
             request_id=call.request_id,
-            method=method if isinstance(method, str) else None,
+            method=audit_method(method),
             outcome="denied",
             reason="sandbox_message_refused",
         )

@@ -19,6 +19,24 @@ SERVER_NOTIFICATIONS = frozenset(
 )
 
 
+# Every method name MCP defines: the audit log records a method by name only when it is one
+# of these; anything else a client or sandbox invents is recorded as "other", so a made-up
+# method name cannot carry data into the log.
+MCP_METHODS = CLIENT_REQUESTS | CLIENT_NOTIFICATIONS | SERVER_NOTIFICATIONS | frozenset(
+    {"completion/complete", "logging/setLevel", "prompts/get", "prompts/list", "resources/list",
+     "resources/read", "resources/subscribe", "resources/unsubscribe", "resources/templates/list",
+     "sampling/createMessage", "elicitation/create", "roots/list", "subscriptions/listen",
+     "notifications/roots/list_changed", "notifications/resources/updated",
+     "notifications/resources/list_changed", "notifications/tools/list_changed",
+     "notifications/prompts/list_changed", "notifications/elicitation/complete", "tasks/get",
+     "tasks/list", "tasks/cancel", "tasks/result", "GET", "POST", "DELETE", "response"}
+)  # fmt: skip
+
+
+def audit_method(method: object) -> str:
+    return method if isinstance(method, str) and method in MCP_METHODS else "other"
+
+
 def client_may_send(method: str | None, is_notification: bool) -> bool:
     if method is None:
         return False  # a client's response to a server request: the sandbox may not ask any

@@ -11,7 +11,9 @@ from starlette.types import Send
 
 from broker.approvals.flow import Forward
 from broker.gateway import jsonrpc as rpc
+from broker.gateway.methods import audit_method
 from broker.types import Outcome, Principal
+from server import contracts as c
 
 
 @dataclass
@@ -40,26 +42,40 @@ class CallRecord:
     limited_tenant: str | None = None  # set when a concurrency slot was taken
 
     def audit_fields(self) -> dict[str, Any]:
+        # Names the client chose freely (unknown methods, tools, argument keys) are recorded as
+        # "other": a name must not become a channel for values into the audit log.
         fields: dict[str, Any] = {
             "request_id": self.request_id,
-            "method": self.method,
+            "method": audit_method(self.method),
             "outcome": self.outcome.value,
             "reason": self.reason,
             "status": self.status,
             "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
-            "tool": self.tool,
+            "tool": _known(self.tool, c.TOOL_NAMES),
             "protocol": self.protocol,
             "approval_id": self.approval_id,
             "sandbox": self.sandbox,
-            "arg_names": self.arg_names or None,
+            "arg_names": _declared_args(self.tool, self.arg_names),
             "header_names": self.header_names or None,
         }
         if self.principal is not None:
             fields["tenant"] = self.principal.tenant
             fields["subject"] = self.principal.subject
         return {k: v for k, v in fields.items() if v is not None}
+
+
+def _known(name: str | None, allowed: tuple[str, ...]) -> str | None:
+    if name is None:
+        return None
+    return name if name in allowed else "other"
+
+
+def _declared_args(tool: str | None, names: list[str]) -> list[str] | None:
+    model = c.INPUT_MODELS.get(tool or "")
+    declared = model.model_fields if model is not None else {}
+    return sorted({n if n in declared else "other" for n in names}) or None
 
 
 class Responder:

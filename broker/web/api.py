@@ -72,8 +72,12 @@ class ApprovalsApi:
         if isinstance(principal, Response):
             return principal
         state_name = request.query_params.get("state", "pending")
-        state = ApprovalState(state_name) if state_name in ApprovalState.__members__.values() else None
+        if state_name not in {s.value for s in ApprovalState} | {"all"}:
+            return JSONResponse({"error": "unknown_state"}, 400)
+        state = None if state_name == "all" else ApprovalState(state_name)
+        self._audit_ready()
         items = [a.public() for a in self._store.list(principal.tenant, state)]
+        await self._audit("approval.viewed", outcome="ok", reason="listed", **_who(principal))
         return JSONResponse({"approvals": items})
 
     async def show(self, request: Request) -> Response:
@@ -84,6 +88,11 @@ class ApprovalsApi:
         record = self._store.get(approval_id, principal.tenant) if _ID_RE.fullmatch(approval_id) else None
         if record is None:
             return JSONResponse({"error": "not_found"}, 404)
+        self._audit_ready()
+        # The content of a report is shown here: who read it is worth a record.
+        await self._audit(
+            "approval.viewed", approval_id=record.id, outcome="ok", reason="shown", **_who(principal)
+        )
         return JSONResponse(record.detail())
 
     async def approve(self, request: Request) -> Response:
@@ -108,11 +117,7 @@ class ApprovalsApi:
             approve=approve,
             require_distinct=self._require_distinct or policy.require_distinct_approver,
         )
-        fields: dict[str, Any] = {
-            "tenant": principal.tenant,
-            "subject": principal.subject,
-            "method": "approvals",
-        }
+        fields = _who(principal)
         if isinstance(outcome, DecisionError):
             await self._audit("approval.decided", outcome="rejected", reason=outcome.value, **fields)
             return JSONResponse({"error": outcome.value}, _DECISION_STATUS[outcome])
@@ -121,6 +126,10 @@ class ApprovalsApi:
             "approval.decided", approval_id=outcome.id, decision=decision, outcome="ok", **fields
         )
         return JSONResponse(outcome.public())
+
+
+def _who(principal: Principal) -> dict[str, Any]:
+    return {"tenant": principal.tenant, "subject": principal.subject, "method": "approvals"}
 
 
 def _fail_closed(endpoint: Endpoint) -> Endpoint:

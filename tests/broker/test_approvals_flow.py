@@ -285,11 +285,13 @@ async def test_out_of_band_full_flow(broker: Broker, mode: str) -> None:
 
     events = events_since(broker, before)
     trail = [(e["event"], e.get("decision")) for e in events if e.get("approval_id") == approval_id]
-    assert [t for t in trail if t[0].startswith("approval.")] == [
+    assert [t for t in trail if t[0].startswith("approval.") and t[0] != "approval.viewed"] == [
         ("approval.requested", None),
         ("approval.decided", "approved"),
         ("approval.consumed", None),
     ]
+    # Reading a pending report's content over REST is itself on the record.
+    assert ("approval.viewed", None) in trail
     saves = [e for e in events if e["event"] == "mcp.request" and e.get("tool") == "save_report"]
     assert [e["outcome"] for e in saves] == ["waiting_approval", "ok"]
     assert all(e["protocol"] == (LEGACY if mode == "legacy" else MODERN) for e in saves)
@@ -361,8 +363,9 @@ async def test_denied_approval_never_writes(broker: Broker) -> None:
     response = decide(broker, approval_id, approve=False)
     assert response.status_code == 200 and response.json()["state"] == "denied"
     assert decide(broker, approval_id).status_code == 409  # a denial is final
-    result = await save(broker, name, "no")
-    assert result["status"] != "ok" and result["data"]["approval_id"] != approval_id
+    result = await save(broker, name, "no")  # asking again with the same report: still "no"
+    assert result["status"] == "rejected" and result["message"] == "the report was not approved"
+    assert result["data"] is None
     assert landed(broker, "acme", name) is None and name not in dropbox(broker, "acme")
 
 

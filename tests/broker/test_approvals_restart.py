@@ -54,7 +54,7 @@ async def test_approvals_survive_a_restart_and_env_requires_a_distinct_approver(
     with approver(broker) as http:
         states = {
             a["approval_id"]: a["state"]
-            for a in http.get("/v1/approvals", params={"state": "bogus"}).json()["approvals"]
+            for a in http.get("/v1/approvals", params={"state": "all"}).json()["approvals"]
         }
     assert states == {pending: "pending", approved: "approved"}
 

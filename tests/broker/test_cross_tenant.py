@@ -129,7 +129,7 @@ async def test_approval_lists_are_per_tenant(broker: Broker) -> None:
         with approver(broker, tenant=tenant) as http:
             listed = {a["approval_id"] for a in http.get("/v1/approvals").json()["approvals"]}
             assert ids[tenant] in listed and ids[other] not in listed
-            for state in ("pending", "approved", "denied", "consumed", "expired", "bogus"):
+            for state in ("pending", "approved", "denied", "consumed", "expired", "all", "bogus"):
                 body = http.get("/v1/approvals", params={"state": state}).json()
                 assert ids[other] not in str(body)
             assert http.get(f"/v1/approvals/{ids[other]}").status_code == 404
