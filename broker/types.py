@@ -83,6 +83,15 @@ class SandboxInfo:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RunningSandbox:
+    """A sandbox as a caller holds it during a lease: always running, always reachable."""
+
+    tenant: str
+    backend_id: str
+    endpoint: Endpoint
+
+
 class DaemonMode(StrEnum):
     """How the sandbox engine isolates the broker's host from a container escape."""
 

@@ -68,10 +68,12 @@ def _tool(name: str, body: Callable[[Mapping[str, Any]], ToolResult[Any]]) -> To
     return Tool(
         fn=run,
         name=name,
+        title=None,
         description=_DESCRIPTIONS[name],
         parameters=c.input_schema(name),
         fn_metadata=_RawArguments(arg_model=ArgModelBase, output_schema=c.output_schema(name)),
         is_async=False,  # file I/O: the SDK runs sync tools in a worker thread
+        context_kwarg=None,
         annotations=_ANNOTATIONS[name],
     )
 

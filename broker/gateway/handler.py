@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import httpx2
 from starlette.types import Receive, Scope, Send
@@ -50,7 +50,7 @@ from broker.gateway.upstream import PARAM_PREFIX, Upstreams, request_headers, re
 from broker.metrics import Metrics
 from broker.policy import Policies, TenantLimiter
 from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
-from broker.types import Outcome, Principal, SandboxInfo
+from broker.types import Outcome, Principal, RunningSandbox
 from server import contracts as c
 
 log = logging.getLogger("docbroker.gateway")
@@ -63,12 +63,12 @@ _KNOWN_METHODS = frozenset(
 )  # fmt: skip
 
 
-class AuditLike:
+class AuditLike(Protocol):
     """What the gateway needs of the audit log (see broker.audit)."""
 
     def check(self) -> None: ...
 
-    async def emit(self, event: str, **fields: Any) -> None: ...
+    async def emit(self, event: str, /, **fields: Any) -> None: ...
 
 
 class _TransportFailed(Exception):
@@ -310,7 +310,7 @@ class McpGateway:
             return
         raise Denied(denial, reason)
 
-    async def _pinned(self, principal: Principal, sandbox: SandboxInfo, client: httpx2.AsyncClient) -> Pin:
+    async def _pinned(self, principal: Principal, sandbox: RunningSandbox, client: httpx2.AsyncClient) -> Pin:
         """The contract pinned for this sandbox instance, listing and pinning it on first use."""
         pin = self._pins.get(principal.tenant, sandbox.backend_id)
         if pin is None:
@@ -333,8 +333,7 @@ class McpGateway:
                 return pin is not None and tool not in pin.admission.tools
         return False
 
-    async def _list_and_admit(self, client: httpx2.AsyncClient, sandbox: SandboxInfo) -> Admission:
-        assert sandbox.endpoint is not None
+    async def _list_and_admit(self, client: httpx2.AsyncClient, sandbox: RunningSandbox) -> Admission:
         tools, problems = await listing.list_all_tools(client, sandbox.endpoint)
         admission = admit(tools)
         admission.rejected.extend(("-", problem) for problem in problems)
@@ -344,7 +343,7 @@ class McpGateway:
         self,
         msg: rpc.RpcMessage,
         principal: Principal,
-        sandbox: SandboxInfo,
+        sandbox: RunningSandbox,
         client: httpx2.AsyncClient,
         pin: Pin,
         out: Responder,
@@ -374,7 +373,7 @@ class McpGateway:
         body: bytes,
         msg: rpc.RpcMessage | None,
         principal: Principal,
-        sandbox: SandboxInfo,
+        sandbox: RunningSandbox,
         pin: Pin,
         out: Responder,
         call: CallRecord,
@@ -384,7 +383,6 @@ class McpGateway:
             descriptor = pin.admission.tools.get(call.tool or "")
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
-        assert sandbox.endpoint is not None
         client = self._upstreams.client(sandbox.endpoint)
         request = client.build_request(
             http_method, sandbox.endpoint.url, headers=request_headers(headers.items()), content=body or None

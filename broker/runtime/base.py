@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
+from broker.types import DaemonMode, Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, SandboxState
 
 log = logging.getLogger("docbroker.runtime")
 
@@ -139,13 +139,13 @@ class Runtime:
         await self.backend.close()
 
     @contextlib.asynccontextmanager
-    async def lease(self, tenant: str) -> AsyncIterator[SandboxInfo]:
+    async def lease(self, tenant: str) -> AsyncIterator[RunningSandbox]:
         """The tenant's running sandbox, kept from being reaped while the caller uses it."""
-        await self.ensure(tenant)
+        endpoint = await self.ensure(tenant)
         info = self._sandboxes[tenant]
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         try:
-            yield info
+            yield RunningSandbox(tenant, info.backend_id, endpoint)
         finally:
             self._inflight[tenant] -= 1
             current = self._sandboxes.get(tenant)
