@@ -60,7 +60,9 @@ class Broker:
     def audit_file(self) -> Path:
         return self.data_dir / "audit.jsonl"
 
-    def token(self, tenant: str = "acme", subject: str = "alice", scope: str = ALL_SCOPES, **claims: Any) -> str:
+    def token(
+        self, tenant: str = "acme", subject: str = "alice", scope: str = ALL_SCOPES, **claims: Any
+    ) -> str:
         now = int(time.time())
         payload: dict[str, Any] = {
             "iss": ISSUER,
@@ -94,11 +96,12 @@ class Broker:
         return httpx2.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
 
     @contextlib.asynccontextmanager
-    async def client(
-        self, token: str, mode: str = "auto", **kwargs: Any
-    ) -> AsyncIterator[Client]:
+    async def client(self, token: str, mode: str = "auto", **kwargs: Any) -> AsyncIterator[Client]:
         http = httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}, timeout=30)
-        async with http, Client(streamable_http_client(self.mcp_url, http_client=http), mode=mode, **kwargs) as c:
+        async with (
+            http,
+            Client(streamable_http_client(self.mcp_url, http_client=http), mode=mode, **kwargs) as c,
+        ):
             yield c
 
     def stop(self) -> None:
@@ -152,7 +155,9 @@ def make_broker(
     shutil.copytree(ROOT / "policies", policies, ignore=shutil.ignore_patterns("tenants"))
     (policies / "tenants").mkdir()
     for tenant in tenants:
-        (policies / "tenants" / f"{tenant}.toml").write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
+        (policies / "tenants" / f"{tenant}.toml").write_text(
+            "[limits]\nrate_per_minute = 100000\nburst = 10000\n"
+        )
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     kid = secrets.token_hex(4)
     jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
