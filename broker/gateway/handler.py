@@ -260,7 +260,8 @@ class McpGateway:
                                     http_method, headers, body, msg, principal, sandbox, pin, out, call
                                 )
                     except (httpx2.TransportError, sse.EventTooLarge, listing.ListingError) as exc:
-                        await self._upstreams.forget(sandbox.endpoint)
+                        # The pool stays: other calls of this tenant may be in flight on it, and a
+                        # replaced sandbox listens on the same socket path.
                         await self._runtime.mark_broken(tenant)
                         if isinstance(exc, httpx2.TimeoutException):
                             raise

@@ -57,11 +57,7 @@ class Upstreams:
             self._clients[endpoint] = client
         return client
 
-    async def forget(self, endpoint: Endpoint) -> None:
-        client = self._clients.pop(endpoint, None)
-        if client is not None:
-            await client.aclose()
-
     async def close(self) -> None:
-        for endpoint in list(self._clients):
-            await self.forget(endpoint)
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()

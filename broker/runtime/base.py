@@ -209,7 +209,7 @@ class Runtime:
             raise SandboxStartError("sandbox could not be created") from exc
         self._sandboxes[tenant] = info
         assert info.endpoint is not None
-        if not await _ready(info.endpoint, self._start_timeout):
+        if not await _ready(info.endpoint, self._start_timeout, lambda: self.backend.alive(info)):
             await self._remove(tenant, reason="not_ready", event="sandbox.failed")
             raise SandboxStartError("sandbox did not become ready")
         info.state = SandboxState.RUNNING
@@ -249,11 +249,22 @@ class Runtime:
                 log.exception("reaper pass failed")
 
 
-async def _ready(endpoint: Endpoint, timeout: float) -> bool:
-    """Wait until the endpoint accepts connections (uvicorn listening), or time out."""
+async def _ready(
+    endpoint: Endpoint, timeout: float, alive: Callable[[], Awaitable[bool]] | None = None
+) -> bool:
+    """Wait until the endpoint accepts connections (uvicorn listening), or time out.
+
+    With `alive`, a sandbox that died while starting is given up on at once instead of after
+    the whole start timeout (a crash loop must not hold callers for seconds each).
+    """
     deadline = time.monotonic() + timeout
+    next_alive_check = time.monotonic() + 0.25
     delay = 0.005
     while time.monotonic() < deadline:
+        if alive is not None and time.monotonic() >= next_alive_check:
+            if not await alive():
+                return False
+            next_alive_check = time.monotonic() + 0.25
         if endpoint.uds is not None:
             if await asyncio.to_thread(_uds_accepts, endpoint.uds):
                 return True
