@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore
@@ -67,7 +68,7 @@ class Components:
     metrics: Metrics
 
 
-def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> Starlette:
+def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> McpFirst:
     """The app, wired. The audit log and the backend are opened by the caller first."""
     master_key = load_master_key(settings.master_key_file)
     policies = Policies.load(settings.policies_dir)
@@ -179,4 +180,22 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> S
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.components = parts
-    return app
+    return McpFirst(app, gateway)
+
+
+class McpFirst:
+    """Sends `/mcp` straight to the gateway, everything else through Starlette.
+
+    The gateway handles its own errors and is on the path of every call; Starlette's
+    middleware stack and router would add work to each one and give nothing there.
+    """
+
+    def __init__(self, app: Starlette, gateway: McpGateway) -> None:
+        self.app = app
+        self._gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/mcp":
+            await self._gateway(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

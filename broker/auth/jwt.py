@@ -6,6 +6,9 @@ before its signature has been verified:
     1. `Authorization: Bearer <token>`   one header, scheme case-insensitive, exactly one token
     2. sizes                             the header segment (≤ max_header_bytes) before decoding
                                          anything, then the whole token
+       cache                             a token verified before (`broker.auth.cache`) is
+                                         answered from there if its key, times and tenant
+                                         still hold; anything else takes the full path below
     3. JOSE header                       strict base64url + JSON; alg from the allow-list;
                                          no key-carrying or extension headers; typ; kid a string
     4. key                               by kid AND algorithm from the key source
@@ -26,6 +29,7 @@ Decisions beyond the design's wording:
   string (Entra ID uses the latter). Unknown scope names are ignored.
 
 Nothing here logs, and no error carries any part of the token (see `broker.auth.errors`).
+The cache keeps SHA-256 digests of tokens, never the tokens, and only ever answers success.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 import jwt
 
+from broker.auth.cache import DEFAULT_MAX_ENTRIES, Verified, VerifiedTokens, token_digest
 from broker.auth.encoding import b64url_decode, json_object
 from broker.auth.errors import AuthError, AuthReason, KeysUnavailable, insufficient_scope
 from broker.auth.keys import KeySource, VerificationKey, allowed_algorithms
@@ -95,7 +100,9 @@ class Authenticator:
         keys: KeySource,
         *,
         clock: Callable[[], float] = time.time,
+        cache_size: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
+        """`cache_size`: how many verified tokens to remember (0: verify every request in full)."""
         if not 0 <= settings.leeway_seconds <= MAX_LEEWAY_SECONDS:
             raise SettingsError(f"{PREFIX}AUTH_LEEWAY must be between 0 and {MAX_LEEWAY_SECONDS}")
         if settings.max_lifetime_seconds <= 0 or settings.max_header_bytes <= 0:
@@ -114,21 +121,63 @@ class Authenticator:
             options={"verify_signature": True, "enforce_minimum_key_length": True},
         )
         self._max_token = max(MAX_TOKEN_BYTES, settings.max_header_bytes + 8 * 1024)
+        self._cache = VerifiedTokens(cache_size, leeway=settings.leeway_seconds)
+
+    @property
+    def cache(self) -> VerifiedTokens:
+        """The verified-token cache (digests only; see `broker.auth.cache`)."""
+        return self._cache
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller the Authorization header proves, or AuthError with a fixed reason."""
         token = bearer_token(authorization)
+        # The size caps come first: an oversized token is refused before it is even hashed.
+        self._sizes(token)
+        digest = token_digest(token) if self._cache.max_entries else None
+        if digest is not None:
+            cached = await self._reuse(digest)
+            if cached is not None:
+                return cached
         header = self._header(token)
         key = await self._key(header)
         claims = json_object(self._verify(token, key))
         if claims is None:
             raise AuthError.of(R.MALFORMED_TOKEN)
-        principal = self._principal(claims)
+        principal, exp, iat, nbf = self._principal(claims)
         if not self._known_tenant(principal.tenant):
             raise AuthError.of(R.UNKNOWN_TENANT)
+        if digest is not None:  # only here, after every check passed: failures are never cached
+            entry = Verified(principal, exp, iat, nbf, header.kid, header.alg, key)
+            self._cache.put(digest, entry, self._clock())
         return principal
 
-    def _header(self, token: str) -> _Header:
+    async def _reuse(self, digest: bytes) -> Principal | None:
+        """The cached principal if everything that can change since still holds, else None.
+
+        The dynamic checks of the full path, in its order: the key source still returns an
+        equal key for (kid, alg), the times hold on the current clock, the tenant is still
+        known. On any doubt the entry is dropped and the caller runs the full path, which
+        either re-verifies the token (and caches it again) or refuses it with the exact
+        reason it would have given without a cache.
+        """
+        entry = self._cache.get(digest)
+        if entry is None:
+            return None
+        try:
+            key = await self._keys.get_key(entry.kid, entry.algorithm)
+        except KeysUnavailable:
+            key = None
+        if (
+            (key is entry.key or key == entry.key)
+            and _time_failure(entry.exp, entry.iat, entry.nbf, self._clock(), self._settings.leeway_seconds)
+            is None
+            and self._known_tenant(entry.principal.tenant)
+        ):
+            return entry.principal
+        self._cache.discard(digest, entry)
+        return None
+
+    def _sizes(self, token: str) -> None:
         limit = self._settings.max_header_bytes
         # Measured on the encoded segment, before any decoding: the search itself is bounded.
         dot = token.find(".", 0, limit + 1)
@@ -136,6 +185,8 @@ class Authenticator:
             raise AuthError.of(R.HEADER_TOO_LARGE if len(token) > limit else R.MALFORMED_TOKEN)
         if len(token) > self._max_token:
             raise AuthError.of(R.TOKEN_TOO_LARGE)
+
+    def _header(self, token: str) -> _Header:
         segments = token.split(".")
         # Three segments (JWE has five), non-empty header and payload; an empty signature is
         # left for the algorithm check below so that alg "none" gets its own reason.
@@ -189,7 +240,10 @@ class Authenticator:
         # not ride along as __context__ into a logged traceback.
         raise AuthError.of(failure)
 
-    def _principal(self, claims: dict[str, Any]) -> Principal:
+    def _principal(
+        self, claims: dict[str, Any]
+    ) -> tuple[Principal, int | float, int | float, int | float | None]:
+        """The principal, and the token's exp, iat and nbf for the cache's re-checks."""
         s = self._settings
         for name in ("iss", "aud", "exp", "iat", "sub", s.tenant_claim):
             if name not in claims:
@@ -206,11 +260,9 @@ class Authenticator:
             raise AuthError.of(R.BAD_ISSUER)
         if s.audience not in audiences:
             raise AuthError.of(R.BAD_AUDIENCE)
-        now, leeway = self._clock(), s.leeway_seconds
-        if exp <= iat or now >= exp + leeway:
-            raise AuthError.of(R.EXPIRED)
-        if iat > now + leeway or (nbf is not None and nbf > now + leeway):
-            raise AuthError.of(R.NOT_YET_VALID)
+        failure = _time_failure(exp, iat, nbf, self._clock(), s.leeway_seconds)
+        if failure is not None:
+            raise AuthError.of(failure)
         if exp - iat > s.max_lifetime_seconds:
             raise AuthError.of(R.LIFETIME_TOO_LONG)
         if not sub:
@@ -219,7 +271,18 @@ class Authenticator:
             raise AuthError.of(R.BAD_SUBJECT)
         if not TENANT_RE.fullmatch(tenant):
             raise AuthError.of(R.BAD_TENANT)
-        return Principal(tenant=tenant, subject=sub, scopes=scopes)
+        return Principal(tenant=tenant, subject=sub, scopes=scopes), exp, iat, nbf
+
+
+def _time_failure(
+    exp: int | float, iat: int | float, nbf: int | float | None, now: float, leeway: int
+) -> AuthReason | None:
+    """Why the token's times refuse it at `now`, or None. Shared by the full path and the cache."""
+    if exp <= iat or now >= exp + leeway:
+        return R.EXPIRED
+    if iat > now + leeway or (nbf is not None and nbf > now + leeway):
+        return R.NOT_YET_VALID
+    return None
 
 
 def _number(value: Any) -> int | float:

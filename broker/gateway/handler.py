@@ -28,7 +28,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
-import httpx2
 from starlette.types import Receive, Scope, Send
 
 from broker.approvals.flow import Answer, ApprovalFlow
@@ -46,7 +45,16 @@ from broker.gateway.methods import audit_method, client_may_send, sandbox_may_se
 from broker.gateway.responder import CallRecord, Responder
 from broker.gateway.sessions import SessionBindings
 from broker.gateway.tools_filter import may_call, visible_tools
-from broker.gateway.upstream import PARAM_PREFIX, Upstreams, request_headers, response_headers
+from broker.gateway.upstream import (
+    PARAM_PREFIX,
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+    Upstreams,
+    UpstreamTimeout,
+    request_headers,
+    response_headers,
+)
 from broker.metrics import Metrics
 from broker.policy import Policies, TenantLimiter
 from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
@@ -259,16 +267,16 @@ class McpGateway:
                                 await self._exchange(
                                     http_method, headers, body, msg, principal, sandbox, pin, out, call
                                 )
-                    except (httpx2.TransportError, sse.EventTooLarge, listing.ListingError) as exc:
+                    except (UpstreamError, sse.EventTooLarge, listing.ListingError) as exc:
                         # The pool stays: other calls of this tenant may be in flight on it, and a
                         # replaced sandbox listens on the same socket path.
                         await self._runtime.mark_broken(tenant)
-                        if isinstance(exc, httpx2.TimeoutException):
+                        if isinstance(exc, UpstreamTimeout):
                             raise
                         raise _TransportFailed from exc
                 self._breakers.success(tenant)
                 return
-            except httpx2.TimeoutException:
+            except UpstreamTimeout:
                 self._breakers.failure(tenant)
                 await self._upstream_failed(msg, out, call, Denial.UPSTREAM_TIMEOUT, "upstream_timeout")
                 return
@@ -311,7 +319,7 @@ class McpGateway:
             return
         raise Denied(denial, reason)
 
-    async def _pinned(self, principal: Principal, sandbox: RunningSandbox, client: httpx2.AsyncClient) -> Pin:
+    async def _pinned(self, principal: Principal, sandbox: RunningSandbox, client: Upstream) -> Pin:
         """The contract pinned for this sandbox instance, listing and pinning it on first use."""
         pin = self._pins.get(principal.tenant, sandbox.backend_id)
         if pin is None:
@@ -334,8 +342,8 @@ class McpGateway:
                 return pin is not None and tool not in pin.admission.tools
         return False
 
-    async def _list_and_admit(self, client: httpx2.AsyncClient, sandbox: RunningSandbox) -> Admission:
-        tools, problems = await listing.list_all_tools(client, sandbox.endpoint)
+    async def _list_and_admit(self, client: Upstream, sandbox: RunningSandbox) -> Admission:
+        tools, problems = await listing.list_all_tools(client)
         admission = admit(tools)
         admission.rejected.extend(("-", problem) for problem in problems)
         return admission
@@ -345,7 +353,7 @@ class McpGateway:
         msg: rpc.RpcMessage,
         principal: Principal,
         sandbox: RunningSandbox,
-        client: httpx2.AsyncClient,
+        client: Upstream,
         pin: Pin,
         out: Responder,
         call: CallRecord,
@@ -385,10 +393,7 @@ class McpGateway:
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
         client = self._upstreams.client(sandbox.endpoint)
-        request = client.build_request(
-            http_method, sandbox.endpoint.url, headers=request_headers(headers.items()), content=body or None
-        )
-        response = await client.send(request, stream=True)
+        response = await client.send(http_method, request_headers(headers.items()), body or None)
         try:
             await self._relay(response, msg, principal, descriptor, out, call)
         finally:
@@ -396,7 +401,7 @@ class McpGateway:
 
     async def _relay(
         self,
-        response: httpx2.Response,
+        response: UpstreamResponse,
         msg: rpc.RpcMessage | None,
         principal: Principal,
         descriptor: dict[str, Any] | None,
@@ -569,7 +574,7 @@ async def _deadline(seconds: float | None) -> AsyncIterator[None]:
         async with asyncio.timeout(seconds):
             yield
     except TimeoutError:
-        raise httpx2.ReadTimeout("call deadline passed") from None
+        raise UpstreamTimeout("call deadline passed") from None
 
 
 async def _until_client_leaves(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
@@ -634,7 +639,7 @@ async def _read_body(receive: Receive, limit: int, headers: dict[str, str]) -> b
             return b"".join(chunks)
 
 
-async def _read_capped(response: httpx2.Response, limit: int) -> bytes:
+async def _read_capped(response: UpstreamResponse, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.aiter_raw():

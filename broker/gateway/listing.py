@@ -11,10 +11,8 @@ import itertools
 import json
 from typing import Any
 
-import httpx2
-
 from broker.gateway import sse
-from broker.types import Endpoint
+from broker.gateway.upstream import Upstream
 
 MODERN = "2026-07-28"
 MAX_PAGES = 4
@@ -28,7 +26,7 @@ class ListingError(Exception):
         self.reason = reason
 
 
-async def request(client: httpx2.AsyncClient, endpoint: Endpoint, method: str, params: dict[str, Any]) -> Any:
+async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
     """One modern (2026-07-28) request from the broker itself; returns the `result` value."""
     request_id = f"broker-{next(_ids)}"
     meta = {
@@ -43,7 +41,7 @@ async def request(client: httpx2.AsyncClient, endpoint: Endpoint, method: str, p
         "mcp-protocol-version": MODERN,
         "mcp-method": method,
     }
-    async with client.stream("POST", endpoint.url, headers=headers, content=json.dumps(body)) as response:
+    async with client.stream("POST", headers, json.dumps(body).encode()) as response:
         if response.status_code != 200:
             raise ListingError(f"upstream_http_{response.status_code}")
         if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -63,14 +61,14 @@ async def request(client: httpx2.AsyncClient, endpoint: Endpoint, method: str, p
         return _result(message)
 
 
-async def list_all_tools(client: httpx2.AsyncClient, endpoint: Endpoint) -> tuple[list[Any], list[str]]:
+async def list_all_tools(client: Upstream) -> tuple[list[Any], list[str]]:
     """All descriptors across pages, and the reasons (if any) the listing was cut short."""
     tools: list[Any] = []
     problems: list[str] = []
     cursors: set[str] = set()
     params: dict[str, Any] = {}
     for _ in range(MAX_PAGES):
-        result = await request(client, endpoint, "tools/list", params)
+        result = await request(client, "tools/list", params)
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             raise ListingError("invalid_listing")
         tools.extend(result["tools"])

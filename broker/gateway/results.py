@@ -25,6 +25,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from pydantic import ValidationError
 
 from server import contracts as c
 
@@ -56,7 +57,7 @@ def broker_result(status: c.Status, message: str, data: dict[str, Any] | None = 
 def consume(
     reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: int, max_bytes: int
 ) -> Consumed:
-    problem = _problem(reply, descriptor, size, max_bytes)
+    problem = _problem(reply, tool, descriptor, size, max_bytes)
     if problem is None:
         result = reply["result"]
         structured = result["structuredContent"]
@@ -109,7 +110,9 @@ def handshake(method: str, result: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _problem(reply: dict[str, Any], descriptor: dict[str, Any], size: int, max_bytes: int) -> str | None:
+def _problem(
+    reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: int, max_bytes: int
+) -> str | None:
     if size > max_bytes:
         return "result_too_large"
     if "error" in reply:
@@ -125,7 +128,7 @@ def _problem(reply: dict[str, Any], descriptor: dict[str, Any], size: int, max_b
     if not isinstance(structured, dict) or structured.get("status") not in _SANDBOX_STATUSES:
         return "structured_content_invalid"
     schema = descriptor.get("outputSchema")
-    if not isinstance(schema, dict) or not _valid(schema, structured):
+    if not isinstance(schema, dict) or not _valid(schema, structured, tool):
         return "output_schema_mismatch"
     content = result.get("content")
     if not isinstance(content, list) or len(content) != 1:
@@ -142,11 +145,33 @@ def _problem(reply: dict[str, Any], descriptor: dict[str, Any], size: int, max_b
     return None
 
 
-def _valid(schema: dict[str, Any], value: Any) -> bool:
+# Compiled validators by pinned schema object: building one costs more than using it, and a
+# pinned descriptor's schema never changes (a changed listing breaks the pin instead).
+_VALIDATORS: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
+_MAX_VALIDATORS = 1024
+
+
+_CONTRACT_SCHEMAS = {tool: c.output_schema(tool) for tool in c.TOOL_NAMES}
+
+
+def _valid(schema: dict[str, Any], value: Any, tool: str) -> bool:
+    if schema == _CONTRACT_SCHEMAS.get(tool):
+        # The honest case: the sandbox pinned exactly our contract, so our own model (compiled,
+        # strict) checks the same shape in microseconds instead of ~0.1 ms.
+        try:  # strict JSON mode: "1" is not 1, true is not 1, and enums are their JSON strings
+            c.RESULT_MODELS[tool].model_validate_json(json.dumps(value), strict=True)
+        except ValidationError:
+            return False
+        return True
     # Admission allowed only a small, reference-free subset without `pattern`, so validation
     # cannot fetch anything or backtrack without bound.
+    cached = _VALIDATORS.get(id(schema))
     try:
-        return bool(Draft202012Validator(schema).is_valid(value))
+        if cached is None or cached[0] is not schema:
+            if len(_VALIDATORS) >= _MAX_VALIDATORS:
+                _VALIDATORS.clear()
+            cached = _VALIDATORS[id(schema)] = (schema, Draft202012Validator(schema))
+        return bool(cached[1].is_valid(value))
     except (SchemaError, RecursionError, TypeError):
         return False
 
