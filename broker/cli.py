@@ -60,6 +60,7 @@ async def _serve(settings: Settings) -> int:
             log_level="warning",
             access_log=False,  # the audit log is the access log; uvicorn's would carry paths and peers
             http="httptools",
+            proxy_headers=False,  # no X-Forwarded-* trust: the broker is the edge it audits
             lifespan="on",
             timeout_graceful_shutdown=10,
         )
