@@ -92,15 +92,41 @@ async def backend_cold_start(backend: DockerBackend, spec: SandboxSpec) -> tuple
 async def naive_cold_start(host: str, image: str, spec: SandboxSpec, cpus: str) -> float:
     """`docker run -i --rm` with the same hardening flags, MCP over the container's stdio."""
     args = [
-        "run", "-i", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL",
-        "--security-opt", "no-new-privileges:true",
-        "--security-opt", f"seccomp={REPO / 'policies' / 'seccomp.json'}",
-        "--user", "10001:0", "--tmpfs", "/tmp:rw,noexec,nosuid,nodev,size=8m",  # noqa: S108
-        "--memory", "128m", "--pids-limit", "64", "--cpus", cpus,
-        "-e", f"DOCS_SCOPE={spec.tenant}",
-        "-v", f"{spec.sources_dir}:/srv/docs/sources:ro", "-v", f"{spec.dropbox_dir}:/srv/docs/reports",
-        "-v", f"{spec.secret_file}:/run/secrets/approval.key:ro",
-        "--entrypoint", "/opt/venv/bin/python", image, "-m", "server",
+        "run",
+        "-i",
+        "--rm",
+        "--network",
+        "none",
+        "--read-only",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges:true",
+        "--security-opt",
+        f"seccomp={REPO / 'policies' / 'seccomp.json'}",
+        "--user",
+        "10001:0",
+        "--tmpfs",
+        "/tmp:rw,noexec,nosuid,nodev,size=8m",  # noqa: S108
+        "--memory",
+        "128m",
+        "--pids-limit",
+        "64",
+        "--cpus",
+        cpus,
+        "-e",
+        f"DOCS_SCOPE={spec.tenant}",
+        "-v",
+        f"{spec.sources_dir}:/srv/docs/sources:ro",
+        "-v",
+        f"{spec.dropbox_dir}:/srv/docs/reports",
+        "-v",
+        f"{spec.secret_file}:/run/secrets/approval.key:ro",
+        "--entrypoint",
+        "/opt/venv/bin/python",
+        image,
+        "-m",
+        "server",
     ]
     params = StdioServerParameters(command="docker", args=args, env={**os.environ, "DOCKER_HOST": host})
     started = time.perf_counter()
@@ -115,7 +141,10 @@ def docker_stats_mib(host: str, names: list[str]) -> list[float]:
     """Memory as `docker stats --no-stream` reports it, in MiB."""
     out = subprocess.run(
         ["docker", "stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}}", *names],
-        capture_output=True, text=True, check=True, env={**os.environ, "DOCKER_HOST": host},
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "DOCKER_HOST": host},
     ).stdout
     factor = {"B": 1 / 1024 / 1024, "KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
     values = []
@@ -138,7 +167,12 @@ async def main() -> int:
     parser.add_argument("--image", default="docbroker-server:latest")
     parser.add_argument("--many", type=int, default=0, help="also run N sandboxes at once")
     parser.add_argument("--idle-wait", type=float, default=5.0)
-    parser.add_argument("--cpus", type=float, default=0.5, help="sandbox CPU limit (DOCBROKER_DOCKER_CPUS)")
+    parser.add_argument(
+        "--cpus",
+        type=float,
+        default=DockerSettings().nano_cpus / 1e9,
+        help="sandbox CPU limit (DOCBROKER_DOCKER_CPUS)",
+    )
     args = parser.parse_args()
 
     seccomp = REPO / "policies" / "seccomp.json"
@@ -176,10 +210,14 @@ async def main() -> int:
 
         image = backend._client.images.get(args.image)
         rows += [
-            (f"(a) DockerBackend cold start p50 / p90 (n={args.runs}, {args.cpus} CPU)",
-             f"{statistics.median(hardened) * 1000:.0f} ms / {pct(hardened, 0.9) * 1000:.0f} ms"),
-            (f"(b) naive docker run + stdio p50 / p90 (n={args.runs}, {args.cpus} CPU)",
-             f"{statistics.median(naive) * 1000:.0f} ms / {pct(naive, 0.9) * 1000:.0f} ms"),
+            (
+                f"(a) DockerBackend cold start p50 / p90 (n={args.runs}, {args.cpus} CPU)",
+                f"{statistics.median(hardened) * 1000:.0f} ms / {pct(hardened, 0.9) * 1000:.0f} ms",
+            ),
+            (
+                f"(b) naive docker run + stdio p50 / p90 (n={args.runs}, {args.cpus} CPU)",
+                f"{statistics.median(naive) * 1000:.0f} ms / {pct(naive, 0.9) * 1000:.0f} ms",
+            ),
             ("idle sandbox memory (docker stats)", f"{idle:.1f} MiB"),
             ("server image size", f"{image.attrs['Size'] / 1e6:.1f} MB"),
         ]
@@ -197,8 +235,10 @@ async def main() -> int:
             mem = docker_stats_mib(args.host, [backend.container_name(i.tenant) for i in infos])
             rows += [
                 (f"{args.many} sandboxes: all ready", f"{sum(ready)}/{args.many} in {all_up:.1f} s"),
-                (f"{args.many} sandboxes: memory per container p50 / max",
-                 f"{statistics.median(mem):.1f} / {max(mem):.1f} MiB (total {sum(mem) / 1024:.2f} GiB)"),
+                (
+                    f"{args.many} sandboxes: memory per container p50 / max",
+                    f"{statistics.median(mem):.1f} / {max(mem):.1f} MiB (total {sum(mem) / 1024:.2f} GiB)",
+                ),
             ]
             await asyncio.gather(*(backend.delete(i) for i in infos))
     finally:
