@@ -19,13 +19,11 @@ The sandbox is never trusted: nothing it says reaches the client unchecked.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
@@ -37,7 +35,7 @@ from broker.auth import AuthError
 from broker.auth.service import AuthService
 from broker.errors import Denial, Denied
 from broker.gateway import jsonrpc as rpc
-from broker.gateway import listing, results, sse
+from broker.gateway import listing, results, sse, wire
 from broker.gateway.admission import Admission, admit
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins, Pin
@@ -87,6 +85,19 @@ class _AuditFailed(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """One request on its way to the sandbox: what every step after the gate needs."""
+
+    http_method: str
+    headers: dict[str, str]
+    body: bytes
+    msg: rpc.RpcMessage | None
+    principal: Principal
+    out: Responder
+    call: CallRecord
+
+
 class McpGateway:
     def __init__(
         self,
@@ -128,7 +139,9 @@ class McpGateway:
             await self._serve(scope, receive, out, call)
         except AuthError as exc:
             call.event, call.outcome, call.reason = "auth.denied", Outcome.DENIED, exc.reason.value
-            await self._finish_json(out, call, exc.status, _auth_error_body(exc), self._auth.challenge(exc))
+            await self._finish_json(
+                out, call, exc.status, wire.auth_error_body(exc), self._auth.challenge(exc)
+            )
         except Denied as exc:
             call.outcome = Outcome.DENIED if exc.denial.status in (403, 404, 405, 429) else Outcome.ERROR
             if exc.denial in (Denial.TOOL_NOT_ALLOWED, Denial.METHOD_NOT_FOUND):
@@ -161,18 +174,18 @@ class McpGateway:
 
     async def _serve(self, scope: Scope, receive: Receive, out: Responder, call: CallRecord) -> None:
         http_method = scope["method"]
-        headers = _headers(scope)
+        headers = wire.headers_of(scope)
         if http_method not in ("POST", "GET", "DELETE"):
             raise Denied(Denial.METHOD_NOT_ALLOWED, "http_method_not_allowed")
         call.method = http_method
-        call.principal = principal = await self._auth.authenticate(_all(scope, b"authorization"))
+        call.principal = principal = await self._auth.authenticate(wire.all_values(scope, b"authorization"))
         policy = self._policies.get(principal.tenant)
         call.header_names = sorted(n.title() for n in headers if n.startswith(PARAM_PREFIX))
 
         msg: rpc.RpcMessage | None = None
         body = b""
         if http_method == "POST":
-            body = await _read_body(receive, self._max_body, headers)
+            body = await wire.read_body(receive, self._max_body, headers)
             call.bytes_in = len(body)
             try:
                 msg = rpc.parse(body)
@@ -187,7 +200,7 @@ class McpGateway:
             call.protocol = msg.protocol_version or headers.get("mcp-protocol-version")
             if not client_may_send(msg.method, is_notification=msg.id is None):
                 raise Denied(Denial.METHOD_NOT_FOUND, "method_not_allowed")
-            _check_routing_headers(msg, headers)
+            wire.check_routing_headers(msg, headers)
 
         retry_after = self._limiter.take(principal.tenant)
         if retry_after:
@@ -218,31 +231,25 @@ class McpGateway:
                         decision.reason,
                         decision.approval_id,
                     )
-                    await self._finish_json(out, call, 200, rpc.result(msg.id, _typed(msg, decision.result)))
+                    await self._finish_json(
+                        out, call, 200, rpc.result(msg.id, wire.typed(msg, decision.result))
+                    )
                     return
                 call.save, call.approval_id = decision, decision.approval_id
-                body = _forward_body(msg, decision.arguments)
+                body = wire.forward_body(msg, decision.arguments)
 
-        work = self._to_sandbox(http_method, headers, body, msg, principal, out, call)
+        work = self._to_sandbox(_Turn(http_method, headers, body, msg, principal, out, call))
         if http_method != "GET":
             await work
-        elif await _until_client_leaves(receive, work) and not call.audited:
+        elif await wire.until_client_leaves(receive, work) and not call.audited:
             call.outcome, call.reason = Outcome.OK, "client_disconnected"
             await self._emit_terminal(call)
 
     # -- the sandbox ------------------------------------------------------------------------
 
-    async def _to_sandbox(
-        self,
-        http_method: str,
-        headers: dict[str, str],
-        body: bytes,
-        msg: rpc.RpcMessage | None,
-        principal: Principal,
-        out: Responder,
-        call: CallRecord,
-    ) -> None:
-        tenant = principal.tenant
+    async def _to_sandbox(self, turn: _Turn) -> None:
+        msg, call, out = turn.msg, turn.call, turn.out
+        tenant = turn.principal.tenant
         wait = self._breakers.admit(tenant)
         if wait:
             raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=wait)
@@ -257,16 +264,14 @@ class McpGateway:
                     call.sandbox = sandbox.backend_id[:64]
                     client = self._upstreams.client(sandbox.endpoint)
                     try:
-                        async with _deadline(self._upstreams.call_timeout):
-                            pin = await self._pinned(principal, sandbox, client)
+                        async with wire.deadline(self._upstreams.call_timeout):
+                            pin = await self._pinned(turn.principal, sandbox, client)
                         # A GET stream lives as long as its session; every POST has a deadline.
-                        async with _deadline(self._upstreams.call_timeout if msg is not None else None):
+                        async with wire.deadline(self._upstreams.call_timeout if msg is not None else None):
                             if msg is not None and msg.method == "tools/list":
-                                await self._answer_tools_list(msg, principal, sandbox, client, pin, out, call)
+                                await self._answer_tools_list(turn, msg, sandbox, client, pin)
                             else:
-                                await self._exchange(
-                                    http_method, headers, body, msg, principal, sandbox, pin, out, call
-                                )
+                                await self._exchange(turn, sandbox, client, pin)
                     except (UpstreamError, sse.EventTooLarge, listing.ListingError) as exc:
                         # The pool stays: other calls of this tenant may be in flight on it, and a
                         # replaced sandbox listens on the same socket path.
@@ -278,13 +283,13 @@ class McpGateway:
                 return
             except UpstreamTimeout:
                 self._breakers.failure(tenant)
-                await self._upstream_failed(msg, out, call, Denial.UPSTREAM_TIMEOUT, "upstream_timeout")
+                await self._upstream_failed(turn, Denial.UPSTREAM_TIMEOUT, "upstream_timeout")
                 return
             except _TransportFailed:
                 self._breakers.failure(tenant)
                 if attempt == 1 and retryable and not out.started:
                     continue
-                await self._upstream_failed(msg, out, call, Denial.UPSTREAM_FAILED, "upstream_failed")
+                await self._upstream_failed(turn, Denial.UPSTREAM_FAILED, "upstream_failed")
                 return
             except CapacityError:
                 raise Denied(Denial.SANDBOX_UNAVAILABLE, CapacityError.reason, retry_after=30) from None
@@ -292,20 +297,19 @@ class McpGateway:
                 self._breakers.failure(tenant)
                 raise Denied(Denial.SANDBOX_UNAVAILABLE, exc.reason, retry_after=5) from None
 
-    async def _upstream_failed(
-        self, msg: rpc.RpcMessage | None, out: Responder, call: CallRecord, denial: Denial, reason: str
-    ) -> None:
+    async def _upstream_failed(self, turn: _Turn, denial: Denial, reason: str) -> None:
+        msg, out, call = turn.msg, turn.out, turn.call
         if out.started:
             # Mid-stream: the client still gets exactly one answer, then the stream ends.
             if msg is not None and msg.id is not None and not call.audited:
                 if call.save is not None:
                     call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
                     unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
-                    body = rpc.result(msg.id, _typed(msg, unknown))
+                    body = rpc.result(msg.id, wire.typed(msg, unknown))
                 else:
                     call.outcome, call.reason = Outcome.ERROR, reason
                     body = rpc.error(msg.id, denial.code, denial.message)
-                await self._answer_in_stream(out, call, _sse_event(body))
+                await self._answer_in_stream(out, call, wire.sse_event(body))
             else:
                 call.outcome, call.reason = Outcome.ERROR, reason
                 await self._emit_terminal(call)
@@ -315,7 +319,7 @@ class McpGateway:
             # The approved write was sent: it may or may not have happened.
             call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
             unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
-            await self._finish_json(out, call, 200, rpc.result(msg.id, _typed(msg, unknown)))
+            await self._finish_json(out, call, 200, rpc.result(msg.id, wire.typed(msg, unknown)))
             return
         raise Denied(denial, reason)
 
@@ -349,16 +353,10 @@ class McpGateway:
         return admission
 
     async def _answer_tools_list(
-        self,
-        msg: rpc.RpcMessage,
-        principal: Principal,
-        sandbox: RunningSandbox,
-        client: Upstream,
-        pin: Pin,
-        out: Responder,
-        call: CallRecord,
+        self, turn: _Turn, msg: rpc.RpcMessage, sandbox: RunningSandbox, client: Upstream, pin: Pin
     ) -> None:
         """Answer from the pin, after a fresh listing shows the sandbox still offers the same."""
+        principal, call = turn.principal, turn.call
         fresh = await self._list_and_admit(client, sandbox)
         if not self._pins.matches(pin, fresh):
             await self._audit.emit(
@@ -373,41 +371,25 @@ class McpGateway:
         if msg.protocol_version is not None:
             result.update(resultType="complete", ttlMs=0, cacheScope="private")
         call.outcome, call.reason = Outcome.OK, "ok"
-        await self._finish_json(out, call, 200, rpc.result(msg.id, result))
+        await self._finish_json(turn.out, call, 200, rpc.result(msg.id, result))
 
-    async def _exchange(
-        self,
-        http_method: str,
-        headers: dict[str, str],
-        body: bytes,
-        msg: rpc.RpcMessage | None,
-        principal: Principal,
-        sandbox: RunningSandbox,
-        pin: Pin,
-        out: Responder,
-        call: CallRecord,
-    ) -> None:
+    async def _exchange(self, turn: _Turn, sandbox: RunningSandbox, client: Upstream, pin: Pin) -> None:
         descriptor: dict[str, Any] | None = None
-        if msg is not None and msg.method == "tools/call":
-            descriptor = pin.admission.tools.get(call.tool or "")
+        if turn.msg is not None and turn.msg.method == "tools/call":
+            descriptor = pin.admission.tools.get(turn.call.tool or "")
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
-        client = self._upstreams.client(sandbox.endpoint)
-        response = await client.send(http_method, request_headers(headers.items()), body or None)
+        headers = request_headers(turn.headers.items())
+        response = await client.send(turn.http_method, headers, turn.body or None)
         try:
-            await self._relay(response, msg, principal, descriptor, out, call)
+            await self._relay(turn, response, descriptor)
         finally:
             await response.aclose()
 
     async def _relay(
-        self,
-        response: UpstreamResponse,
-        msg: rpc.RpcMessage | None,
-        principal: Principal,
-        descriptor: dict[str, Any] | None,
-        out: Responder,
-        call: CallRecord,
+        self, turn: _Turn, response: UpstreamResponse, descriptor: dict[str, Any] | None
     ) -> None:
+        msg, principal, out, call = turn.msg, turn.principal, turn.out, turn.call
         session_id = response.headers.get("mcp-session-id")
         if session_id and msg is not None and msg.method == "initialize" and response.status_code == 200:
             self._sessions.bind(session_id, principal)
@@ -420,48 +402,48 @@ class McpGateway:
             await out.start(response.status_code, passed)
             async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
                 data = event.data
-                parsed = _json(data)
+                parsed = wire.parse_json(data)
                 if (
                     ours is not None
                     and isinstance(parsed, dict)
                     and parsed.get("id") == ours.id
                     and "method" not in parsed
                 ):
-                    reply = await self._consume(parsed, len(data or b""), ours, principal, descriptor, call)
+                    reply = await self._consume(turn, parsed, len(data or b""), ours, descriptor)
                     await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
                     break  # one answer per request: anything the sandbox sends after it is dropped
                 elif isinstance(parsed, dict) and sandbox_may_send(parsed):
                     await out.chunk(event.framed())
                 elif parsed is not None:
-                    await self._refused_from_sandbox(parsed, principal, call)
+                    await self._refused_from_sandbox(turn, parsed)
             if ours is not None and not call.audited:
-                reply = await self._consume({}, 0, ours, principal, descriptor, call)
+                reply = await self._consume(turn, {}, 0, ours, descriptor)
                 call.reason = "upstream_no_answer"
-                await self._answer_in_stream(out, call, _sse_event(reply))
+                await self._answer_in_stream(out, call, wire.sse_event(reply))
             elif not call.audited:
-                call.outcome, call.reason = _plain_outcome(response.status_code)
+                call.outcome, call.reason = wire.plain_outcome(response.status_code)
                 await self._emit_terminal(call)
             await out.end()
             return
 
-        raw = await _read_capped(response, MAX_UPSTREAM_EVENT_BYTES)
+        raw = await wire.read_capped(response, MAX_UPSTREAM_EVENT_BYTES)
         if ours is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.
-            call.outcome, call.reason = _plain_outcome(response.status_code)
+            call.outcome, call.reason = wire.plain_outcome(response.status_code)
             await self._finish_raw(out, call, response.status_code, b"", passed)
             return
-        parsed = _json(raw)
+        parsed = wire.parse_json(raw)
         status = response.status_code
         if not (isinstance(parsed, dict) and parsed.get("id") == ours.id and "method" not in parsed):
             # Not an answer to this request (another id, HTML, nothing): none of it is passed
             # on; the client gets the broker's own answer (for save_report: result_unknown).
             parsed, status = {}, (200 if descriptor is not None or status < 400 else status)
-            reply = await self._consume(parsed, len(raw), ours, principal, descriptor, call)
+            reply = await self._consume(turn, parsed, len(raw), ours, descriptor)
             call.reason = "upstream_no_answer"
         else:
-            reply = await self._consume(parsed, len(raw), ours, principal, descriptor, call)
-        await self._finish_json(out, call, status, reply, dict(_str_headers(passed)))
+            reply = await self._consume(turn, parsed, len(raw), ours, descriptor)
+        await self._finish_json(out, call, status, reply, dict(wire.str_headers(passed)))
 
     async def _answer_in_stream(self, out: Responder, call: CallRecord, framed: bytes) -> None:
         call.bytes_out += len(framed)
@@ -470,14 +452,14 @@ class McpGateway:
 
     async def _consume(
         self,
+        turn: _Turn,
         reply: dict[str, Any],
         size: int,
         msg: rpc.RpcMessage,
-        principal: Principal,
         descriptor: dict[str, Any] | None,
-        call: CallRecord,
     ) -> dict[str, Any]:
         """The sandbox's answer to this request, checked; returns what the client gets."""
+        call = turn.call
         if msg.method != "tools/call" or descriptor is None:
             result = reply.get("result")
             clean = results.handshake(msg.method or "", result) if isinstance(result, dict) else None
@@ -490,22 +472,20 @@ class McpGateway:
         call.outcome, call.reason = Outcome(consumed.status), consumed.reason
         result = consumed.result
         if call.save is not None and consumed.status == c.Status.OK.value:
-            accepted = self._reports_for(principal.tenant).accept(call.save.filename, call.save.sha256)
+            accepted = self._reports_for(turn.principal.tenant).accept(call.save.filename, call.save.sha256)
             if accepted is not Accepted.OK:
                 call.outcome, call.reason = Outcome.RESULT_UNKNOWN, f"report_{accepted.value}"
                 result = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
-        return rpc.result(msg.id, _typed(msg, result))
+        return rpc.result(msg.id, wire.typed(msg, result))
 
-    async def _refused_from_sandbox(
-        self, message: dict[str, Any], principal: Principal, call: CallRecord
-    ) -> None:
+    async def _refused_from_sandbox(self, turn: _Turn, message: dict[str, Any]) -> None:
         """A request or unexpected notification from the sandbox: dropped, and audited by name."""
         method = message.get("method")
         await self._audit.emit(
             "policy.denied",
-            tenant=principal.tenant,
-            subject=principal.subject,
-            request_id=call.request_id,
+            tenant=turn.principal.tenant,
+            subject=turn.principal.subject,
+            request_id=turn.call.request_id,
             method=audit_method(method),
             outcome="denied",
             reason="sandbox_message_refused",
@@ -560,138 +540,3 @@ class McpGateway:
             status, payload = denial.status, rpc.encode(rpc.error(call.rpc_id, denial.code, denial.message))
             headers = [(b"content-type", b"application/json")]
         await out.whole(status, payload, headers)
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def _deadline(seconds: float | None) -> AsyncIterator[None]:
-    """A deadline for the whole exchange. The HTTP client's timeout bounds each read only, so
-    a sandbox that keeps sending bytes (SSE comments, a trickle) would otherwise hold a call
-    forever; expiry is reported like any other upstream timeout."""
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError:
-        raise UpstreamTimeout("call deadline passed") from None
-
-
-async def _until_client_leaves(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
-    """Run `work` (a GET stream's relay) until it ends or the client disconnects; True if the
-    client left first. Only `receive` tells: uvicorn drops what is sent to a gone client
-    without a word, and a sandbox's idle stream sends nothing the relay would forward, so a
-    vanished client would otherwise hold its tenant's concurrency slot and lease for ever."""
-    job = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        job.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if job.done():
-        job.result()  # the relay's own exceptions (Denied, _AuditFailed...) go on as usual
-        return False
-    job.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await job
-    return True
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-def _all(scope: Scope, name: bytes) -> list[str]:
-    """Every value of a header: two Authorization headers must be refused, not merged."""
-    return [v.decode("latin-1") for k, v in scope["headers"] if k == name]
-
-
-def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
-
-
-async def _read_body(receive: Receive, limit: int, headers: dict[str, str]) -> bytes:
-    if not headers.get("content-type", "").lower().startswith("application/json"):
-        raise Denied(Denial.UNSUPPORTED_MEDIA, "unsupported_media_type")
-    declared = headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise Denied(Denial.TOO_LARGE, "body_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Denied(Denial.BAD_REQUEST, "client_disconnected")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise Denied(Denial.TOO_LARGE, "body_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _read_capped(response: UpstreamResponse, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_raw():
-        size += len(chunk)
-        if size > limit:
-            raise sse.EventTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _check_routing_headers(msg: rpc.RpcMessage, headers: dict[str, str]) -> None:
-    """2026-07-28 routing headers must agree with the body, or policy could judge one thing
-    while the sandbox routes another."""
-    method_header = headers.get("mcp-method")
-    if method_header is not None and method_header != msg.method:
-        raise Denied(Denial.BAD_REQUEST, "routing_header_mismatch")
-    name_header = headers.get("mcp-name")
-    if name_header is not None and msg.method == "tools/call" and name_header != msg.tool:
-        raise Denied(Denial.BAD_REQUEST, "routing_header_mismatch")
-
-
-def _forward_body(msg: rpc.RpcMessage, arguments: dict[str, Any]) -> bytes:
-    # The in-band answer is the broker's business: the sandbox gets a plain call with the token.
-    params = {k: v for k, v in msg.params.items() if k not in ("requestState", "inputResponses")}
-    params["arguments"] = arguments
-    return rpc.encode({**msg.body, "params": params})
-
-
-def _typed(msg: rpc.RpcMessage, result: dict[str, Any]) -> dict[str, Any]:
-    """2026-07-28 results carry their type; handshake-era results do not."""
-    if msg.protocol_version is None:
-        return {k: v for k, v in result.items() if k != "resultType"}
-    return {"resultType": "complete", **result}
-
-
-def _sse_event(body: dict[str, Any]) -> bytes:
-    return b"event: message\ndata: " + rpc.encode(body) + b"\n\n"
-
-
-def _json(raw: bytes | None) -> Any:
-    if not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _plain_outcome(status: int) -> tuple[Outcome, str]:
-    return (Outcome.OK, "ok") if status < 300 else (Outcome.ERROR, f"upstream_http_{status}")
-
-
-def _auth_error_body(exc: AuthError) -> dict[str, Any]:
-    text = {401: "Unauthorized", 403: "Forbidden"}.get(exc.status, "Service unavailable")
-    return rpc.error(None, rpc.FORBIDDEN if exc.status == 403 else rpc.INVALID_REQUEST, text)
