@@ -41,6 +41,7 @@ for doc in "$ROOT"/deploy/demo-docs/*.md; do
   [ -e "$target" ] || as_broker cp "$doc" "$target"
 done
 TOKEN=$(as_broker "$VENV/bin/docbroker" token --tenant demo --subject demo-user)
+export TOKEN
 URL="http://$DOCBROKER_HOST:$DOCBROKER_PORT/mcp"
 
 cat <<MSG
@@ -53,9 +54,15 @@ cat <<MSG
   Approvals    : http://$DOCBROKER_HOST:$DOCBROKER_PORT/approvals   (paste the token)
   Audit log    : $DATA/audit.jsonl
 
-  Try it (Node 20):
-    npx -y @modelcontextprotocol/inspector-cli@1.0.3 --cli --transport http --server-url $URL \\
-        --header "Authorization: Bearer $TOKEN" --method tools/list
+  Try it (a real MCP request, protocol 2026-07-28):
+    TOKEN=$TOKEN
+    curl -s $URL -H "Authorization: Bearer \$TOKEN" -H "Content-Type: application/json" \\
+      -H "Accept: application/json, text/event-stream" -H "MCP-Protocol-Version: 2026-07-28" \\
+      -H "Mcp-Method: tools/call" -H "Mcp-Name: search_documents" \\
+      -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search_documents",
+           "arguments":{"query":"sandbox"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",
+           "io.modelcontextprotocol/clientCapabilities":{}}}}'
+  or point any MCP client at the endpoint with the header "Authorization: Bearer <token>".
 
 MSG
 exec "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=)' ) HOME=/tmp "$VENV/bin/docbroker" serve
