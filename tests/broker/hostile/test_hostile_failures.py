@@ -136,7 +136,7 @@ def test_the_breaker_opens_fails_fast_and_closes_after_one_trial(hostile: Broker
         time.sleep(0.02)
     during = rpc.read("notes.md")  # one trial at a time
     assert (during.status, during.error_code) == (503, -32001), during
-    assert during.headers["retry-after"] == "1"
+    assert 1 <= int(during.headers["retry-after"]) <= BREAKER_COOLDOWN
     thread.join()
     assert trial[0].structured["data"]["content"] == "took a while\n", trial
     assert rpc.read("notes.md").structured["status"] == "ok"  # closed again
