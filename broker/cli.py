@@ -26,6 +26,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from broker.approvals.secrets import create_master_key
 
     settings = _settings()
+    # The data dir is the one barrier between tenants' files and other users of the host.
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.data_dir.chmod(0o700)
     if create_master_key(settings.master_key_file):
         logging.getLogger("docbroker").warning("created a new master key file")
     import uvloop

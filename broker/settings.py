@@ -171,7 +171,12 @@ class Settings:
             nano_cpus=int(r.number("DOCKER_CPUS", 1.0, low=0.05, high=64) * 1e9),
             pids_limit=r.integer("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
             nofile=r.integer("DOCKER_NOFILE", 256, low=32, high=65_536),
-            seccomp_profile=Path(r.text("DOCKER_SECCOMP_PROFILE", "policies/seccomp.json")).absolute(),
+            # Beside the tenant policies unless named: one folder holds every policy file.
+            seccomp_profile=Path(
+                r.text(
+                    "DOCKER_SECCOMP_PROFILE", str(Path(r.text("POLICIES_DIR", "policies")) / "seccomp.json")
+                )
+            ).absolute(),
         )
         runtime = RuntimeSettings(
             kind=r.choice("RUNTIME", "docker", ("docker", "local")),

@@ -50,7 +50,7 @@ def load_master_key(path: Path) -> bytes:
 
 def create_master_key(path: Path) -> bool:
     """Create a new random master key unless one exists. Returns True when it created one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
