@@ -70,9 +70,6 @@ import httpx2
 
 REPO = Path(__file__).resolve().parents[1]
 TENANT = "bench"
-TENANT_CLAIM = "tenant"  # the broker's default DOCBROKER_AUTH_TENANT_CLAIM
-ISSUER = "https://idp.bench.invalid"
-AUDIENCE = "docbroker-bench"
 PROTOCOL = "2026-07-28"
 LEGACY_PROTOCOL = "2025-11-25"
 MCP_PROXY_SPEC = "mcp-proxy==0.13.0"  # pinned: a peer whose numbers move is no yardstick
@@ -611,56 +608,24 @@ class BrokerSetup:
 
 
 def broker_setup(root: Path, tmp: Path, extra_env: dict[str, str]) -> BrokerSetup:
-    import jwt
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from jwt.algorithms import RSAAlgorithm
+    """The same broker setup as the tests (identity provider, policies), run from `root`."""
+    sys.path.insert(0, str(REPO))
+    from tests.broker.harness import make_broker
 
-    data_dir = tmp / "broker"
-    policies = tmp / "policies"
-    shutil.copytree(root / "policies", policies, ignore=shutil.ignore_patterns("tenants"))
-    (policies / "tenants").mkdir()
-    # Limits high enough never to bite: the limiter still runs on every request.
-    (policies / "tenants" / f"{TENANT}.toml").write_text(
-        "[limits]\nrate_per_minute = 1000000\nburst = 1000000\nmax_concurrent = 256\n"
+    broker = make_broker(
+        tmp,
+        tenants=(TENANT,),
+        env={"PYTHONPATH": str(root), **extra_env},
+        # Limits high enough never to bite: the limiter still runs on every request.
+        limits="[limits]\nrate_per_minute = 1000000\nburst = 1000000\nmax_concurrent = 256\n",
     )
-    write_docs(data_dir / "tenants" / TENANT / "docs" / "sources")  # where the broker provisions them
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    kid = secrets.token_hex(4)
-    jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
-    jwk.update({"kid": kid, "alg": "RS256", "use": "sig"})
-    jwks = tmp / "jwks.json"
-    jwks.write_text(json.dumps({"keys": [jwk]}))
-    port = free_port()
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/root"),
-        "PYTHONPATH": str(root),
-        "DOCBROKER_HOST": "127.0.0.1",
-        "DOCBROKER_PORT": str(port),
-        "DOCBROKER_DATA_DIR": str(data_dir),
-        "DOCBROKER_POLICIES_DIR": str(policies),
-        "DOCBROKER_AUTH_ISSUER": ISSUER,
-        "DOCBROKER_AUTH_AUDIENCE": AUDIENCE,
-        "DOCBROKER_AUTH_JWKS_FILE": str(jwks),
-        "DOCBROKER_RUNTIME": "local",
-        "DOCBROKER_ALLOW_INSECURE_LOCAL_RUNTIME": "1",
-        **extra_env,
-    }
+    write_docs(broker.sources(TENANT))  # where the broker provisions them
 
     def mint() -> str:
-        now = int(time.time())
-        claims = {
-            "iss": ISSUER,
-            "aud": AUDIENCE,
-            "sub": "bench-user",
-            TENANT_CLAIM: TENANT,
-            "scope": "docs:read",
-            "iat": now,
-            "exp": now + 3000,
-        }
-        return jwt.encode(claims, key, algorithm="RS256", headers={"kid": kid})
+        exp = int(time.time()) + 3000
+        return broker.token(TENANT, subject="bench-user", scope="docs:read", exp=exp)
 
-    return BrokerSetup(env=env, url=f"http://127.0.0.1:{port}/mcp", data_dir=data_dir, mint=mint)
+    return BrokerSetup(env=broker.env, url=broker.mcp_url, data_dir=broker.data_dir, mint=mint)
 
 
 def revision(root: Path) -> str:

@@ -149,15 +149,18 @@ def make_broker(
     runtime: str = "local",
     env: dict[str, str] | None = None,
     tenants: Iterable[str] = TENANTS,
+    limits: str = "[limits]\nrate_per_minute = 100000\nburst = 10000\n",
 ) -> Broker:
+    """A broker (not started) with its own identity provider (an RS256 JWKS file) and policies.
+
+    Also used by bench/broker_overhead.py, so the tests and the benchmark run the same setup.
+    """
     data_dir = tmp / "data"
     policies = tmp / "policies"
     shutil.copytree(ROOT / "policies", policies, ignore=shutil.ignore_patterns("tenants"))
     (policies / "tenants").mkdir()
     for tenant in tenants:
-        (policies / "tenants" / f"{tenant}.toml").write_text(
-            "[limits]\nrate_per_minute = 100000\nburst = 10000\n"
-        )
+        (policies / "tenants" / f"{tenant}.toml").write_text(limits)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     kid = secrets.token_hex(4)
     jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
