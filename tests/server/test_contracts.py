@@ -164,11 +164,14 @@ def test_save_input_is_strict(args: dict[str, Any]) -> None:
         SaveInput.model_validate(args)
 
 
-def test_save_character_limit_counts_code_points_not_bytes() -> None:
-    # The model counts characters; the byte limit is the tool's job (see test_tools).
-    emoji = "\U0001f600" * 8000  # 8,000 characters, 32,000 UTF-8 bytes
-    assert len(emoji.encode("utf-8")) > c.MAX_REPORT_BYTES
-    assert SaveInput.model_validate(_save(content=emoji)).content == emoji
+def test_save_content_is_limited_in_characters_and_in_bytes() -> None:
+    # 8,000 characters is the character limit, but 8,000 emoji are 32,000 UTF-8 bytes.
+    emoji = "\U0001f600"  # 4 bytes
+    assert SaveInput.model_validate(_save(content=emoji * 6000)).content == emoji * 6000  # 24,000 bytes
+    with pytest.raises(ValidationError):
+        SaveInput.model_validate(_save(content=emoji * 6001))  # 24,004 bytes, 6,001 characters
+    with pytest.raises(ValidationError):
+        SaveInput.model_validate(_save(content="a" * (c.MAX_REPORT_CHARS + 1)))
 
 
 def test_lone_surrogate_content_is_not_a_valid_string() -> None:
