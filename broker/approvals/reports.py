@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import stat
 from enum import StrEnum
 from pathlib import Path
 
 from server.contracts import FILENAME_RE, MAX_REPORT_BYTES
+
+log = logging.getLogger("docbroker.reports")
 
 
 class Accepted(StrEnum):
@@ -118,7 +121,10 @@ class ReportStore:
         q_fd = os.open(quarantine, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.rename(name, f"{name}.{os.urandom(4).hex()}", src_dir_fd=drop_fd, dst_dir_fd=q_fd)
-        except OSError:
-            pass  # nothing there to move; the accept outcome is reported either way
+        except OSError as exc:
+            # The accept outcome is reported either way; say that the bad drop is still there.
+            log.warning(
+                "could not quarantine a rejected report (%s)", errno.errorcode.get(exc.errno or 0, "error")
+            )
         finally:
             os.close(q_fd)
