@@ -64,23 +64,27 @@ class LocalProcessBackend(SandboxBackend):
 
     async def delete(self, info: SandboxInfo) -> None:
         proc = self._procs.pop(info.backend_id, None)
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), _STOP_GRACE_SECONDS)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        if proc is not None:
+            await _stop(proc)
 
     async def discover(self) -> list[SandboxInfo]:
         return []  # child processes die with the broker's session
 
     async def close(self) -> None:
-        for pid in list(self._procs):
-            proc = self._procs[pid]
-            info = SandboxInfo("", SandboxState.RUNNING, None, pid, 0.0, 0.0)
-            if proc.returncode is None:
-                await self.delete(info)
+        procs, self._procs = self._procs, {}
+        for proc in procs.values():
+            await _stop(proc)
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the server's process group, SIGKILL it after a grace period."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), _STOP_GRACE_SECONDS)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
