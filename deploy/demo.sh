@@ -6,6 +6,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${DOCBROKER_VENV:-$ROOT/.venv}
+POLICIES=$ROOT/policies
 
 RUN_AS=()
 if [ -n "${DOCKER_HOST_ROOTLESS:-}" ] && id docbroker >/dev/null 2>&1; then
@@ -13,6 +14,18 @@ if [ -n "${DOCKER_HOST_ROOTLESS:-}" ] && id docbroker >/dev/null 2>&1; then
   export DOCBROKER_DOCKER_HOST=$DOCKER_HOST_ROOTLESS
   DATA=${DOCBROKER_DATA_DIR:-/var/lib/docbroker-demo}
   mkdir -p "$DATA" && chown docbroker: "$DATA"
+  # The checkout may sit where the docbroker user cannot enter (/root, a mktemp folder), so the
+  # broker it runs is a regular install in a venv of its own, and its policies are a copy.
+  APP=/opt/docbroker-demo
+  if [ ! -x "$APP/venv/bin/python" ]; then
+    echo "==> installing docbroker for the docbroker user in $APP/venv" >&2
+    /usr/bin/python3 -m venv "$APP/venv"
+  fi
+  "$APP/venv/bin/python" -m pip install -q --disable-pip-version-check "$ROOT"
+  chmod -R a+rX "$APP"
+  VENV=$APP/venv
+  rm -rf "$DATA/policies" && cp -r "$ROOT/policies" "$DATA/policies" && chown -R docbroker: "$DATA/policies"
+  POLICIES=$DATA/policies
 else
   DATA=${DOCBROKER_DATA_DIR:-$ROOT/var/demo}
   mkdir -p "$DATA"
@@ -20,13 +33,13 @@ fi
 chmod 700 "$DATA"
 
 export DOCBROKER_DATA_DIR=$DATA
-export DOCBROKER_POLICIES_DIR=$ROOT/policies
+export DOCBROKER_POLICIES_DIR=$POLICIES
 export DOCBROKER_HOST=${DOCBROKER_HOST:-127.0.0.1}
 export DOCBROKER_PORT=${DOCBROKER_PORT:-8080}
 export DOCBROKER_AUTH_ISSUER=${DOCBROKER_AUTH_ISSUER:-https://demo.docbroker.invalid}
 export DOCBROKER_AUTH_AUDIENCE=${DOCBROKER_AUTH_AUDIENCE:-docbroker}
 export DOCBROKER_AUTH_DEV_HS256_SECRET_FILE=$DATA/dev-hs256.key
-export DOCBROKER_DOCKER_SECCOMP_PROFILE=$ROOT/policies/seccomp.json
+export DOCBROKER_DOCKER_SECCOMP_PROFILE=$POLICIES/seccomp.json
 
 as_broker() { "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=|HOME=)' | sed 's/^HOME=.*/HOME=\/tmp/') "$@"; }
 
@@ -38,7 +51,8 @@ fi
 as_broker "$VENV/bin/docbroker" tenant demo >/dev/null
 for doc in "$ROOT"/deploy/demo-docs/*.md; do
   target="$DATA/tenants/demo/docs/sources/$(basename "$doc")"
-  [ -e "$target" ] || as_broker cp "$doc" "$target"
+  # Copied by root (the checkout may be closed to the broker's user), then handed over.
+  [ -e "$target" ] || { cp "$doc" "$target" && chown --reference="$(dirname "$target")" "$target"; }
 done
 TOKEN=$(as_broker "$VENV/bin/docbroker" token --tenant demo --subject demo-user)
 export TOKEN
