@@ -701,6 +701,7 @@ def med(values: list[float]) -> float:
 @dataclass
 class Series:
     lat_rounds: list[list[float]] = field(default_factory=list)  # c=1 samples, per round
+    lat_proxy_cpu: list[float] = field(default_factory=list)  # c=1 proxy CPU seconds per call, per round
     load_rounds: list[LoadResult] = field(default_factory=list)
 
     def p50(self, r: int) -> float:
@@ -731,6 +732,7 @@ def build_report(targets: list[Target], data: dict[str, Series], concurrency: in
         }
         n = sum(lr.calls for lr in s.load_rounds) or 1
         row["proxy_cpu_us"] = sum(lr.proxy_cpu for lr in s.load_rounds) / n * 1e6
+        row["proxy_cpu_c1_us"] = med(s.lat_proxy_cpu) * 1e6
         row["server_cpu_us"] = sum(lr.server_cpu for lr in s.load_rounds) / n * 1e6
         row["client_cpu_us"] = sum(lr.client_cpu for lr in s.load_rounds) / n * 1e6
         if t.baseline is not None:
@@ -805,7 +807,8 @@ def print_report(report: dict[str, Any], header: list[str]) -> None:
         (f"c={c} calls/s", 13, ">"),
         ("% of base", 10, ">"),
         (f"c={c} p50 ms", 12, ">"),
-        ("proxy CPU/call", 15, ">"),
+        ("proxy CPU c=1", 14, ">"),
+        (f"c={c}", 8, ">"),
         ("server CPU/call", 16, ">"),
     )
     print()
@@ -823,6 +826,7 @@ def print_report(report: dict[str, Any], header: list[str]) -> None:
             fmt(row["throughput"], 0),
             fmt(row["throughput_ratio"] * 100, 1, " %") if "throughput_ratio" in row else "-",
             fmt(row["p50_cn_ms"]),
+            fmt(row["proxy_cpu_c1_us"], 0, " µs") if row["proxy_cpu_c1_us"] > 0 else "-",
             fmt(row["proxy_cpu_us"], 0, " µs") if row["proxy_cpu_us"] > 0 else "-",
             fmt(row["server_cpu_us"], 0, " µs"),
         ]
@@ -888,7 +892,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="after the table, keep the broker under c=N load this long (attach a profiler to its pid)",
+        help="after the table, keep the broker under load this long (attach a profiler to its pid)",
+    )
+    p.add_argument(
+        "--hold-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrency of the --hold load (default: --concurrency)",
     )
     args = p.parse_args(argv)
     if args.rounds < 1 or args.calls < args.rounds or args.seconds <= 0 or args.concurrency < 1:
@@ -1038,7 +1049,9 @@ def run(args: argparse.Namespace, procs: Processes, tmp: Path) -> int:
         if r % 2:
             order.reverse()
         for t in order:
-            data[t.key].lat_rounds.append(measure_latency(t, args.client, per_round_calls).latencies)
+            latency = measure_latency(t, args.client, per_round_calls)
+            data[t.key].lat_rounds.append(latency.latencies)
+            data[t.key].lat_proxy_cpu.append(latency.proxy_cpu / max(latency.calls, 1))
         for t in order:
             data[t.key].load_rounds.append(
                 measure_throughput(t, args.client, args.concurrency, per_round_seconds)
@@ -1087,8 +1100,9 @@ def run(args: argparse.Namespace, procs: Processes, tmp: Path) -> int:
         args.json.write_text(json.dumps(report, indent=2, default=str))
 
     if args.hold > 0:
-        say(f"holding the broker (pid {broker.pid}) under c={args.concurrency} load for {args.hold:.0f} s…")
-        measure_throughput(t_broker, args.client, args.concurrency, args.hold)
+        held = args.hold_concurrency or args.concurrency
+        say(f"holding the broker (pid {broker.pid}) under c={held} load for {args.hold:.0f} s…")
+        measure_throughput(t_broker, args.client, held, args.hold)
 
     failed = any(v[3] == "FAIL" for v in report["verdicts"])
     return 1 if failed else 0

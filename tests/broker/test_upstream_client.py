@@ -1,0 +1,268 @@
+"""The broker's HTTP client for the sandbox hop, against a real socket server that misbehaves.
+
+`broker.gateway.upstream` parses what an untrusted sandbox sends on every call. These tests
+serve scripted bytes on a real unix socket and check that every answer is bounded, that a
+connection is reused only after a clean exchange, and that failures are `UpstreamError` /
+`UpstreamTimeout`: never a hang, never anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+from broker.gateway import upstream as up
+from broker.types import Endpoint
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass(frozen=True)
+class Answer:
+    data: bytes = b""
+    close: bool = False  # close the connection after writing `data`
+    hold: bool = False  # write `data`, then say nothing more and keep the socket open
+
+
+def ok(body: bytes = b'{"ok":true}', *, extra: bytes = b"") -> Answer:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+    return Answer(head + extra + b"\r\n" + body)
+
+
+Reply = Callable[[int], Answer]  # the request's number (from 1) -> what the sandbox does
+
+
+class Sandbox:
+    """A unix-socket server that answers the n-th request with `reply(n)`."""
+
+    def __init__(self, path: Path, reply: Reply) -> None:
+        self.path = path
+        self.reply = reply
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                self.requests.append(head + await reader.readexactly(length))
+                answer = self.reply(len(self.requests))
+                writer.write(answer.data)
+                await writer.drain()
+                if answer.close:
+                    break
+                if answer.hold:
+                    await asyncio.sleep(3600)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+
+
+class Serve(Protocol):
+    async def __call__(self, reply: Reply, *, read_timeout: float = 2.0) -> tuple[Sandbox, up.Upstream]: ...
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
+    started: list[tuple[Sandbox, up.Upstream]] = []
+
+    async def make(reply: Reply, *, read_timeout: float = 2.0) -> tuple[Sandbox, up.Upstream]:
+        sandbox = Sandbox(tmp_path / f"s{len(started)}.sock", reply)
+        await sandbox.start()
+        endpoint = Endpoint(url="http://localhost/mcp", uds=str(sandbox.path))
+        client = up.Upstream(endpoint, connect_timeout=2.0, read_timeout=read_timeout)
+        started.append((sandbox, client))
+        return sandbox, client
+
+    yield make
+    for sandbox, client in started:
+        await client.close()
+        await sandbox.close()
+
+
+async def fetch(client: up.Upstream, body: bytes = b"{}") -> tuple[int, dict[str, str], bytes]:
+    response = await client.send("POST", {"content-type": "application/json"}, body)
+    try:
+        chunks = [chunk async for chunk in response.aiter_raw()]
+        return response.status_code, dict(response.headers), b"".join(chunks)
+    finally:
+        await response.aclose()
+
+
+async def test_clean_exchanges_share_one_connection(serve: Serve) -> None:
+    sandbox, client = await serve(lambda n: ok(b'{"n":%d}' % n, extra=b"Mcp-Session-Id: s1\r\n"))
+    for n in (1, 2, 3):
+        status, headers, body = await fetch(client, b'{"call":%d}' % n)
+        assert (status, body) == (200, b'{"n":%d}' % n)
+        assert headers["mcp-session-id"] == "s1"  # names lower-cased
+    assert sandbox.connections == 1
+    assert sandbox.requests[0].startswith(b"POST /mcp HTTP/1.1\r\n")
+    assert sandbox.requests[0].endswith(b'content-length: 10\r\n\r\n{"call":1}')
+
+
+async def test_chunked_and_close_delimited_bodies_are_read_whole(serve: Serve) -> None:
+    chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    until_close = Answer(b"HTTP/1.1 200 OK\r\n\r\nuntil the end", close=True)
+    sandbox, client = await serve(lambda n: Answer(chunked) if n == 1 else until_close)
+    assert (await fetch(client))[2] == b"hello world"
+    assert (await fetch(client))[2] == b"until the end"
+    assert (await fetch(client))[2] == b"until the end"  # on a new connection: the last one closed
+    assert sandbox.connections == 2
+
+
+async def test_a_body_cut_short_is_an_error_and_the_next_call_reconnects(serve: Serve) -> None:
+    cut = Answer(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort", close=True)
+    sandbox, client = await serve(lambda n: cut if n == 1 else ok())
+    with pytest.raises(up.UpstreamError):
+        await fetch(client)
+    assert (await fetch(client))[2] == b'{"ok":true}'
+    assert sandbox.connections == 2
+
+
+async def test_closing_before_any_answer_is_an_error(serve: Serve) -> None:
+    _, client = await serve(lambda n: Answer(close=True))
+    with pytest.raises(up.UpstreamError) as caught:
+        await fetch(client)
+    assert not isinstance(caught.value, up.UpstreamTimeout)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Answer(b"HTTP/1.1 200 OK\r\n", hold=True),  # a head that never ends
+        Answer(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nfive.", hold=True),  # a body that stalls
+        Answer(hold=True),  # silence
+    ],
+    ids=["head", "body", "silence"],
+)
+async def test_a_stalled_sandbox_times_out(serve: Serve, answer: Answer) -> None:
+    sandbox, client = await serve(lambda n: answer if n == 1 else ok(), read_timeout=0.3)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(up.UpstreamTimeout):
+        await fetch(client)
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert (await fetch(client))[2] == b'{"ok":true}'  # the stalled connection is not reused
+    assert sandbox.connections == 2
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HTTP/1.1 200 OK\r\nx-pad: " + b"a" * (up.MAX_HEADER_BYTES + 10) + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-%d: 1\r\n" % i for i in range(up.MAX_HEADERS + 1)) + b"\r\n",
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["huge-head", "many-headers", "not-http", "two-lengths", "bad-chunk"],
+)
+async def test_a_malformed_answer_is_an_error(serve: Serve, data: bytes) -> None:
+    sandbox, client = await serve(lambda n: Answer(data, hold=True) if n == 1 else ok())
+    with pytest.raises(up.UpstreamError):
+        await fetch(client)
+    assert (await fetch(client))[2] == b'{"ok":true}'
+    assert sandbox.connections == 2
+
+
+async def test_a_second_unasked_answer_poisons_the_connection(serve: Serve) -> None:
+    two = Answer(ok(b"one").data + ok(b"two").data)
+    sandbox, client = await serve(lambda n: two if n == 1 else ok())
+    body = b""
+    try:
+        body = (await fetch(client))[2]
+    except up.UpstreamError:
+        pass  # seen in the same read: the whole exchange is refused
+    assert body in (b"", b"one")
+    assert (await fetch(client))[2] == b'{"ok":true}'  # never "two"
+    assert sandbox.connections == 2
+
+
+async def test_bytes_sent_between_calls_close_the_idle_connection(serve: Serve) -> None:
+    # The first answer ends, then more bytes follow on the idle connection.
+    sneaky = Answer(ok(b"first").data)
+    sandbox, client = await serve(lambda n: sneaky if n == 1 else ok())
+    assert (await fetch(client))[2] == b"first"
+    for writer in sandbox._writers:
+        writer.write(ok(b"planted").data)
+    await asyncio.sleep(0.1)
+    assert (await fetch(client))[2] == b'{"ok":true}'
+    assert sandbox.connections == 2
+
+
+async def test_a_large_body_streams_with_bounded_buffering(serve: Serve) -> None:
+    big = b"x" * (8 * up.HIGH_WATER)
+    _, client = await serve(lambda n: ok(big))
+    response = await client.send("POST", {}, b"{}")
+    try:
+        await asyncio.sleep(0.3)  # the sandbox sends all it can; the client must pause reading
+        conn = response._conn
+        assert conn is not None and conn._buffered <= up.HIGH_WATER + 256 * 1024
+        received = b"".join([chunk async for chunk in response.aiter_raw()])
+    finally:
+        await response.aclose()
+    assert received == big
+
+
+async def test_idle_connections_expire_before_the_sandbox_drops_them(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox, client = await serve(lambda n: ok())
+    await fetch(client)
+    monkeypatch.setattr(up, "IDLE_SECONDS", 0.05)
+    await asyncio.sleep(0.1)
+    await fetch(client)
+    assert sandbox.connections == 2
+
+
+async def test_a_header_that_would_split_the_request_is_refused(serve: Serve) -> None:
+    sandbox, client = await serve(lambda n: ok())
+    for value in ("a\r\nx-injected: 1", "a\nb", "a\0b"):
+        with pytest.raises(up.UpstreamError):
+            await client.send("POST", {"mcp-name": value}, b"{}")
+    assert sandbox.requests == []
+
+
+async def test_an_absent_socket_is_an_upstream_error(tmp_path: Path) -> None:
+    endpoint = Endpoint(url="http://localhost/mcp", uds=str(tmp_path / "missing.sock"))
+    client = up.Upstream(endpoint, connect_timeout=1.0, read_timeout=1.0)
+    with pytest.raises(up.UpstreamError):
+        await client.send("POST", {}, b"{}")
+
+
+async def test_cancelling_a_call_leaves_nothing_half_read_in_the_pool(serve: Serve) -> None:
+    sandbox, client = await serve(lambda n: Answer(hold=True) if n == 1 else ok())
+    task = asyncio.ensure_future(fetch(client))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await fetch(client))[2] == b'{"ok":true}'
+    assert sandbox.connections == 2
