@@ -57,23 +57,26 @@ def broker_result(status: c.Status, message: str, data: dict[str, Any] | None = 
 def consume(
     reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: int, max_bytes: int
 ) -> Consumed:
-    problem = _problem(reply, tool, descriptor, size, max_bytes)
-    if problem is None:
-        result = reply["result"]
-        structured = result["structuredContent"]
-        clean = {"content": [_text_block(structured)], "structuredContent": structured, "isError": False}
-        if "resultType" in result:
-            clean["resultType"] = result["resultType"]
-        return Consumed(clean, structured["status"], f"tool_{structured['status']}")
-    if problem == "tool_error" and tool != c.TOOL_SAVE:
+    checked = _check(reply, tool, descriptor, size, max_bytes)
+    if isinstance(checked, _Valid):
+        status = checked.structured["status"]
+        clean = {
+            "content": [{"type": "text", "text": checked.text}],
+            "structuredContent": checked.structured,
+            "isError": False,
+        }
+        if checked.result_type is not None:
+            clean["resultType"] = checked.result_type
+        return Consumed(clean, status, f"tool_{status}")
+    if checked == "tool_error" and tool != c.TOOL_SAVE:
         return Consumed(
             broker_result(c.Status.FAILED, c.Message.READ_FAILED.value), "failed", "tool_is_error"
         )
     if tool == c.TOOL_SAVE:
         return Consumed(
-            broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", problem
+            broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", checked
         )
-    return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", problem)
+    return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", checked)
 
 
 def handshake(method: str, result: dict[str, Any]) -> dict[str, Any] | None:
@@ -110,9 +113,17 @@ def handshake(method: str, result: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _problem(
+@dataclass(frozen=True)
+class _Valid:
+    structured: dict[str, Any]
+    text: str  # `structured` as compact JSON: what was validated, and the client's text block
+    result_type: str | None
+
+
+def _check(
     reply: dict[str, Any], tool: str, descriptor: dict[str, Any], size: int, max_bytes: int
-) -> str | None:
+) -> _Valid | str:
+    """The parts of a valid result, or the fixed code of what is wrong with it."""
     if size > max_bytes:
         return "result_too_large"
     if "error" in reply:
@@ -120,15 +131,17 @@ def _problem(
     result = reply.get("result")
     if not isinstance(result, dict):
         return "result_not_object"
-    if result.get("resultType", "complete") != "complete":
+    if "resultType" in result and result["resultType"] != "complete":
         return "result_incomplete"
+    result_type = result.get("resultType")  # "complete", or absent (the handshake era)
     if result.get("isError") is True:
         return "tool_error"
     structured = result.get("structuredContent")
     if not isinstance(structured, dict) or structured.get("status") not in _SANDBOX_STATUSES:
         return "structured_content_invalid"
+    text = _compact(structured)
     schema = descriptor.get("outputSchema")
-    if not isinstance(schema, dict) or not _valid(schema, structured, tool):
+    if not isinstance(schema, dict) or not _valid(schema, structured, text, tool):
         return "output_schema_mismatch"
     content = result.get("content")
     if not isinstance(content, list) or len(content) != 1:
@@ -142,7 +155,7 @@ def _problem(
         or set(block) - {"type", "text"}
     ):
         return "content_blocks_invalid"
-    return None
+    return _Valid(structured, text, result_type)
 
 
 # Compiled validators by pinned schema object: building one costs more than using it, and a
@@ -154,12 +167,12 @@ _MAX_VALIDATORS = 1024
 _CONTRACT_SCHEMAS = {tool: c.output_schema(tool) for tool in c.TOOL_NAMES}
 
 
-def _valid(schema: dict[str, Any], value: Any, tool: str) -> bool:
+def _valid(schema: dict[str, Any], value: Any, text: str, tool: str) -> bool:
     if schema == _CONTRACT_SCHEMAS.get(tool):
         # The honest case: the sandbox pinned exactly our contract, so our own model (compiled,
         # strict) checks the same shape in microseconds instead of ~0.1 ms.
         try:  # strict JSON mode: "1" is not 1, true is not 1, and enums are their JSON strings
-            c.RESULT_MODELS[tool].model_validate_json(json.dumps(value), strict=True)
+            c.RESULT_MODELS[tool].model_validate_json(text, strict=True)
         except ValidationError:
             return False
         return True
@@ -177,4 +190,8 @@ def _valid(schema: dict[str, Any], value: Any, tool: str) -> bool:
 
 
 def _text_block(structured: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "text", "text": json.dumps(structured, separators=(",", ":"), ensure_ascii=False)}
+    return {"type": "text", "text": _compact(structured)}
+
+
+def _compact(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
