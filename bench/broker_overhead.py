@@ -975,7 +975,24 @@ def run(args: argparse.Namespace, procs: Processes, tmp: Path) -> int:
         server_pids=sandbox_pids,
     )
     wait_ready(t_uds, None)
-    targets = [t_uds, t_tcp, t_broker]
+    bare_port = free_port()
+    bare = procs.start(
+        "bare forwarder",
+        [py, str(REPO / "bench" / "bare_forwarder.py"), "--socket", str(sock), "--port", str(bare_port)],
+        {"PYTHONPATH": str(root), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        tmp / "bare-forwarder.log",
+        root,
+    )
+    t_bare = Target(
+        "bare",
+        "bare forwarder (floor: no checks)",
+        f"http://127.0.0.1:{bare_port}/mcp",
+        baseline="direct_uds",
+        proxy_pids=lambda: [bare.pid],
+        server_pids=sandbox_pids,
+    )
+    wait_ready(t_bare, bare)
+    targets = [t_uds, t_tcp, t_broker, t_bare]
 
     if proxy_exe is not None:
         p1, p2 = free_port(), free_port()

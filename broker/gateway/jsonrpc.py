@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 # JSON-RPC 2.0 codes, plus the MCP code for routing headers that disagree with the body.
@@ -39,16 +40,18 @@ class RpcParseError(Exception):
 
 @dataclass(frozen=True)
 class RpcMessage:
-    """One JSON-RPC message from the client."""
+    """One JSON-RPC message from the client. Its parts are read often on the hot path and the
+    body is never changed (forwarding with other arguments builds a new body), so they are
+    computed once."""
 
     body: dict[str, Any]
 
-    @property
+    @cached_property
     def id(self) -> RequestId | None:
         value = self.body.get("id")
         return value if isinstance(value, str | int) and not isinstance(value, bool) else None
 
-    @property
+    @cached_property
     def method(self) -> str | None:
         value = self.body.get("method")
         return value if isinstance(value, str) else None
@@ -58,17 +61,17 @@ class RpcMessage:
         """A client's answer to a server request (legacy sessions)."""
         return "method" not in self.body and ("result" in self.body or "error" in self.body)
 
-    @property
+    @cached_property
     def params(self) -> dict[str, Any]:
         value = self.body.get("params")
         return value if isinstance(value, dict) else {}
 
-    @property
+    @cached_property
     def meta(self) -> dict[str, Any]:
         value = self.params.get("_meta")
         return value if isinstance(value, dict) else {}
 
-    @property
+    @cached_property
     def tool(self) -> str | None:
         if self.method != "tools/call":
             return None
@@ -84,7 +87,7 @@ class RpcMessage:
     def arg_names(self) -> list[str]:
         return sorted(str(k) for k in self.arguments)
 
-    @property
+    @cached_property
     def protocol_version(self) -> str | None:
         value = self.meta.get(META_PROTOCOL)
         return value if isinstance(value, str) else None
