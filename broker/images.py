@@ -120,9 +120,20 @@ def build_wheelhouse(*, with_broker: bool, progress: Progress, python: str = sys
             old.unlink()
         progress("wheelhouse: building the docbroker wheel")
         _stream_command(
-            [python, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
-             "--wheel-dir", str(WHEELHOUSE), str(REPO_ROOT)],
-            progress, step="docbroker wheel",
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                "--wheel-dir",
+                str(WHEELHOUSE),
+                str(REPO_ROOT),
+            ],
+            progress,
+            step="docbroker wheel",
         )
         requirements.append(str(REPO_ROOT))
     target = _target_flags()
@@ -130,8 +141,20 @@ def build_wheelhouse(*, with_broker: bool, progress: Progress, python: str = sys
         spec = ["-r", req] if req.endswith(".txt") else [req]
         if req == str(REPO_ROOT):
             spec = [str(next(WHEELHOUSE.glob("docbroker-*.whl")))]
-        download = [python, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                    "--dest", str(WHEELHOUSE), "--find-links", str(WHEELHOUSE), *target, *spec]
+        download = [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "-q",
+            "--dest",
+            str(WHEELHOUSE),
+            "--find-links",
+            str(WHEELHOUSE),
+            *target,
+            *spec,
+        ]
         # Offline first: a wheelhouse that already satisfies the requirements needs no index.
         if subprocess.run([*download, "--no-index"], capture_output=True).returncode == 0:
             progress(f"wheelhouse: {Path(req).name} satisfied offline")

@@ -17,6 +17,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
 from structlog import BoundLoggerBase
 from structlog.typing import EventDict, Processor, WrappedLogger
 
@@ -118,12 +119,36 @@ class AddHeader:
 def render_json(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
     # ensure_ascii: no raw U+2028 or newline can split a line; sorted keys, compact separators:
     # one canonical form, so `verify` can also reject lines edited into another form.
+    # orjson writes the same bytes ~8x faster whenever the line is pure ASCII (nearly always:
+    # every value but a subject is an identifier); anything else takes the exact slow path.
+    if all(_same_in_both(value) for value in event_dict.values()):
+        try:
+            fast = orjson.dumps(event_dict, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # not JSON-able by orjson: json raises or renders it below
+            fast = b"\x80"
+        # json escapes DEL where orjson does not, and refuses NaN and infinities where orjson
+        # writes null (which no valid line holds: None values are omitted).
+        if fast.isascii() and b"\x7f" not in fast and b"null" not in fast:
+            return fast.decode("ascii")
+    return _render_exact(event_dict)
+
+
+def _same_in_both(value: object) -> bool:
+    """False for a number the two libraries spell differently (json `1e-05`, orjson `1e-5`)."""
+    if type(value) is float:
+        return value == 0 or 1e-4 <= abs(value) < 1e16
+    if type(value) is list:
+        return all(_same_in_both(item) for item in value)
+    return True
+
+
+def _render_exact(event_dict: EventDict) -> str:
     return json.dumps(event_dict, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def canonical(record: MutableMapping[str, Any]) -> str:
     """The exact text `render_json` writes for `record` (verify compares against it)."""
-    return render_json(None, "", dict(record))
+    return _render_exact(dict(record))
 
 
 class LineWriter(Protocol):

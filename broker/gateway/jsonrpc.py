@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import orjson
+
 # JSON-RPC 2.0 codes, plus the MCP code for routing headers that disagree with the body.
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -117,7 +119,14 @@ def parse(raw: bytes) -> RpcMessage:
 
 
 def encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON, the same bytes as `json.dumps(separators=(",", ":"), ensure_ascii=False)`.
+
+    orjson: every answer passes through here, and at a few KB it encodes in ~1 µs where the
+    standard library takes ~20 µs (bench/broker_overhead.py)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # an integer past 64 bits (a client's own request id): the slow, exact way
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def error(request_id: RequestId | None, code: int, message: str) -> dict[str, Any]:

@@ -18,7 +18,6 @@ only the tools capability is advertised, the one the gateway lets through.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
+from broker.gateway import jsonrpc as rpc
 from server import contracts as c
 
 MAX_TEXT_BLOCK_CHARS = 1_024
@@ -194,4 +194,4 @@ def _text_block(structured: dict[str, Any]) -> dict[str, Any]:
 
 
 def _compact(value: dict[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return rpc.encode(value).decode()

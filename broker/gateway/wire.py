@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
+import orjson
 from starlette.types import Receive, Scope
 
 from broker.auth import AuthError
@@ -136,11 +136,14 @@ def sse_event(body: dict[str, Any]) -> bytes:
 
 
 def parse_json(raw: bytes | None) -> Any:
+    """A sandbox's JSON, or None. orjson: ~5x faster than `json` on a few KB, and stricter
+    (no NaN, depth capped at 1024); an integer past 64 bits becomes a float, so an answer
+    with such an id matches no request, which is how the gateway treats any stray answer."""
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
         return None
 
 

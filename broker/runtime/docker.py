@@ -289,8 +289,10 @@ def _open_client(base_url: str | None) -> tuple[Any, DaemonFacts]:
     import docker.errors
 
     try:
-        client = docker.DockerClient(base_url=base_url, max_pool_size=32) if base_url else docker.from_env(
-            max_pool_size=32
+        client = (
+            docker.DockerClient(base_url=base_url, max_pool_size=32)
+            if base_url
+            else docker.from_env(max_pool_size=32)
         )
         info = client.info()
         version = client.version().get("Version", "")

@@ -64,18 +64,22 @@ def test_process_identity_and_confinement(live: LiveSandbox) -> None:
 
 def test_server_process_itself_is_confined(live: LiveSandbox) -> None:
     """PID 1 is the server: check its status, not only the exec'd probe's."""
-    facts = live.probe(STATUS_PROBE.replace("/proc/self/status", "/proc/1/status").replace(
-        '"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),',
-        '"uid": int(status["Uid"].split()[0]), "euid": int(status["Uid"].split()[1]), '
-        '"gid": int(status["Gid"].split()[0]),',
-    ))
+    facts = live.probe(
+        STATUS_PROBE.replace("/proc/self/status", "/proc/1/status").replace(
+            '"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),',
+            '"uid": int(status["Uid"].split()[0]), "euid": int(status["Uid"].split()[1]), '
+            '"gid": int(status["Gid"].split()[0]),',
+        )
+    )
     assert facts["uid"] == 10001 and facts["euid"] == 10001
     assert int(facts["CapEff"], 16) == 0 and int(facts["CapBnd"], 16) == 0
     assert facts["NoNewPrivs"] == "1" and facts["Seccomp"] == "2"
 
 
 def test_filesystem_walls(live: LiveSandbox) -> None:
-    facts = live.probe(ATTEMPT + r"""
+    facts = live.probe(
+        ATTEMPT
+        + r"""
 def create(path):
     return lambda: os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 PACKAGE_MANAGERS = ("/usr/bin/apt-get", "/usr/bin/dpkg", "/opt/venv/bin/pip", "/usr/bin/pip3")
@@ -95,7 +99,8 @@ print(json.dumps({
     "shell": os.path.exists("/bin/sh") or os.path.exists("/usr/bin/bash"),
     "package_manager": any(os.path.exists(p) for p in PACKAGE_MANAGERS),
 }))
-""")
+"""
+    )
     assert facts["rootfs_etc"] == "EROFS"
     assert facts["rootfs_venv"] == "EROFS"
     assert facts["rootfs_root"] == "EROFS"
@@ -113,7 +118,9 @@ print(json.dumps({
 
 
 def test_tmp_is_noexec(live: LiveSandbox) -> None:
-    facts = live.probe(ATTEMPT + r"""
+    facts = live.probe(
+        ATTEMPT
+        + r"""
 import shutil
 # A copy of a real binary, executable bits set at creation (chmod is not allowed).
 src = open("/usr/bin/true", "rb").read()
@@ -124,14 +131,17 @@ print(json.dumps({
     "exec_tmp": attempt(lambda: subprocess.run(["/tmp/true"], check=True)),
     "exec_usr": attempt(lambda: subprocess.run(["/usr/bin/true"], check=True)),
 }))
-""")
+"""
+    )
     assert facts["mode"] == "0o750"
     assert facts["exec_tmp"] == "EACCES"  # noexec mount
     assert facts["exec_usr"] == "ok"  # so it is the mount, not exec in general
 
 
 def test_network_only_loopback(live: LiveSandbox) -> None:
-    facts = live.probe(ATTEMPT + r"""
+    facts = live.probe(
+        ATTEMPT
+        + r"""
 ifaces = [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]
 print(json.dumps({
     "ifaces": ifaces,
@@ -142,7 +152,8 @@ print(json.dumps({
     "packet": attempt(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0).close()),
     "unix": attempt(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()),
 }))
-""")
+"""
+    )
     assert facts["ifaces"] == ["lo"]
     for family in ("inet", "inet_dgram", "inet6", "netlink", "packet"):
         assert facts[family] == "EAFNOSUPPORT", family
@@ -150,7 +161,9 @@ print(json.dumps({
 
 
 def test_dangerous_syscalls_denied(live: LiveSandbox) -> None:
-    facts = live.probe(ATTEMPT + r"""
+    facts = live.probe(
+        ATTEMPT
+        + r"""
 import platform
 x86 = platform.machine() == "x86_64"
 NR = {  # x86_64, aarch64
@@ -170,7 +183,8 @@ import threading
 t = threading.Thread(target=lambda: None); t.start(); t.join()
 out["threads"] = "ok"
 print(json.dumps(out))
-""")
+"""
+    )
     for name, result in facts.items():
         if name == "threads":
             assert result == "ok"
@@ -184,7 +198,9 @@ def test_dropbox_is_create_only(live: LiveSandbox) -> None:
     host_file.write_text("a report already accepted\n")
     host_file.chmod(0o600)
     os.chown(host_file, live.daemon.owner_uid, live.daemon.owner_gid)
-    facts = live.probe(ATTEMPT + r"""
+    facts = live.probe(
+        ATTEMPT
+        + r"""
 D = "/srv/docs/reports/"
 def create(name):
     def go():
@@ -207,7 +223,8 @@ for who in ("mine.md", "placed-by-host.md"):
 out["mine_mode_after"] = oct(os.stat(D + "mine.md").st_mode & 0o7777)
 out["mine_read_after_chmod"] = attempt(lambda: os.close(os.open(D + "mine.md", os.O_RDONLY)))
 print(json.dumps(out))
-""")
+"""
+    )
     assert facts["create"] == "ok"
     assert facts["list"] == "EACCES"
     for who in ("mine.md", "placed-by-host.md"):
@@ -238,12 +255,15 @@ def test_report_moved_out_is_gone_from_the_sandbox(live: LiveSandbox) -> None:
     dropped = live.tenant.dropbox / "r.md"
     (live.tenant.reports / "r.md").write_bytes(dropped.read_bytes())
     dropped.unlink()  # what the broker does after the sha256 check
-    facts = live.probe(ATTEMPT + r"""
+    facts = live.probe(
+        ATTEMPT
+        + r"""
 print(json.dumps({
     "read": attempt(lambda: open("/srv/docs/reports/r.md", "rb").read()),
     "store_visible": any(os.path.exists(p) for p in ("/srv/reports", "/srv/docs/../reports/r.md")),
 }))
-""")
+"""
+    )
     assert facts["read"] == "ENOENT"
     assert facts["store_visible"] is False
 
@@ -253,7 +273,9 @@ def test_cross_tenant_no_path(live_factory: Callable[..., LiveSandbox]) -> None:
     b = live_factory(files={"b.md": "tenant b secret\n"})
     spec = b.tenant.spec
     b_paths = [spec.sources_dir, spec.dropbox_dir, spec.secret_file, spec.run_dir]
-    facts = a.probe(ATTEMPT + f"""
+    facts = a.probe(
+        ATTEMPT
+        + f"""
 paths = {b_paths!r}
 mountinfo = open("/proc/self/mountinfo").read()
 print(json.dumps({{
@@ -263,7 +285,8 @@ print(json.dumps({{
     "sources": sorted(os.listdir("/srv/docs/sources")),
     "secret_len": len(open("/run/secrets/approval.key").read().strip()),
 }}))
-""")
+"""
+    )
     assert facts["exists"] == [False] * 4
     assert facts["b_in_mounts"] is False
     assert facts["a_in_mounts"] is True
