@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -34,12 +35,22 @@ class Metrics:
             "docbroker_approvals_pending", "Approvals waiting for a human", registry=self.registry
         )
         pending.set_function(lambda: float(approvals_pending()))
+        # Children by label values: `labels()` checks and locks on every call, on every request.
+        self._counted: dict[tuple[str, str, str], Any] = {}
+        self._timed: dict[str, Any] = {}
 
     def observe(self, method: str, tool: str, outcome: str, seconds: float) -> None:
         # Label values come from fixed sets (allow-listed methods, tool names, outcomes),
-        # so a client cannot blow up the series count.
-        self.requests.labels(method, tool, outcome).inc()
-        self.latency.labels(method).observe(seconds)
+        # so a client cannot blow up the series count, nor these caches.
+        key = (method, tool, outcome)
+        counted = self._counted.get(key)
+        if counted is None:
+            counted = self._counted[key] = self.requests.labels(method, tool, outcome)
+        counted.inc()
+        timed = self._timed.get(method)
+        if timed is None:
+            timed = self._timed[method] = self.latency.labels(method)
+        timed.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -62,10 +62,26 @@ def _plain(value: object) -> str | None:
     return str.__str__(value) if isinstance(value, str) else None
 
 
+_MEMO_SIZE = 4096
+
+
 def _pattern(regex: re.Pattern[str]) -> Validator:
+    # Tenants, tools, methods and reasons repeat on nearly every line: remember recent verdicts
+    # (for plain str values only, in a bounded table) instead of matching again.
+    memo: dict[str, object] = {}
+
     def check(value: object) -> object:
+        if type(value) is str:
+            known = memo.get(value)
+            if known is not None:
+                return known
         text = _plain(value)
-        return text if text is not None and regex.fullmatch(text) else INVALID
+        verdict = text if text is not None and regex.fullmatch(text) else INVALID
+        if type(value) is str:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            memo[value] = verdict
+        return verdict
 
     return check
 

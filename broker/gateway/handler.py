@@ -264,14 +264,16 @@ class McpGateway:
                     call.sandbox = sandbox.backend_id[:64]
                     client = self._upstreams.client(sandbox.endpoint)
                     try:
+                        # One deadline for a POST's whole exchange, pinning included. A GET
+                        # stream lives as long as its session: only its pinning has one.
                         async with wire.deadline(self._upstreams.call_timeout):
                             pin = await self._pinned(turn.principal, sandbox, client)
-                        # A GET stream lives as long as its session; every POST has a deadline.
-                        async with wire.deadline(self._upstreams.call_timeout if msg is not None else None):
                             if msg is not None and msg.method == "tools/list":
                                 await self._answer_tools_list(turn, msg, sandbox, client, pin)
-                            else:
+                            elif msg is not None:
                                 await self._exchange(turn, sandbox, client, pin)
+                        if msg is None:
+                            await self._exchange(turn, sandbox, client, pin)
                     except (UpstreamError, sse.EventTooLarge, listing.ListingError) as exc:
                         # The pool stays: other calls of this tenant may be in flight on it, and a
                         # replaced sandbox listens on the same socket path.

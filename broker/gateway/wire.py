@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
+from types import TracebackType
 from typing import Any
 
 import orjson
@@ -21,16 +22,25 @@ from broker.gateway.upstream import UpstreamResponse, UpstreamTimeout
 from broker.types import Outcome
 
 
-@contextlib.asynccontextmanager
-async def deadline(seconds: float | None) -> AsyncIterator[None]:
+class deadline:
     """A deadline for the whole exchange. The HTTP client's timeout bounds each read only, so
     a sandbox that keeps sending bytes (SSE comments, a trickle) would otherwise hold a call
-    forever; expiry is reported like any other upstream timeout."""
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError:
-        raise UpstreamTimeout("call deadline passed") from None
+    forever; expiry is reported like any other upstream timeout. (A class, not a generator:
+    it is entered on every call.)"""
+
+    def __init__(self, seconds: float) -> None:
+        self._timeout = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self._timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            raise UpstreamTimeout("call deadline passed") from None
 
 
 async def until_client_leaves(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
