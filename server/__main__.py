@@ -53,7 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     app = http_app(server, unix_socket=args.socket is not None)
-    options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on"}
+    # No Server or Date header: the only reader is the broker (or a test client), and neither
+    # says anything a caller needs.
+    options: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "on",
+        "server_header": False,
+        "date_header": False,
+    }
     if args.socket:
         if os.path.lexists(args.socket):
             os.unlink(args.socket)  # a stale socket from a crashed run

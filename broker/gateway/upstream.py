@@ -91,7 +91,6 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._head_done = False
         self._framed = False  # Content-Length or Transfer-Encoding: the body has a known end
-        self._messages = 0
         self._complete = False
         self._keep_alive = False
         self._chunks: deque[bytes] = deque()
@@ -137,17 +136,16 @@ class _Connection(asyncio.Protocol):
 
     # -- llhttp callbacks -------------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._messages += 1
-        if self._messages > 1:
-            raise ValueError("a second response to one request")
-
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_done:  # a second response to one request: never let it touch the first's
+            raise ValueError("a second response to one request")
         if len(self.headers) >= MAX_HEADERS:
             raise ValueError("too many headers")
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        if self._head_done:
+            raise ValueError("a second response to one request")
         self.status = self._parser.get_status_code()
         self._framed = "content-length" in self.headers or "transfer-encoding" in self.headers
         self._head_done = True
