@@ -808,7 +808,7 @@ def print_report(report: dict[str, Any], header: list[str]) -> None:
         ("% of base", 10, ">"),
         (f"c={c} p50 ms", 12, ">"),
         ("proxy CPU c=1", 14, ">"),
-        (f"c={c}", 8, ">"),
+        (f"c={c}", 10, ">"),
         ("server CPU/call", 16, ">"),
     )
     print()
