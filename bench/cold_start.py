@@ -42,6 +42,9 @@ from broker.tenants import DROPBOX_MODE  # noqa: E402
 from broker.types import SandboxSpec  # noqa: E402
 
 QUERY = {"query": "bench"}
+_PROTOCOL = "2026-07-28"
+_META_VERSION = "io.modelcontextprotocol/protocolVersion"
+_META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 
 
 class Tenants:
@@ -155,6 +158,74 @@ def docker_stats_mib(host: str, names: list[str]) -> list[float]:
     return values
 
 
+def broker_cold_starts(host: str, image: str, runs: int, cpus: float) -> list[float]:
+    """(c) The whole path: a client's first tools/call for a tenant without a sandbox, through a
+    real broker (JWT, audit, descriptor pinning) on the Docker runtime, until its result.
+
+    One new tenant per run, so every call is a cold start. The broker runs as this process's
+    user (root), so only with a rootful daemon; tests/docker runs the rootless shape.
+    """
+    from tests.broker.harness import make_broker
+
+    base = Path(tempfile.mkdtemp(prefix="docbroker-bench-broker-", dir="/var/tmp"))
+    names = [f"cold{i}" for i in range(runs + 1)]  # +1: a warm-up tenant, not counted
+    broker = make_broker(
+        base,
+        runtime="docker",
+        tenants=names,
+        env={
+            "DOCBROKER_DOCKER_HOST": host,
+            "DOCBROKER_DOCKER_IMAGE": image,
+            "DOCBROKER_DOCKER_SECCOMP_PROFILE": str(REPO / "policies" / "seccomp.json"),
+            "DOCBROKER_DOCKER_CPUS": str(cpus),
+            "DOCBROKER_IDLE_TIMEOUT": "300",
+        },
+    )
+    for name in names:
+        sources = broker.sources(name)
+        sources.mkdir(parents=True)
+        (sources / "a.md").write_text("bench document\n")
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "search_documents",
+            "arguments": QUERY,
+            "_meta": {_META_VERSION: _PROTOCOL, _META_CAPABILITIES: {}},
+        },
+    }
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": _PROTOCOL,
+        "mcp-method": "tools/call",
+        "mcp-name": "search_documents",
+    }
+    broker.start()
+    times = []
+    try:
+        with httpx2.Client(timeout=60) as http:
+            for name in names:
+                token = broker.token(name, scope="docs:read")
+                started = time.perf_counter()
+                reply = http.post(
+                    broker.mcp_url, json=body, headers={**headers, "authorization": f"Bearer {token}"}
+                )
+                elapsed = time.perf_counter() - started
+                status = reply.json().get("result", {}).get("structuredContent", {}).get("status")
+                if reply.status_code != 200 or status != "ok":
+                    raise RuntimeError(f"broker call failed: HTTP {reply.status_code} {reply.text[:300]}")
+                times.append(elapsed)
+    finally:
+        broker.stop()  # the broker removes its sandboxes on shutdown
+        shutil.rmtree(base, ignore_errors=True)
+    return times[1:]
+
+
+def _p50_p90(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f} ms / {pct(values, 0.9) * 1000:.0f} ms"
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -208,6 +279,9 @@ async def main() -> int:
         for i in range(args.runs):
             naive.append(await naive_cold_start(args.host, args.image, tenants.make(f"naive-{i}"), cpus))
 
+        through_broker: list[float] = []
+        if described["mode"] == "rootful":
+            through_broker = broker_cold_starts(args.host, args.image, args.runs, args.cpus)
         image = backend._client.images.get(args.image)
         rows += [
             (
@@ -217,6 +291,10 @@ async def main() -> int:
             (
                 f"(b) naive docker run + stdio p50 / p90 (n={args.runs}, {args.cpus} CPU)",
                 f"{statistics.median(naive) * 1000:.0f} ms / {pct(naive, 0.9) * 1000:.0f} ms",
+            ),
+            (
+                f"(c) through the broker: first tools/call → result p50 / p90 (n={args.runs})",
+                _p50_p90(through_broker) if through_broker else "- (rootful daemon only)",
             ),
             ("idle sandbox memory (docker stats)", f"{idle:.1f} MiB"),
             ("server image size", f"{image.attrs['Size'] / 1e6:.1f} MB"),
