@@ -342,11 +342,11 @@ class McpGateway:
 
     def _pinned_without(self, tenant: str, tool: str) -> bool:
         """Was the tenant's running sandbox pinned without this tool?"""
-        for sandbox in self._runtime.list():
-            if sandbox.tenant == tenant:
-                pin = self._pins.get(tenant, sandbox.backend_id)
-                return pin is not None and tool not in pin.admission.tools
-        return False
+        sandbox = self._runtime.get(tenant)
+        if sandbox is None:
+            return False
+        pin = self._pins.get(tenant, sandbox.backend_id)
+        return pin is not None and tool not in pin.admission.tools
 
     async def _list_and_admit(self, client: Upstream, sandbox: RunningSandbox) -> Admission:
         tools, problems = await listing.list_all_tools(client)

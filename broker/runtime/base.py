@@ -189,6 +189,10 @@ class Runtime:
     def list(self) -> list[SandboxInfo]:
         return list(self._sandboxes.values())
 
+    def get(self, tenant: str) -> SandboxInfo | None:
+        """The tenant's sandbox, if it has one (any state)."""
+        return self._sandboxes.get(tenant)
+
     def running_count(self) -> int:
         return sum(1 for s in self._sandboxes.values() if s.state is SandboxState.RUNNING)
 
