@@ -5,8 +5,11 @@
 Prints one table:
   (a) DockerBackend (hardened, unix socket): create → socket ready → first tools/call result
   (b) naive hardened `docker run -i` of the same image via the CLI, MCP over stdio
+  (c) through a real broker: a tenant's first tools/call, container start included → result
   idle memory of one sandbox (as `docker stats` shows it), image size, and with --many N,
-  N sandboxes running at once with their memory per container.
+  N sandboxes running at once with their memory per container, then N tenants' first calls
+  at once through one broker and one more call each with all N running.
+(c) and the broker half of --many need a rootful daemon (the broker runs as this user).
 
 Tenant folders are provisioned before the clock starts (the broker does that once per tenant).
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import os
 import re
 import shutil
@@ -24,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,17 +164,34 @@ def docker_stats_mib(host: str, names: list[str]) -> list[float]:
     return values
 
 
-def broker_cold_starts(host: str, image: str, runs: int, cpus: float) -> list[float]:
-    """(c) The whole path: a client's first tools/call for a tenant without a sandbox, through a
-    real broker (JWT, audit, descriptor pinning) on the Docker runtime, until its result.
+_CALL_BODY = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "tools/call",
+    "params": {
+        "name": "search_documents",
+        "arguments": QUERY,
+        "_meta": {_META_VERSION: _PROTOCOL, _META_CAPABILITIES: {}},
+    },
+}
+_CALL_HEADERS = {
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": _PROTOCOL,
+    "mcp-method": "tools/call",
+    "mcp-name": "search_documents",
+}
 
-    One new tenant per run, so every call is a cold start. The broker runs as this process's
-    user (root), so only with a rootful daemon; tests/docker runs the rootless shape.
+
+@contextlib.contextmanager
+def docker_broker(host: str, image: str, names: list[str], cpus: float) -> Iterator[Any]:
+    """A real broker on the Docker runtime with these tenants, each with one document.
+
+    It runs as this process's user (root), so only with a rootful daemon; tests/docker runs
+    the rootless shape. Caps and timeouts are set out of the way of N sandboxes starting at once.
     """
     from tests.broker.harness import make_broker
 
     base = Path(tempfile.mkdtemp(prefix="docbroker-bench-broker-", dir="/var/tmp"))
-    names = [f"cold{i}" for i in range(runs + 1)]  # +1: a warm-up tenant, not counted
     broker = make_broker(
         base,
         runtime="docker",
@@ -178,48 +201,59 @@ def broker_cold_starts(host: str, image: str, runs: int, cpus: float) -> list[fl
             "DOCBROKER_DOCKER_IMAGE": image,
             "DOCBROKER_DOCKER_SECCOMP_PROFILE": str(REPO / "policies" / "seccomp.json"),
             "DOCBROKER_DOCKER_CPUS": str(cpus),
-            "DOCBROKER_IDLE_TIMEOUT": "300",
+            "DOCBROKER_IDLE_TIMEOUT": "3600",
+            "DOCBROKER_MAX_SANDBOXES": str(max(len(names), 1)),
+            "DOCBROKER_START_TIMEOUT": "600",
+            "DOCBROKER_CALL_TIMEOUT": "600",
         },
     )
     for name in names:
         sources = broker.sources(name)
         sources.mkdir(parents=True)
         (sources / "a.md").write_text("bench document\n")
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {
-            "name": "search_documents",
-            "arguments": QUERY,
-            "_meta": {_META_VERSION: _PROTOCOL, _META_CAPABILITIES: {}},
-        },
-    }
-    headers = {
-        "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": _PROTOCOL,
-        "mcp-method": "tools/call",
-        "mcp-name": "search_documents",
-    }
     broker.start()
-    times = []
     try:
-        with httpx2.Client(timeout=60) as http:
-            for name in names:
-                token = broker.token(name, scope="docs:read")
-                started = time.perf_counter()
-                reply = http.post(
-                    broker.mcp_url, json=body, headers={**headers, "authorization": f"Bearer {token}"}
-                )
-                elapsed = time.perf_counter() - started
-                status = reply.json().get("result", {}).get("structuredContent", {}).get("status")
-                if reply.status_code != 200 or status != "ok":
-                    raise RuntimeError(f"broker call failed: HTTP {reply.status_code} {reply.text[:300]}")
-                times.append(elapsed)
+        yield broker
     finally:
         broker.stop()  # the broker removes its sandboxes on shutdown
         shutil.rmtree(base, ignore_errors=True)
-    return times[1:]
+
+
+def broker_call(broker: Any, tenant: str) -> float:
+    """One search through the broker as that tenant; its duration. Raises unless the result is ok."""
+    token = broker.token(tenant, scope="docs:read")
+    with httpx2.Client(timeout=600) as http:
+        started = time.perf_counter()
+        reply = http.post(
+            broker.mcp_url, json=_CALL_BODY, headers={**_CALL_HEADERS, "authorization": f"Bearer {token}"}
+        )
+        elapsed = time.perf_counter() - started
+    status = reply.json().get("result", {}).get("structuredContent", {}).get("status")
+    if reply.status_code != 200 or status != "ok":
+        raise RuntimeError(f"broker call failed: HTTP {reply.status_code} {reply.text[:300]}")
+    return elapsed
+
+
+def broker_cold_starts(host: str, image: str, runs: int, cpus: float) -> list[float]:
+    """(c) The whole path: a client's first tools/call for a tenant without a sandbox, through a
+    real broker (JWT, audit, descriptor pinning) on the Docker runtime, until its result.
+    One new tenant per run, so every call is a cold start."""
+    names = [f"cold{i}" for i in range(runs + 1)]  # +1: a warm-up tenant, not counted
+    with docker_broker(host, image, names, cpus) as broker:
+        return [broker_call(broker, name) for name in names][1:]
+
+
+def broker_many(host: str, image: str, n: int, cpus: float) -> tuple[float, list[float]]:
+    """N tenants' first calls at once through one broker (N sandboxes start together), then one
+    more call for every tenant with all N running: (seconds until all first calls were
+    answered, the second calls' durations)."""
+    names = [f"many{i}" for i in range(n)]
+    with docker_broker(host, image, names, cpus) as broker:
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+            list(pool.map(lambda name: broker_call(broker, name), names))
+        all_answered = time.perf_counter() - started
+        return all_answered, [broker_call(broker, name) for name in names]
 
 
 def _p50_p90(values: list[float]) -> str:
@@ -319,6 +353,18 @@ async def main() -> int:
                 ),
             ]
             await asyncio.gather(*(backend.delete(i) for i in infos))
+            if described["mode"] == "rootful":
+                all_answered, second = broker_many(args.host, args.image, args.many, args.cpus)
+                rows += [
+                    (
+                        f"{args.many} tenants through one broker: all first calls answered",
+                        f"{args.many}/{args.many} in {all_answered:.1f} s",
+                    ),
+                    (
+                        f"{args.many} tenants through one broker: next call each, p50 / p90",
+                        _p50_p90(second),
+                    ),
+                ]
     finally:
         client = backend._client
         for c in client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"}):

@@ -260,17 +260,23 @@ async def _ready(
 
     With `alive`, a sandbox that died while starting is given up on at once instead of after
     the whole start timeout (a crash loop must not hold callers for seconds each).
+
+    Polling is tight while a start is normal (a sandbox is ready ~1 s after its start, and
+    every step past that moment is added to the tenant's first call) and looser once a start
+    runs long: a host starting a hundred sandboxes at once is busy enough.
     """
-    deadline = time.monotonic() + timeout
-    next_alive_check = time.monotonic() + 0.25
+    started = time.monotonic()
+    deadline = started + timeout
+    next_alive_check = started + 0.25
     delay = 0.005
     while time.monotonic() < deadline:
-        if alive is not None and time.monotonic() >= next_alive_check:
+        now = time.monotonic()
+        if alive is not None and now >= next_alive_check:
             if not await alive():
                 return False
-            next_alive_check = time.monotonic() + 0.25
+            next_alive_check = time.monotonic() + (0.25 if now - started < _TIGHT_SECONDS else 1.0)
         if endpoint.uds is not None:
-            if await asyncio.to_thread(_uds_accepts, endpoint.uds):
+            if _uds_accepts(endpoint.uds):
                 return True
         else:
             with contextlib.suppress(OSError):
@@ -279,15 +285,18 @@ async def _ready(
                 writer.close()
                 return True
         await asyncio.sleep(delay)
-        # Short steps: a sandbox is ready ~1 s after its start, and every step of polling past
-        # that moment is added to the tenant's first call. A refused connect costs microseconds.
-        delay = min(delay * 2, 0.01)
+        delay = min(delay * 2, 0.01 if time.monotonic() - started < _TIGHT_SECONDS else 0.05)
     return False
 
 
+_TIGHT_SECONDS = 3.0
+
+
 def _uds_accepts(path: str) -> bool:
+    """Does a server listen on this unix socket? Never blocks: on Linux a non-blocking AF_UNIX
+    connect succeeds or fails at once (EAGAIN, a full backlog, counts as not yet)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
+        sock.setblocking(False)
         try:
             sock.connect(path)
         except OSError:
