@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -36,8 +35,8 @@ class Metrics:
         )
         pending.set_function(lambda: float(approvals_pending()))
         # Children by label values: `labels()` checks and locks on every call, on every request.
-        self._counted: dict[tuple[str, str, str], Any] = {}
-        self._timed: dict[str, Any] = {}
+        self._counted: dict[tuple[str, str, str], Counter] = {}
+        self._timed: dict[str, Histogram] = {}
 
     def observe(self, method: str, tool: str, outcome: str, seconds: float) -> None:
         # Label values come from fixed sets (allow-listed methods, tool names, outcomes),

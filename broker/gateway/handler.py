@@ -266,7 +266,7 @@ class McpGateway:
                     try:
                         # One deadline for a POST's whole exchange, pinning included. A GET
                         # stream lives as long as its session: only its pinning has one.
-                        async with wire.deadline(self._upstreams.call_timeout):
+                        async with wire.Deadline(self._upstreams.call_timeout):
                             pin = await self._pinned(turn.principal, sandbox, client)
                             if msg is not None and msg.method == "tools/list":
                                 await self._answer_tools_list(turn, msg, sandbox, client, pin)

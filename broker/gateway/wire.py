@@ -22,11 +22,11 @@ from broker.gateway.upstream import UpstreamResponse, UpstreamTimeout
 from broker.types import Outcome
 
 
-class deadline:
+class Deadline:
     """A deadline for the whole exchange. The HTTP client's timeout bounds each read only, so
     a sandbox that keeps sending bytes (SSE comments, a trickle) would otherwise hold a call
-    forever; expiry is reported like any other upstream timeout. (A class, not a generator:
-    it is entered on every call.)"""
+    forever; expiry is reported like any other upstream timeout. (A class rather than an
+    `asynccontextmanager` generator: it is entered on every call.)"""
 
     def __init__(self, seconds: float) -> None:
         self._timeout = asyncio.timeout(seconds)
