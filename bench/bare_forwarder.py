@@ -1,6 +1,6 @@
 """A reference point for broker_overhead.py: the least a Python MCP proxy can do on this host.
 
-uvicorn (uvloop + httptools, as the broker runs) and the broker's own sandbox client
+uvicorn (uvloop + httptools, one write per response, as the broker runs) and the broker's own sandbox client
 (`broker.gateway.upstream`), forwarding each POST body to one unix socket and the answer
 back. No authentication, no policy, no checks, no audit: nothing the broker is for. Its
 added latency and throughput are the floor under the broker's on the same machine, measured
@@ -20,6 +20,7 @@ import uvicorn
 import uvloop
 
 from broker.gateway.upstream import Upstream, request_headers
+from broker.http_protocol import OneWriteHttpToolsProtocol
 from broker.types import Endpoint
 
 
@@ -67,7 +68,7 @@ def main() -> None:
         port=args.port,
         log_level="warning",
         access_log=False,
-        http="httptools",
+        http=OneWriteHttpToolsProtocol,  # as the broker runs
         lifespan="off",
     )
     uvloop.run(uvicorn.Server(config).serve())

@@ -43,6 +43,7 @@ async def _serve(settings: Settings) -> int:
     from broker.app import build_app, make_backend
     from broker.approvals.secrets import KeyError_
     from broker.audit import AuditLog, AuditSinkError
+    from broker.http_protocol import OneWriteHttpToolsProtocol
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
 
@@ -62,7 +63,7 @@ async def _serve(settings: Settings) -> int:
             port=settings.port,
             log_level="warning",
             access_log=False,  # the audit log is the access log; uvicorn's would carry paths and peers
-            http="httptools",
+            http=OneWriteHttpToolsProtocol,  # httptools, each whole response in one write
             proxy_headers=False,  # no X-Forwarded-* trust: the broker is the edge it audits
             lifespan="on",
             timeout_graceful_shutdown=10,

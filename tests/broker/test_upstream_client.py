@@ -32,6 +32,7 @@ class Answer:
     data: bytes = b""
     close: bool = False  # close the connection after writing `data`
     hold: bool = False  # write `data`, then say nothing more and keep the socket open
+    rest: bytes = b""  # written after `data` once the test sets `Sandbox.go_on`
 
 
 def ok(body: bytes = b'{"ok":true}', *, extra: bytes = b"") -> Answer:
@@ -52,6 +53,7 @@ class Sandbox:
         self.requests: list[bytes] = []
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.AbstractServer | None = None
+        self.go_on = asyncio.Event()
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
@@ -70,6 +72,10 @@ class Sandbox:
                 answer = self.reply(len(self.requests))
                 writer.write(answer.data)
                 await writer.drain()
+                if answer.rest:
+                    await self.go_on.wait()
+                    writer.write(answer.rest)
+                    await writer.drain()
                 if answer.close:
                     break
                 if answer.hold:
@@ -190,6 +196,35 @@ async def test_a_malformed_answer_is_an_error(serve: Serve, data: bytes) -> None
         await fetch(client)
     assert (await fetch(client))[2] == b'{"ok":true}'
     assert sandbox.connections == 2
+
+
+async def test_a_short_body_is_awaited_whole_and_a_long_one_streams(serve: Serve) -> None:
+    short_head = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n"
+    long_size = up.WHOLE_BODY_BYTES + 1
+    long_head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % long_size
+    answers = {
+        1: Answer(short_head, rest=b"0123456789"),
+        2: Answer(long_head + b"x", rest=b"y" * (long_size - 1)),
+    }
+    sandbox, client = await serve(lambda n: answers[n])
+
+    # A short answer: one wake-up for head and body, so `send` is still waiting for the body.
+    sending = asyncio.create_task(client.send("POST", {}, b"{}"))
+    await asyncio.sleep(0.2)
+    assert not sending.done()
+    sandbox.go_on.set()
+    response = await asyncio.wait_for(sending, 5)
+    assert b"".join([c async for c in response.aiter_raw()]) == b"0123456789"
+    await response.aclose()
+
+    # A long one is handed over as it comes: `send` returns with the head alone.
+    sandbox.go_on.clear()
+    response = await asyncio.wait_for(client.send("POST", {}, b"{}"), 5)
+    sandbox.go_on.set()
+    body = b"".join([c async for c in response.aiter_raw()])
+    await response.aclose()
+    assert len(body) == long_size and body.startswith(b"xy")
+    assert sandbox.connections == 1
 
 
 async def test_a_second_unasked_answer_poisons_the_connection(serve: Serve) -> None:
