@@ -20,8 +20,8 @@ import uvicorn
 import uvloop
 
 from broker.gateway.upstream import Upstream, request_headers
-from broker.http_protocol import OneWriteHttpToolsProtocol
 from broker.types import Endpoint
+from server.http_protocol import OneWriteHttpToolsProtocol
 
 
 def make_app(socket_path: str) -> Any:

@@ -43,9 +43,9 @@ async def _serve(settings: Settings) -> int:
     from broker.app import build_app, make_backend
     from broker.approvals.secrets import KeyError_
     from broker.audit import AuditLog, AuditSinkError
-    from broker.http_protocol import OneWriteHttpToolsProtocol
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
+    from server.http_protocol import OneWriteHttpToolsProtocol
 
     try:
         audit = await AuditLog.open(settings.audit)

@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from server.http_protocol import OneWriteHttpToolsProtocol
+
     app = http_app(server, unix_socket=args.socket is not None)
     # No Server or Date header: the only reader is the broker (or a test client), and neither
     # says anything a caller needs.
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_level": "warning",
         "access_log": False,
         "lifespan": "on",
+        "http": OneWriteHttpToolsProtocol,  # httptools, each whole answer in one write
         "server_header": False,
         "date_header": False,
     }

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from broker.http_protocol import OneWriteHttpToolsProtocol, OneWriteTransport
+from server.http_protocol import OneWriteHttpToolsProtocol, OneWriteTransport
 
 pytestmark = pytest.mark.anyio
 
