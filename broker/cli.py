@@ -65,6 +65,7 @@ async def _serve(settings: Settings) -> int:
             access_log=False,  # the audit log is the access log; uvicorn's would carry paths and peers
             http=OneWriteHttpToolsProtocol,  # httptools, each whole response in one write
             proxy_headers=False,  # no X-Forwarded-* trust: the broker is the edge it audits
+            server_header=False,  # no software banner for callers to fingerprint
             lifespan="on",
             timeout_graceful_shutdown=10,
         )

@@ -52,6 +52,7 @@ def test_healthz_and_readyz(broker: Broker) -> None:
     with open_http(broker) as http:
         health = http.get("/healthz")
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
+        assert "server" not in health.headers  # no software banner for callers to fingerprint
         ready = http.get("/readyz")
     assert ready.status_code == 200
     body = ready.json()
