@@ -879,6 +879,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--root", type=Path, default=REPO, help="checkout whose broker/ and server/ to run")
     p.add_argument(
+        "--compare",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run the broker (and its sandbox) of another checkout, in the same rounds: an A/B",
+    )
+    p.add_argument(
         "--broker-env",
         action="append",
         default=[],
@@ -905,6 +911,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.rounds < 1 or args.calls < args.rounds or args.seconds <= 0 or args.concurrency < 1:
         p.error("need rounds ≥ 1, calls ≥ rounds, seconds > 0, concurrency ≥ 1")
     return args
+
+
+def compared_broker(checkout: Path, procs: Processes, tmp: Path, extra: dict[str, str]) -> Target:
+    """The broker of another checkout (with its own sandbox, run from that checkout's server/).
+
+    Compare its p50 with the broker row's: both paths include their own sandbox. Its "added"
+    column is against this run's direct (unix socket), a server from this checkout."""
+    tmp.mkdir()
+    setup = broker_setup(checkout, tmp, extra)
+    proc = procs.start(
+        "broker (compared)",
+        [sys.executable, "-m", "broker", "serve"],
+        setup.env,
+        tmp / "broker.log",
+        checkout,
+    )
+    token = setup.mint()
+    target = Target(
+        "broker_compared",
+        f"broker, compared ({revision(checkout).split()[0]})",
+        setup.url,
+        token=lambda: token,
+        baseline="direct_uds",
+        proxy_pids=lambda: [proc.pid],
+        server_pids=proc.remember_family,
+    )
+    wait_ready(target, proc)
+    return target
 
 
 def run(args: argparse.Namespace, procs: Processes, tmp: Path) -> int:
@@ -979,7 +1013,8 @@ def run(args: argparse.Namespace, procs: Processes, tmp: Path) -> int:
     bare = procs.start(
         "bare forwarder",
         [py, str(REPO / "bench" / "bare_forwarder.py"), "--socket", str(sock), "--port", str(bare_port)],
-        {"PYTHONPATH": str(root), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        # The floor is this checkout's (the script imports its modules), whatever --root says.
+        {"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
         tmp / "bare-forwarder.log",
         root,
     )
@@ -993,6 +1028,8 @@ def run(args: argparse.Namespace, procs: Processes, tmp: Path) -> int:
     )
     wait_ready(t_bare, bare)
     targets = [t_uds, t_tcp, t_broker, t_bare]
+    if args.compare is not None:
+        targets.append(compared_broker(args.compare.resolve(), procs, tmp / "compare", extra))
 
     if proxy_exe is not None:
         p1, p2 = free_port(), free_port()
