@@ -8,7 +8,8 @@ protocol API, with llhttp (httptools, the parser uvicorn itself uses) doing all 
 Measured per request on the dev VM, aiohttp cost ~270 µs of CPU here, httpx2 ~2 ms, this
 ~40 µs (bench/broker_overhead.py). It speaks what the sandboxes need and nothing more: one
 request at a time per connection, bodies sent with Content-Length, responses with
-Content-Length, chunked or close-delimited bodies, streamed chunk by chunk.
+Content-Length, chunked or close-delimited bodies, streamed chunk by chunk (a short
+Content-Length body is handed over whole, after one wake-up).
 
 The sandbox is not trusted, so everything it sends is bounded: header bytes and count, the
 bytes buffered before the reader takes them (reading pauses above a high-water mark), and
