@@ -45,6 +45,7 @@ async def _serve(settings: Settings) -> int:
     from broker.audit import AuditLog, AuditSinkError
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
+    from broker.serving import BrokerServer
     from server.http_protocol import OneWriteHttpToolsProtocol
 
     try:
@@ -69,7 +70,7 @@ async def _serve(settings: Settings) -> int:
             lifespan="on",
             timeout_graceful_shutdown=10,
         )
-        await uvicorn.Server(config).serve()
+        await BrokerServer(config).serve()
     return 0
 
 

@@ -1,0 +1,52 @@
+"""Stopping the broker: Ctrl-C (SIGINT) and SIGTERM shut it down cleanly.
+
+A real broker process is stopped by each signal after serving a call: it must exit 0 with no
+traceback, stop its sandbox, and leave an audit log that verifies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from harness import make_broker
+from support import call_modern, server_pids, wait_for
+
+from broker.audit.verify import verify_file
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_broker_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    broker = make_broker(tmp_path, tenants=("acme",))
+    broker.start()
+    assert broker.proc is not None
+    try:
+        with broker.http(broker.token()) as http:
+            assert call_modern(http, "read_document", {"filename": "any.md"}).status_code == 200
+        sandboxes = server_pids(broker, "acme")
+        assert sandboxes, "the call should have started a sandbox"
+        broker.proc.send_signal(sig)
+        assert broker.proc.wait(timeout=30) == 0
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.proc.kill()
+            broker.proc.wait()
+    logs = broker.logs()
+    assert "Traceback" not in logs and "KeyboardInterrupt" not in logs and "CancelledError" not in logs
+    # The lifespan shutdown stopped the tenant's sandbox.
+    assert wait_for(lambda: not any(_alive(pid) for pid in sandboxes))
+    report = verify_file(broker.audit_file)
+    assert report.ok and report.lines >= 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes: it runs nothing.
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout
+    return bool(state.strip()) and not state.strip().startswith("Z")
