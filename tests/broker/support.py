@@ -241,6 +241,15 @@ def server_pids(broker: Broker, tenant: str) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

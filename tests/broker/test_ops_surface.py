@@ -20,6 +20,7 @@ from support import (
     call_modern,
     decide,
     events_since,
+    gone,
     last_seq,
     mcp_error,
     open_http,
@@ -120,15 +121,7 @@ def test_protected_resource_metadata_and_challenge(broker: Broker) -> None:
 def kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     os.kill(pid, sig)
     if sig == signal.SIGKILL:
-        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), timeout=10)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+        assert wait_for(lambda: gone(pid), timeout=10)
 
 
 def the_server(broker: Broker, tenant: str) -> int:

@@ -6,14 +6,12 @@ traceback, stop its sandbox, and leave an audit log that verifies.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 from harness import make_broker
-from support import call_modern, server_pids, wait_for
+from support import call_modern, gone, server_pids, wait_for
 
 from broker.audit.verify import verify_file
 
@@ -37,16 +35,6 @@ def test_a_signal_stops_the_broker_cleanly(tmp_path: Path, sig: signal.Signals) 
     logs = broker.logs()
     assert "Traceback" not in logs and "KeyboardInterrupt" not in logs and "CancelledError" not in logs
     # The lifespan shutdown stopped the tenant's sandbox.
-    assert wait_for(lambda: not any(_alive(pid) for pid in sandboxes))
+    assert wait_for(lambda: all(gone(pid) for pid in sandboxes))
     report = verify_file(broker.audit_file)
     assert report.ok and report.lines >= 1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for our purposes: it runs nothing.
-    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout
-    return bool(state.strip()) and not state.strip().startswith("Z")
