@@ -41,7 +41,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from broker.approvals.secrets import tenant_secret  # noqa: E402
-from broker.runtime.base import _ready  # noqa: E402
+from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
 from broker.tenants import DROPBOX_MODE  # noqa: E402
@@ -92,7 +92,7 @@ async def backend_cold_start(backend: DockerBackend, spec: SandboxSpec) -> tuple
     started = time.perf_counter()
     info = await backend.create(spec)
     assert info.endpoint is not None and info.endpoint.uds is not None
-    if not await _ready(info.endpoint, 30.0):
+    if not await wait_ready(info.endpoint, 30.0):
         raise RuntimeError("sandbox never became ready")
     await call_over_socket(info.endpoint.uds)
     return time.perf_counter() - started, info
@@ -339,7 +339,7 @@ async def main() -> int:
             infos = []
             for spec in specs:  # created one by one, started concurrently by the daemon
                 infos.append(await backend.create(spec))
-            ready = await asyncio.gather(*(_ready(i.endpoint, 300.0) for i in infos if i.endpoint))
+            ready = await asyncio.gather(*(wait_ready(i.endpoint, 300.0) for i in infos if i.endpoint))
             all_up = time.perf_counter() - started
             await asyncio.sleep(args.idle_wait)
             sockets = [i.endpoint.uds for i in infos if i.endpoint and i.endpoint.uds]

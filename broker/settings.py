@@ -83,6 +83,9 @@ class DockerSettings:
     nofile: int = 256
     tmpfs_bytes: int = 8 * 1024 * 1024
     seccomp_profile: Path = Path("policies/seccomp.json")
+    # Warm, tenant-less sandboxes kept ready so a first call skips the ~1 s SDK import
+    # (broker/runtime/pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
+    pool_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class Settings:
             nano_cpus=int(r.number("DOCKER_CPUS", 1.0, low=0.05, high=64) * 1e9),
             pids_limit=r.integer("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
             nofile=r.integer("DOCKER_NOFILE", 256, low=32, high=65_536),
+            pool_size=r.integer("DOCKER_POOL_SIZE", 1, low=0, high=32),
             # Beside the tenant policies unless named: one folder holds every policy file.
             seccomp_profile=Path(
                 r.text(

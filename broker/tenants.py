@@ -48,13 +48,16 @@ class Tenants:
     def provision(self, tenant: str) -> SandboxSpec:
         """Create (idempotently) the folders and secret file a sandbox needs, and describe them."""
         _checked(tenant)
-        # The data dir is the one barrier against other users of the host: everything below it
-        # may be looser because sandboxes reach their files through bind mounts, not paths.
+        # The data dir is the barrier against other users of the host. The tenant's folder and
+        # docs/ are closed too: a warm sandbox holds its sources and drop-box as descriptors
+        # (server/binding.py), and a walk up from them (`..`) must stop at the first folder,
+        # whatever Landlock does. Sandboxes never need these folders by path.
         self._settings.data_dir.mkdir(parents=True, exist_ok=True)
         self._settings.data_dir.chmod(0o700)
         for folder in (self.sources_dir(tenant), self.reports_dir(tenant)):
             folder.mkdir(parents=True, exist_ok=True)
-        self.reports_dir(tenant).chmod(0o700)
+        for folder in (self.reports_dir(tenant), self.docs_root(tenant), self.docs_root(tenant).parent):
+            folder.chmod(0o700)
         dropbox = self.dropbox_dir(tenant)
         dropbox.mkdir(exist_ok=True)
         dropbox.chmod(DROPBOX_MODE)

@@ -3,8 +3,11 @@
     python -m server                         # stdio (protocol frames on stdout, logs on stderr)
     python -m server --http 127.0.0.1:8000   # Streamable HTTP on TCP, path /mcp
     python -m server --socket /run/docs/mcp.sock   # Streamable HTTP on a unix socket
+    python -m server --socket /run/docs/mcp.sock --bind /run/docs/bind.sock   # pooled
 
-Configuration comes from DOCS_ROOT, DOCS_SCOPE and DOCS_SECRET_FILE.
+Configuration comes from DOCS_ROOT, DOCS_SCOPE and DOCS_SECRET_FILE, or, pooled, from the
+broker's binding (`server/binding.py`): the server warms up first, then waits to be bound to
+a tenant, locks itself to that tenant's folders with Landlock, and only then serves.
 """
 
 from __future__ import annotations
@@ -13,10 +16,16 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.config import ConfigError, ServerConfig
-from server.workspace import WorkspaceError
+from server.workspace import Workspace, WorkspaceError
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+
+_PR_SET_DUMPABLE = 4
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,6 +35,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP on TCP")
     where.add_argument("--socket", metavar="PATH", help="serve Streamable HTTP on a unix socket")
+    parser.add_argument(
+        "--bind", metavar="PATH", help="pooled: warm up, then wait on this unix socket for a tenant"
+    )
     return parser.parse_args(argv)
 
 
@@ -37,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The SDK logs session ids and request details at INFO; a session id is a credential.
     logging.getLogger("mcp").setLevel(logging.WARNING)
+    if args.bind is not None and args.socket is None:
+        sys.stderr.write("docbroker server: --bind needs --socket\n")
+        return 2
     try:
-        config = ServerConfig.from_env()
-        from server.app import build_server, http_app  # imports the SDK: ~0.5 s, after cheap checks
-
-        server, _workspace = build_server(config)
+        server = _bound_server(args.bind, args.socket) if args.bind else _configured_server()
     except (ConfigError, WorkspaceError) as exc:
         sys.stderr.write(f"docbroker server: configuration error: {exc}\n")
         return 2
@@ -52,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from server.app import http_app
     from server.http_protocol import OneWriteHttpToolsProtocol
 
     app = http_app(server, unix_socket=args.socket is not None)
@@ -77,6 +90,58 @@ def main(argv: list[str] | None = None) -> int:
         options.update(host=host.strip("[]"), port=int(port))
     uvicorn.run(app, **options)
     return 0
+
+
+def _configured_server() -> MCPServer[Any]:
+    config = ServerConfig.from_env()
+    from server.app import build_server  # imports the SDK: ~1 s, after cheap checks
+
+    return build_server(config.scope, config.secret, Workspace(config.docs_root))
+
+
+def _bound_server(bind_path: str, socket_path: str) -> MCPServer[Any]:
+    """Warm up, wait for the broker's binding, lock down, and build the tenant's server."""
+    # Everything serving needs is imported now, before any tenant waits for it.
+    import uvicorn.lifespan.on
+    import uvicorn.loops.asyncio  # noqa: F401
+
+    import server.http_protocol  # noqa: F401
+    from server import binding, landlock
+    from server.app import build_server
+
+    try:
+        binding_ = binding.accept_binding(binding.listen(bind_path))
+    except binding.BindingError as exc:
+        raise ConfigError(f"binding refused: {exc}") from None
+    try:
+        workspace = Workspace.from_fds(binding_.sources_fd, binding_.reports_fd)
+        _lock_down(binding_, os.path.dirname(socket_path) or ".")
+    except landlock.LandlockError as exc:
+        raise ConfigError(str(exc)) from None
+    return build_server(binding_.scope, binding_.secret, workspace)
+
+
+def _lock_down(bound: Any, run_dir: str) -> None:
+    from server import landlock
+    from server.syscalls import prctl
+
+    # Not dumpable: another process of the same uid (a `docker exec`) cannot reach this one's
+    # descriptors through /proc/<pid>/fd, where Landlock would not stop it.
+    prctl(_PR_SET_DUMPABLE, 0)
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    root_fd, run_fd = os.open("/", flags), os.open(run_dir, flags)
+    try:
+        landlock.restrict(
+            [
+                landlock.Rule(root_fd, landlock.READ_FILE | landlock.READ_DIR | landlock.EXECUTE),
+                landlock.Rule(bound.sources_fd, landlock.READ_FILE | landlock.READ_DIR),
+                landlock.Rule(bound.reports_fd, landlock.MAKE_REG | landlock.WRITE_FILE),
+                landlock.Rule(run_fd, landlock.MAKE_SOCK),
+            ]
+        )
+    finally:
+        os.close(root_fd)
+        os.close(run_fd)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from starlette.applications import Starlette
 
 from server import contracts as c
 from server.approval import ApprovalVerifier
-from server.config import ServerConfig
 from server.contracts import ToolResult
 from server.tools import DocumentTools
 from server.workspace import Workspace
@@ -78,16 +77,15 @@ def _tool(name: str, body: Callable[[Mapping[str, Any]], ToolResult[Any]]) -> To
     )
 
 
-def build_server(config: ServerConfig) -> tuple[MCPServer[Any], Workspace]:
-    workspace = Workspace(config.docs_root)
-    tools = DocumentTools(workspace, ApprovalVerifier(config.secret), config.scope)
+def build_server(scope: str, secret: str, workspace: Workspace) -> MCPServer[Any]:
+    tools = DocumentTools(workspace, ApprovalVerifier(secret), scope)
     server: MCPServer[Any] = MCPServer(
         SERVER_NAME,
         instructions="Document tools over one tenant's files. Reports need a human's approval.",
         tools=[_tool(name, body) for name, body in tools.handlers().items()],
         log_level="WARNING",
     )
-    return server, workspace
+    return server
 
 
 def http_app(server: MCPServer[Any], *, unix_socket: bool) -> Starlette:

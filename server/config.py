@@ -60,17 +60,22 @@ def _read_secret(path: Path) -> str:
     except OSError as exc:
         raise ConfigError(f"DOCS_SECRET_FILE cannot be opened ({exc.strerror})") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError("DOCS_SECRET_FILE is not a regular file")
-        raw = os.read(fd, MAX_SECRET_FILE_BYTES + 1)
+        return secret_from_fd(fd, "DOCS_SECRET_FILE")
     finally:
         os.close(fd)
+
+
+def secret_from_fd(fd: int, what: str) -> str:
+    """The approval secret in an open regular file (`what` names it in errors)."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise ConfigError(f"{what} is not a regular file")
+    raw = os.pread(fd, MAX_SECRET_FILE_BYTES + 1, 0)
     if len(raw) > MAX_SECRET_FILE_BYTES:
-        raise ConfigError("DOCS_SECRET_FILE is too large")
+        raise ConfigError(f"{what} is too large")
     try:
         secret = raw.decode("ascii").strip()
     except UnicodeDecodeError:
-        raise ConfigError("DOCS_SECRET_FILE must hold ASCII text") from None
+        raise ConfigError(f"{what} must hold ASCII text") from None
     if len(secret) < MIN_SECRET_CHARS:
-        raise ConfigError(f"DOCS_SECRET_FILE holds a weak secret (fewer than {MIN_SECRET_CHARS} characters)")
+        raise ConfigError(f"{what} holds a weak secret (fewer than {MIN_SECRET_CHARS} characters)")
     return secret

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from server import syscalls
 from server.contracts import FILENAME_RE
 
 
@@ -76,17 +77,6 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def _load_syscall() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.syscall
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_long
-    return fn
-
-
-_syscall = _load_syscall()
 _openat2_works: bool | None = None  # learnt on first use: ENOSYS/EPERM (old kernel, seccomp) → fallback
 
 
@@ -96,24 +86,18 @@ def _openat2(dir_fd: int, name: str, flags: int, mode: int) -> int:
         # C would see the name cut short at the NUL and open another file; os.open refuses it too.
         raise ValueError("embedded null byte")
     how = _OpenHow(flags, mode, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS)
-    assert _syscall is not None
-    fd = _syscall(
-        ctypes.c_long(_SYS_OPENAT2),
-        ctypes.c_int(dir_fd),
-        ctypes.c_char_p(path),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
+    fd = syscalls.raw_syscall(
+        _SYS_OPENAT2, dir_fd, ctypes.c_char_p(path), ctypes.byref(how), ctypes.sizeof(how)
     )
     if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return int(fd)
+        raise OSError(-fd, os.strerror(-fd))
+    return fd
 
 
 def open_beneath(dir_fd: int, name: str, flags: int, mode: int = 0) -> int:
     """Open one name relative to `dir_fd`, never following a symlink."""
     global _openat2_works
-    if _syscall is not None and _openat2_works is not False:
+    if syscalls.available() and _openat2_works is not False:
         try:
             fd = _openat2(dir_fd, name, flags, mode)
         except OSError as exc:
@@ -142,18 +126,33 @@ class Workspace:
     """One tenant's two folders, held open for the life of the server."""
 
     def __init__(self, root: Path) -> None:
-        self._root_fd = _open_dir(root, os.O_RDONLY)
+        held: list[int] = []
         try:
-            self._sources_fd = _open_dir(root / "sources", os.O_RDONLY)
+            held.append(_open_dir(root, os.O_RDONLY))
+            held.append(_open_dir(root / "sources", os.O_RDONLY))
             # O_PATH needs no read permission on the folder (it may be mode 0o300) and
             # cannot be used to list it.
-            self._reports_fd = _open_dir(root / "reports", os.O_PATH)
+            held.append(_open_dir(root / "reports", os.O_PATH))
         except WorkspaceError:
-            os.close(self._root_fd)
+            for fd in held:
+                os.close(fd)
             raise
+        self._held = tuple(held)
+        self._sources_fd, self._reports_fd = held[1], held[2]
+
+    @classmethod
+    def from_fds(cls, sources_fd: int, reports_fd: int) -> Workspace:
+        """Adopt two folders opened by someone else (a pooled sandbox gets them from the broker)."""
+        for fd in (sources_fd, reports_fd):
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise WorkspaceError("a passed workspace descriptor is not a directory")
+        workspace = cls.__new__(cls)
+        workspace._held = (sources_fd, reports_fd)
+        workspace._sources_fd, workspace._reports_fd = sources_fd, reports_fd
+        return workspace
 
     def close(self) -> None:
-        for fd in (self._sources_fd, self._reports_fd, self._root_fd):
+        for fd in self._held:
             os.close(fd)
 
     # -- sources ----------------------------------------------------------------------------

@@ -76,6 +76,9 @@ class SandboxBackend(ABC):
         """Facts for /readyz and `doctor`: engine, isolation mode, whether limits are enforced."""
         return {"backend": self.name, "mode": self.mode().value}
 
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Begin background work (a warm pool); called once, after `discover()`."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release engine connections."""
 
@@ -119,13 +122,14 @@ class Runtime:
             if (
                 info.endpoint is not None
                 and await self.backend.alive(info)
-                and await _ready(info.endpoint, 2.0)
+                and await wait_ready(info.endpoint, 2.0)
             ):
                 info.last_used = self._clock()
                 self._sandboxes[info.tenant] = info
                 log.info("adopted sandbox", extra={"backend": self.backend.name})
             else:
                 await self.backend.delete(info)
+        await self.backend.start()
         self._reaper = asyncio.create_task(self._reap_forever(), name="sandbox-reaper")
 
     async def close(self) -> None:
@@ -213,7 +217,7 @@ class Runtime:
             raise SandboxStartError("sandbox could not be created") from exc
         self._sandboxes[tenant] = info
         assert info.endpoint is not None
-        if not await _ready(info.endpoint, self._start_timeout, lambda: self.backend.alive(info)):
+        if not await wait_ready(info.endpoint, self._start_timeout, lambda: self.backend.alive(info)):
             await self._remove(tenant, reason="not_ready", event="sandbox.failed")
             raise SandboxStartError("sandbox did not become ready")
         info.state = SandboxState.RUNNING
@@ -253,7 +257,7 @@ class Runtime:
                 log.exception("reaper pass failed")
 
 
-async def _ready(
+async def wait_ready(
     endpoint: Endpoint, timeout: float, alive: Callable[[], Awaitable[bool]] | None = None
 ) -> bool:
     """Wait until the endpoint accepts connections (uvicorn listening), or time out.

@@ -35,14 +35,19 @@ import contextlib
 import json
 import logging
 import os
+import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from broker.runtime.base import BackendRefused, SandboxBackend, SandboxStartError
+from broker.runtime.base import BackendRefused, SandboxBackend, SandboxStartError, wait_ready
 from broker.runtime.daemon import DaemonFacts, daemon_facts
+from broker.runtime.pool import Slot, WarmPool
 from broker.settings import DockerSettings
 from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
+from server.binding import BindingError, send_binding
+from server.contracts import TENANT_RE
 
 log = logging.getLogger("docbroker.runtime.docker")
 
@@ -51,11 +56,16 @@ DOCS_ROOT = "/srv/docs"
 RUN_DIR = "/run/docs"
 SECRET_PATH = "/run/secrets/approval.key"  # noqa: S105 - a path, not a secret
 SOCKET_NAME = "mcp.sock"
+BIND_SOCKET_NAME = "bind.sock"
+POOL_NAME_TAG = ".pool-"  # a dot: no tenant id (a DNS label) can make a name like it
+BIND_TIMEOUT_SECONDS = 5.0
+WARM_START_TIMEOUT_SECONDS = 60.0  # generous: a warm start is in the background, on a busy host
 
 LABEL_MANAGED = "io.docbroker.managed"
 LABEL_TENANT = "io.docbroker.tenant"
 LABEL_INSTANCE = "io.docbroker.instance"
 LABEL_SOCKET = "io.docbroker.socket"
+LABEL_POOL = "io.docbroker.pool"  # started tenant-less; its tenant is in its name once bound
 
 
 class DaemonUnavailable(BackendRefused):
@@ -89,16 +99,31 @@ class DockerBackend(SandboxBackend):
         *,
         seccomp_json: str,
         instance: str = "default",
+        pool_dir: Path | None = None,
     ) -> None:
-        """Use `connect()`: it talks to the daemon (blocking) and applies the refusals."""
+        """Use `connect()`: it talks to the daemon (blocking) and applies the refusals.
+
+        `pool_dir` (host folder for the warm slots' run dirs) turns the warm pool on with
+        `settings.pool_size` slots; without it every sandbox starts cold.
+        """
         self._settings = settings
         self._client = client
         self._facts = facts
         self._seccomp = seccomp_json
         self._instance = instance
+        self._pool_dir = pool_dir
+        # In every warm sandbox's name: `discover()` removes an earlier broker's spares, not ours.
+        self._pool_tag = f"{POOL_NAME_TAG}{secrets.token_hex(3)}-"
+        self._pool = WarmPool(
+            size=settings.pool_size if pool_dir is not None else 0,
+            start=self._start_slot,
+            remove=self._remove_slot,
+        )
 
     @classmethod
-    async def connect(cls, settings: DockerSettings, *, instance: str = "default") -> DockerBackend:
+    async def connect(
+        cls, settings: DockerSettings, *, instance: str = "default", pool_dir: Path | None = None
+    ) -> DockerBackend:
         """Connect, learn the daemon's mode, and refuse what the settings do not accept.
 
         Raises DaemonUnavailable (no daemon), BackendRefused (rootful daemon while rootless
@@ -122,7 +147,7 @@ class DockerBackend(SandboxBackend):
                 "the Docker daemon does not enforce sandbox limits",
                 extra={"mode": facts.mode.value, "cgroup_driver": facts.cgroup_driver},
             )
-        return cls(settings, client, facts, seccomp_json=seccomp_json, instance=instance)
+        return cls(settings, client, facts, seccomp_json=seccomp_json, instance=instance, pool_dir=pool_dir)
 
     # -- SandboxBackend ---------------------------------------------------------------------
 
@@ -130,17 +155,36 @@ class DockerBackend(SandboxBackend):
         return self._facts.mode
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, **self._facts.as_dict(), "image": self._settings.image}
+        return {
+            "backend": self.name,
+            **self._facts.as_dict(),
+            "image": self._settings.image,
+            "pool": self._pool.describe(),
+        }
 
     @property
     def facts(self) -> DaemonFacts:
         return self._facts
 
+    @property
+    def _name_prefix(self) -> str:
+        return "docbroker" if self._instance == "default" else f"docbroker-{self._instance}"
+
     def container_name(self, tenant: str) -> str:
-        prefix = "docbroker" if self._instance == "default" else f"docbroker-{self._instance}"
-        return f"{prefix}-{tenant}"
+        return f"{self._name_prefix}-{tenant}"
+
+    async def start(self) -> None:
+        self._pool.fill()
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        slot = await self._pool.take()
+        if slot is not None:
+            try:
+                return await asyncio.to_thread(self._bind, slot, spec)
+            except (BindingError, SandboxStartError) as exc:
+                # The warm sandbox is unusable (a kernel without Landlock refuses here): start
+                # this one cold, as without a pool.
+                await self._pool.discard(slot, why=str(exc))
         started = time.monotonic()
         container_id = await asyncio.to_thread(self._create_and_start, spec)
         return SandboxInfo(
@@ -160,12 +204,115 @@ class DockerBackend(SandboxBackend):
         await asyncio.to_thread(self._remove, info.backend_id)
         if info.endpoint is not None and info.endpoint.uds is not None:
             _remove_stale_socket(info.endpoint.uds)
+            self._remove_slot_dir(os.path.dirname(info.endpoint.uds))
 
     async def discover(self) -> list[SandboxInfo]:
         return await asyncio.to_thread(self._discover)
 
     async def close(self) -> None:
+        await self._pool.close()
         await asyncio.to_thread(self._client.close)
+
+    # -- the warm pool ----------------------------------------------------------------------
+
+    async def _start_slot(self) -> Slot:
+        """Start one tenant-less sandbox and wait until it is warm (its binding socket listens)."""
+        assert self._pool_dir is not None
+        token = secrets.token_hex(6)
+        run_dir = self._pool_dir / token
+        slot = Slot(
+            sandbox_id="",
+            run_dir=str(run_dir),
+            bind_socket=str(run_dir / BIND_SOCKET_NAME),
+            mcp_socket=str(run_dir / SOCKET_NAME),
+        )
+        name = f"{self._name_prefix}{self._pool_tag}{token}"
+        endpoint = Endpoint(url="http://localhost/mcp", uds=slot.bind_socket)
+
+        async def alive() -> bool:
+            return await asyncio.to_thread(self._running, name)
+
+        creating = asyncio.ensure_future(asyncio.to_thread(self._create_slot, slot, name))
+        try:
+            slot.sandbox_id = await asyncio.shield(creating)
+            if not await wait_ready(endpoint, WARM_START_TIMEOUT_SECONDS, alive):
+                raise SandboxStartError("a warm sandbox did not become ready")
+        except BaseException:
+            # Failed, or cancelled by a shutdown while the daemon was still creating it: let
+            # the create finish in its thread, then remove what it made. Nothing is left.
+            with contextlib.suppress(BaseException):
+                await creating
+            await asyncio.shield(asyncio.to_thread(self._remove_slot_now, name, slot.run_dir))
+            raise
+        return slot
+
+    async def _remove_slot(self, slot: Slot) -> None:
+        await asyncio.to_thread(self._remove_slot_now, slot.sandbox_id, slot.run_dir)
+
+    def _remove_slot_now(self, container: str, run_dir: str) -> None:
+        if container:
+            self._remove(container)
+        self._remove_slot_dir(run_dir)
+
+    def _create_slot(self, slot: Slot, name: str) -> str:
+        import docker.errors
+
+        assert self._pool_dir is not None
+        self._pool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.mkdir(slot.run_dir)
+        os.chmod(slot.run_dir, 0o1777)  # noqa: S103 - as a tenant's run dir: the sandbox's (sub-)uid binds here
+        options = self._hardened_options(
+            name,
+            labels={LABEL_POOL: "true", LABEL_SOCKET: slot.mcp_socket},
+            environment={},
+            mounts=[(RUN_DIR, slot.run_dir, False)],
+        )
+        options["command"] = ["--bind", f"{RUN_DIR}/{BIND_SOCKET_NAME}"]
+        try:
+            container = self._client.containers.create(**options)
+            container.start()
+        except docker.errors.DockerException as exc:
+            self._remove(name)
+            self._remove_slot_dir(slot.run_dir)
+            raise SandboxStartError("the Docker daemon could not start a warm sandbox") from exc
+        return str(container.id)
+
+    def _bind(self, slot: Slot, spec: SandboxSpec) -> SandboxInfo:
+        """Give a warm sandbox its tenant: the folders as descriptors, then the tenant's name."""
+        import docker.errors
+
+        started = time.monotonic()
+        _check_spec(spec)
+        send_binding(
+            slot.bind_socket,
+            scope=spec.tenant,
+            sources_dir=spec.sources_dir,
+            dropbox_dir=spec.dropbox_dir,
+            secret_file=spec.secret_file,
+            timeout=BIND_TIMEOUT_SECONDS,
+        )
+        _remove_stale_socket(slot.bind_socket)
+        name = self.container_name(spec.tenant)
+        self._remove(name)  # a leftover of that name: the lifecycle has decided to replace it
+        try:
+            # The name is how a restarted broker knows the tenant: labels cannot change.
+            self._client.api.rename(slot.sandbox_id, name)
+        except docker.errors.APIError as exc:
+            raise SandboxStartError("the Docker daemon could not rename a warm sandbox") from exc
+        return SandboxInfo(
+            tenant=spec.tenant,
+            state=SandboxState.STARTING,
+            endpoint=Endpoint(url="http://localhost/mcp", uds=slot.mcp_socket),
+            backend_id=slot.sandbox_id,
+            started_at=started,
+            last_used=started,
+            details={"container": slot.sandbox_id[:12], "pooled": True},
+        )
+
+    def _remove_slot_dir(self, run_dir: str) -> None:
+        """A warm slot's run dir goes with its sandbox; a tenant's own run dir stays."""
+        if self._pool_dir is not None and Path(run_dir).parent == self._pool_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
     # -- blocking helpers (worker threads) ---------------------------------------------------
 
@@ -192,6 +339,31 @@ class DockerBackend(SandboxBackend):
         return str(container.id)
 
     def _container_options(self, spec: SandboxSpec, name: str) -> dict[str, Any]:
+        return self._hardened_options(
+            name,
+            labels={LABEL_TENANT: spec.tenant, LABEL_SOCKET: spec.socket_path},
+            environment={
+                "DOCS_ROOT": DOCS_ROOT,
+                "DOCS_SCOPE": spec.tenant,
+                "DOCS_SECRET_FILE": SECRET_PATH,  # the path; the secret itself never enters the env
+            },
+            mounts=[
+                (f"{DOCS_ROOT}/sources", spec.sources_dir, True),
+                (f"{DOCS_ROOT}/reports", spec.dropbox_dir, False),
+                (SECRET_PATH, spec.secret_file, True),
+                (RUN_DIR, spec.run_dir, False),
+            ],
+        )
+
+    def _hardened_options(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str],
+        environment: dict[str, str],
+        mounts: list[tuple[str, str, bool]],  # (in the sandbox, on the host, read-only)
+    ) -> dict[str, Any]:
+        """Every sandbox, cold or warm, gets exactly this hardening; only mounts and env differ."""
         from docker.types import LogConfig, Mount, Ulimit
 
         s = self._settings
@@ -199,23 +371,9 @@ class DockerBackend(SandboxBackend):
             "image": s.image,
             "name": name,
             "user": SANDBOX_USER,
-            "environment": {
-                "DOCS_ROOT": DOCS_ROOT,
-                "DOCS_SCOPE": spec.tenant,
-                "DOCS_SECRET_FILE": SECRET_PATH,  # the path; the secret itself never enters the env
-            },
-            "labels": {
-                LABEL_MANAGED: "true",
-                LABEL_TENANT: spec.tenant,
-                LABEL_INSTANCE: self._instance,
-                LABEL_SOCKET: spec.socket_path,
-            },
-            "mounts": [
-                Mount(f"{DOCS_ROOT}/sources", spec.sources_dir, type="bind", read_only=True),
-                Mount(f"{DOCS_ROOT}/reports", spec.dropbox_dir, type="bind", read_only=False),
-                Mount(SECRET_PATH, spec.secret_file, type="bind", read_only=True),
-                Mount(RUN_DIR, spec.run_dir, type="bind", read_only=False),
-            ],
+            "environment": environment,
+            "labels": {LABEL_MANAGED: "true", LABEL_INSTANCE: self._instance, **labels},
+            "mounts": [Mount(target, source, type="bind", read_only=ro) for target, source, ro in mounts],
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges:true", f"seccomp={self._seccomp}"],
             "privileged": False,
@@ -265,8 +423,18 @@ class DockerBackend(SandboxBackend):
         now = time.monotonic()
         for container in self._client.containers.list(all=True, filters=filters):
             labels = container.labels or {}
-            tenant = labels.get(LABEL_TENANT, "")
             socket_path = labels.get(LABEL_SOCKET)
+            if labels.get(LABEL_POOL) == "true":
+                tenant = self._bound_tenant(container.name or "")
+                if tenant is None and self._pool_tag in (container.name or ""):
+                    continue  # one of this broker's own spares
+                if tenant is None:  # still warm, never bound: an earlier broker's spare
+                    self._remove(container.id)
+                    if socket_path:
+                        self._remove_slot_dir(os.path.dirname(socket_path))
+                    continue
+            else:
+                tenant = labels.get(LABEL_TENANT, "")
             running = container.status == "running"
             found.append(
                 SandboxInfo(
@@ -279,6 +447,12 @@ class DockerBackend(SandboxBackend):
                 )
             )
         return found
+
+    def _bound_tenant(self, name: str) -> str | None:
+        """The tenant a warm sandbox was bound to, from the name `_bind` gave it."""
+        prefix = f"{self._name_prefix}-"
+        tenant = name.removeprefix("/").removeprefix(prefix)
+        return tenant if tenant != name.removeprefix("/") and TENANT_RE.fullmatch(tenant) else None
 
 
 # --- module helpers -------------------------------------------------------------------------------

@@ -216,10 +216,10 @@ class LiveSandbox:
 
 
 async def wait_ready(info: SandboxInfo, timeout: float = 30.0) -> None:
-    from broker.runtime.base import _ready
+    from broker.runtime import base
 
     assert info.endpoint is not None
-    assert await _ready(info.endpoint, timeout), "sandbox socket never accepted a connection"
+    assert await base.wait_ready(info.endpoint, timeout), "sandbox socket never accepted a connection"
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""The real server process over all three transports, driven by the SDK's own `mcp.Client`.
+"""The real server process over all its transports, driven by the SDK's own `mcp.Client`.
 
-Every case runs over stdio, Streamable HTTP on TCP and Streamable HTTP on a unix socket, each
-with protocol 2026-07-28 (`mode="auto"`) and with the 2025-11-25 handshake (`mode="legacy"`).
-The two HTTP servers are started once per module and one client per combination is held open
-for the module, so the whole matrix costs about four server start-ups.
+Every case runs over stdio, Streamable HTTP on TCP, Streamable HTTP on a unix socket, and a
+pooled server (`--bind`: warmed up tenant-less, then bound to the tenant over a socket with
+the folders passed as descriptors, and locked down with Landlock), each with protocol
+2026-07-28 (`mode="auto"`) and with the 2025-11-25 handshake (`mode="legacy"`). The HTTP
+servers are started once per module and one client per combination is held open for the
+module, so the whole matrix costs about five server start-ups.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from server import contracts as c
+from server.binding import send_binding
 from server.contracts import Message
 
 pytestmark = pytest.mark.anyio
 
-TRANSPORTS = ("stdio", "http", "socket")
+TRANSPORTS = ("stdio", "http", "socket", "pooled")
 MODES = ("auto", "legacy")
 PROTOCOL_VERSION = {"auto": "2026-07-28", "legacy": "2025-11-25"}
 FIXED_MESSAGES = {m.value for m in Message}
@@ -120,13 +123,20 @@ def _wait_until_serving(proc: subprocess.Popen[bytes], connect: Any, log: Path) 
 
 @pytest.fixture(scope="module")
 def http_servers(kit: Any, tenant: Tenant) -> Iterator[dict[str, str]]:
-    """Both HTTP servers, started side by side (each start imports the SDK: ~1 s)."""
+    """The three HTTP servers, started side by side (each start imports the SDK: ~1 s)."""
     port = _free_port()
     sock_path = str(tenant.root.parent / "mcp.sock")
-    env = kit.env(tenant.root, tenant.secret_file)
+    pool_dir = tenant.root.parent / "pooled"
+    pool_dir.mkdir()
+    pooled_path, bind_path = str(pool_dir / "mcp.sock"), str(pool_dir / "bind.sock")
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for name, args in (("http", ["--http", f"127.0.0.1:{port}"]), ("socket", ["--socket", sock_path])):
+        for name, args, env in (
+            ("http", ["--http", f"127.0.0.1:{port}"], kit.env(tenant.root, tenant.secret_file)),
+            ("socket", ["--socket", sock_path], kit.env(tenant.root, tenant.secret_file)),
+            # Pooled: no DOCS_* at all; everything arrives with the binding.
+            ("pooled", ["--socket", pooled_path, "--bind", bind_path], kit.env(None, None, None)),
+        ):
             with open(tenant.logs / f"{name}.log", "wb") as log:
                 procs.append(
                     subprocess.Popen(
@@ -139,10 +149,10 @@ def http_servers(kit: Any, tenant: Tenant) -> Iterator[dict[str, str]]:
                     )
                 )
 
-        def connect_unix() -> socket.socket:
+        def connect_unix(path: str) -> socket.socket:
             s = socket.socket(socket.AF_UNIX)
             try:
-                s.connect(sock_path)
+                s.connect(path)
             except OSError:
                 s.close()
                 raise
@@ -151,8 +161,18 @@ def http_servers(kit: Any, tenant: Tenant) -> Iterator[dict[str, str]]:
         _wait_until_serving(
             procs[0], lambda: socket.create_connection(("127.0.0.1", port)), tenant.logs / "http.log"
         )
-        _wait_until_serving(procs[1], connect_unix, tenant.logs / "socket.log")
-        yield {"http": f"http://127.0.0.1:{port}/mcp", "socket": sock_path}
+        _wait_until_serving(procs[1], lambda: connect_unix(sock_path), tenant.logs / "socket.log")
+        _wait_until_serving(procs[2], lambda: connect_unix(bind_path), tenant.logs / "pooled.log")
+        send_binding(
+            bind_path,
+            scope=kit.scope,
+            sources_dir=str(tenant.root / "sources"),
+            dropbox_dir=str(tenant.reports),
+            secret_file=str(tenant.secret_file),
+            timeout=10,
+        )
+        _wait_until_serving(procs[2], lambda: connect_unix(pooled_path), tenant.logs / "pooled.log")
+        yield {"http": f"http://127.0.0.1:{port}/mcp", "socket": sock_path, "pooled": pooled_path}
     finally:
         for proc in procs:
             proc.terminate()
@@ -189,7 +209,7 @@ async def client(
         else:
             await stack.enter_async_context(_tolerating_anyio_unix_read_race())
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=http_servers["socket"]))
+                httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=http_servers[transport]))
             )
             target = streamable_http_client("http://localhost/mcp", http_client=http)
         connected = await stack.enter_async_context(Client(target, mode=mode))

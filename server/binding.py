@@ -1,0 +1,180 @@
+"""Binding a pooled sandbox to one tenant: the broker passes the tenant's folders as descriptors.
+
+A sandbox's start-up is almost all Python importing the MCP SDK (~1 s). A pooled sandbox
+does that before any tenant needs it, with no tenant files mounted, then waits on a unix
+socket in its run dir. When a tenant's first call comes, the broker connects and sends one
+message:
+
+    {"v": 1, "scope": "<tenant>"}   + SCM_RIGHTS [sources dir, drop-box dir, secret file]
+
+The socket sits in the slot's run dir, inside the broker's private data dir: only the broker
+(and root) can reach it. The sandbox checks the descriptors, reads the secret, answers
+`{"ok": true}` or `{"ok": false, "error": ...}`, and closes the socket for good: one binding
+per life, and a refused binding ends the sandbox. It then
+locks itself to those folders with Landlock (`server/landlock.py`) before it opens its MCP
+socket, so nothing the tenant sends is ever handled by an unconfined process.
+
+Both sides live here so the wire format is written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+from dataclasses import dataclass
+
+from server.config import ConfigError, secret_from_fd
+from server.contracts import TENANT_RE
+
+VERSION = 1
+MAX_MESSAGE_BYTES = 512
+FD_COUNT = 3  # sources, drop-box, secret: in this order
+
+
+class BindingError(Exception):
+    """A binding was refused; the message names the problem, never a value."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    scope: str
+    sources_fd: int
+    reports_fd: int
+    secret: str
+
+    def __repr__(self) -> str:  # the secret must never reach a log through a repr
+        return f"Binding(scope={self.scope!r}, sources_fd={self.sources_fd}, reports_fd={self.reports_fd})"
+
+
+# --- the sandbox's side -------------------------------------------------------------------------
+
+
+def listen(path: str) -> socket.socket:
+    """The binding socket. Listen only once warm: an accepting socket is how the broker knows."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(1)
+    return sock
+
+
+def accept_binding(listener: socket.socket, *, read_timeout: float = 5.0) -> Binding:
+    """Wait for the broker, take one binding, answer it, and close the listener.
+
+    A connection closed without a byte is a readiness probe (the broker's `_uds_accepts`):
+    it is not a binding, and the wait goes on.
+    """
+    with listener:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(read_timeout)
+                try:
+                    binding = _receive(conn)
+                except _Probe:
+                    continue
+                except BindingError as exc:
+                    _answer(conn, {"ok": False, "error": str(exc)})
+                    raise
+                _answer(conn, {"ok": True})
+                return binding
+
+
+class _Probe(BindingError):
+    pass
+
+
+def _receive(conn: socket.socket) -> Binding:
+    fds: list[int] = []
+    try:
+        try:
+            message, fds, flags, _ = socket.recv_fds(
+                conn, MAX_MESSAGE_BYTES + 1, FD_COUNT, socket.MSG_CMSG_CLOEXEC
+            )
+        except (OSError, TimeoutError) as exc:
+            raise BindingError("the binding message did not arrive") from exc
+        if not message and not fds:
+            raise _Probe("closed without a message")
+        if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC) or len(message) > MAX_MESSAGE_BYTES:
+            raise BindingError("the binding message is too large or carries too many descriptors")
+        if len(fds) != FD_COUNT:
+            raise BindingError(f"the binding must carry exactly {FD_COUNT} descriptors")
+        scope = _scope(message)
+        sources_fd, reports_fd, secret_fd = fds
+        for fd, what in ((sources_fd, "sources"), (reports_fd, "drop-box")):
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise BindingError(f"the {what} descriptor is not a directory")
+        try:
+            secret = secret_from_fd(secret_fd, "the secret descriptor")
+        except ConfigError as exc:
+            raise BindingError(str(exc)) from None
+        os.close(secret_fd)
+        return Binding(scope=scope, sources_fd=sources_fd, reports_fd=reports_fd, secret=secret)
+    except BaseException:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise
+
+
+def _scope(message: bytes) -> str:
+    try:
+        decoded = json.loads(message)
+    except ValueError:
+        raise BindingError("the binding message is not JSON") from None
+    if not isinstance(decoded, dict) or decoded.get("v") != VERSION or set(decoded) != {"v", "scope"}:
+        raise BindingError(f"the binding message must be {{'v': {VERSION}, 'scope': ...}}")
+    scope = decoded["scope"]
+    if not isinstance(scope, str) or not TENANT_RE.fullmatch(scope):
+        raise BindingError("the binding's scope must be a DNS label")
+    return scope
+
+
+def _answer(conn: socket.socket, answer: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps(answer).encode())
+
+
+# --- the broker's side --------------------------------------------------------------------------
+
+
+def send_binding(
+    socket_path: str, *, scope: str, sources_dir: str, dropbox_dir: str, secret_file: str, timeout: float
+) -> None:
+    """Bind the pooled sandbox listening at `socket_path` to a tenant (blocking).
+
+    Raises BindingError when the sandbox refuses or does not answer within `timeout`.
+    """
+    flags = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    opened: list[int] = []
+    try:
+        try:
+            opened.append(os.open(sources_dir, os.O_RDONLY | flags))
+            # O_PATH: the sandbox gets a name to create files under, not a way to list them.
+            opened.append(os.open(dropbox_dir, os.O_PATH | flags))
+            opened.append(os.open(secret_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        except OSError as exc:
+            raise BindingError("the tenant's folders cannot be opened; provision the tenant first") from exc
+        message = json.dumps({"v": VERSION, "scope": scope}).encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(socket_path)
+                socket.send_fds(sock, [message], opened)
+                answer = sock.recv(MAX_MESSAGE_BYTES)
+            except (OSError, TimeoutError) as exc:
+                raise BindingError("the pooled sandbox did not take the binding") from exc
+    finally:
+        for fd in opened:
+            os.close(fd)
+    try:
+        decoded = json.loads(answer)
+    except ValueError:
+        raise BindingError("the pooled sandbox gave no answer") from None
+    if not isinstance(decoded, dict) or decoded.get("ok") is not True:
+        error = decoded.get("error") if isinstance(decoded, dict) else None
+        raise BindingError(
+            f"the pooled sandbox refused the binding: {error if isinstance(error, str) else '?'}"
+        )
