@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
 
-_PR_SET_DUMPABLE = 4
-
-
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m server", description="docbroker document-tools MCP server"
@@ -115,33 +112,10 @@ def _bound_server(bind_path: str, socket_path: str) -> MCPServer[Any]:
         raise ConfigError(f"binding refused: {exc}") from None
     try:
         workspace = Workspace.from_fds(binding_.sources_fd, binding_.reports_fd)
-        _lock_down(binding_, os.path.dirname(socket_path) or ".")
+        binding.confine(binding_, run_dir=os.path.dirname(socket_path) or ".")
     except landlock.LandlockError as exc:
         raise ConfigError(str(exc)) from None
     return build_server(binding_.scope, binding_.secret, workspace)
-
-
-def _lock_down(bound: Any, run_dir: str) -> None:
-    from server import landlock
-    from server.syscalls import prctl
-
-    # Not dumpable: another process of the same uid (a `docker exec`) cannot reach this one's
-    # descriptors through /proc/<pid>/fd, where Landlock would not stop it.
-    prctl(_PR_SET_DUMPABLE, 0)
-    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-    root_fd, run_fd = os.open("/", flags), os.open(run_dir, flags)
-    try:
-        landlock.restrict(
-            [
-                landlock.Rule(root_fd, landlock.READ_FILE | landlock.READ_DIR | landlock.EXECUTE),
-                landlock.Rule(bound.sources_fd, landlock.READ_FILE | landlock.READ_DIR),
-                landlock.Rule(bound.reports_fd, landlock.MAKE_REG | landlock.WRITE_FILE),
-                landlock.Rule(run_fd, landlock.MAKE_SOCK),
-            ]
-        )
-    finally:
-        os.close(root_fd)
-        os.close(run_fd)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,15 @@ import socket
 import stat
 from dataclasses import dataclass
 
+from server import landlock
 from server.config import ConfigError, secret_from_fd
 from server.contracts import TENANT_RE
+from server.syscalls import prctl
 
 VERSION = 1
 MAX_MESSAGE_BYTES = 512
 FD_COUNT = 3  # sources, drop-box, secret: in this order
+_PR_SET_DUMPABLE = 4
 
 
 class BindingError(Exception):
@@ -135,6 +138,31 @@ def _scope(message: bytes) -> str:
 def _answer(conn: socket.socket, answer: dict[str, object]) -> None:
     with contextlib.suppress(OSError):
         conn.sendall(json.dumps(answer).encode())
+
+
+def confine(bound: Binding, *, run_dir: str) -> None:
+    """Lock this process to the bound tenant for good (Landlock), before it serves anyone.
+
+    Raises landlock.LandlockError when the kernel cannot: the sandbox must then not serve.
+    """
+    # Not dumpable: another process of the same uid (a `docker exec`) cannot reach this one's
+    # descriptors through /proc/<pid>/fd, where this process's Landlock domain does not apply.
+    prctl(_PR_SET_DUMPABLE, 0)
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    root_fd, run_fd = os.open("/", flags), os.open(run_dir, flags)
+    try:
+        landlock.restrict(
+            [
+                # The image (Python imports lazily), /proc, the run dir: read-only, as before.
+                landlock.Rule(root_fd, landlock.READ_FILE | landlock.READ_DIR | landlock.EXECUTE),
+                landlock.Rule(bound.sources_fd, landlock.READ_FILE | landlock.READ_DIR),
+                landlock.Rule(bound.reports_fd, landlock.MAKE_REG | landlock.WRITE_FILE),
+                landlock.Rule(run_fd, landlock.MAKE_SOCK),  # uvicorn binds mcp.sock next
+            ]
+        )
+    finally:
+        os.close(root_fd)
+        os.close(run_fd)
 
 
 # --- the broker's side --------------------------------------------------------------------------

@@ -141,6 +141,8 @@ class Layout:
         for path, mode in dirs.values():
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(mode)
+        for closed in (base, base / "docs"):  # as tenants.py: a walk up from a passed fd stops here
+            closed.chmod(0o700)
         parents = (self.root / "tenants", base, base / "docs", self.root / "run")
         for folder in (*parents, *[p for p, _ in dirs.values()]):
             self._chown(folder)

@@ -217,7 +217,9 @@ results = {
     "read a report back": attempt(lambda: read_at(rep, "new.md")),
     "list reports": attempt(lambda: os.listdir(os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=rep))),
     "truncate a report": attempt(lambda: os.truncate(os.path.join(reports, "new.md"), 0)),
-    "rename a report": attempt(lambda: os.rename("new.md", "../outside/new.md", src_dir_fd=rep, dst_dir_fd=rep)),
+    "rename a report": attempt(
+        lambda: os.rename("new.md", "../outside/new.md", src_dir_fd=rep, dst_dir_fd=rep)
+    ),
     "remove a report": attempt(lambda: os.unlink("new.md", dir_fd=rep)),
     "make a dir": attempt(lambda: os.mkdir("d", dir_fd=rep)),
 }
@@ -257,5 +259,6 @@ def test_landlock_refuses_a_second_thread(kit: Any) -> None:
         "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
         "try:\n    landlock.restrict([])\nexcept landlock.LandlockError as e:\n    print(e)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(kit.repo)], capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-c", code, str(kit.repo)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert "other threads" in done.stdout, done.stderr

@@ -1,0 +1,363 @@
+"""The warm pool with real containers: hardening, binding, escapes, lifecycle (both daemons).
+
+A warm sandbox starts with no tenant files at all, is bound on a tenant's first call (its
+folders passed as descriptors, server/binding.py) and locks itself down with Landlock. These
+tests check it from the outside (HostConfig, names, adoption, clean-up) and from the inside:
+a probe that stands in for a compromised server, bound and confined by the same code as the
+real one, tries to leave its tenant's folders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.runtime.base import wait_ready
+from broker.runtime.docker import DockerBackend
+from server.binding import send_binding
+from tests.docker.conftest import PYTHON, Daemon, Layout, remove_instance, unique_tenant
+from tests.docker.test_docker_mcp import call_all
+
+pytestmark = pytest.mark.docker
+
+HARDENING_KEYS = (
+    "CapDrop",
+    "SecurityOpt",
+    "ReadonlyRootfs",
+    "NetworkMode",
+    "IpcMode",
+    "Privileged",
+    "Memory",
+    "MemorySwap",
+    "NanoCpus",
+    "PidsLimit",
+    "Ulimits",
+    "Tmpfs",
+    "RestartPolicy",
+)
+
+
+@pytest.fixture
+def instance(daemon: Daemon) -> Iterator[str]:
+    name = f"pool{uuid.uuid4().hex[:8]}"
+    yield name
+    remove_instance(daemon, name)
+
+
+def pool_dir(layout: Layout) -> Path:
+    """Where the broker keeps warm slots' run dirs; owned by the broker's user, as in production."""
+    path = layout.root / "run" / ".pool"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chown(path.parent, layout.daemon.owner_uid, layout.daemon.owner_gid)
+    os.chown(path, layout.daemon.owner_uid, layout.daemon.owner_gid)
+    return path
+
+
+async def warm_backend(daemon: Daemon, layout: Layout, instance: str, **overrides: Any) -> DockerBackend:
+    backend = await DockerBackend.connect(
+        daemon.settings(**overrides), instance=instance, pool_dir=pool_dir(layout)
+    )
+    await backend.start()
+    for _ in range(600):
+        if backend.describe()["pool"]["ready"]:
+            return backend
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no warm sandbox after 30 s: {backend.describe()['pool']}")
+
+
+def containers(daemon: Daemon, instance: str) -> dict[str, Any]:
+    client = daemon.client()
+    try:
+        found = client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"})
+        return {c.name: c.attrs for c in found}
+    finally:
+        client.close()
+
+
+def test_warm_sandbox_is_hardened_like_a_cold_one_and_holds_no_tenant_files(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        backend = await warm_backend(daemon, layout, instance)
+        try:
+            [(name, warm)] = containers(daemon, instance).items()
+            assert ".pool-" in name
+            cold_backend = await DockerBackend.connect(daemon.settings(), instance=instance)
+            info = await cold_backend.create(layout.tenant(unique_tenant()).spec)
+            cold = containers(daemon, instance)[cold_backend.container_name(info.tenant)]
+            await cold_backend.delete(info)
+            await cold_backend.close()
+            return warm, cold
+        finally:
+            await backend.close()
+
+    warm, cold = asyncio.run(scenario())
+    for key in HARDENING_KEYS:
+        assert warm["HostConfig"][key] == cold["HostConfig"][key], key
+    assert warm["Config"]["User"] == cold["Config"]["User"] == "10001:0"
+    assert [m["Destination"] for m in warm["Mounts"]] == ["/run/docs"]  # no sources, reports, secret
+    assert not any(e.startswith("DOCS_SCOPE=") for e in warm["Config"]["Env"])
+    assert warm["Config"]["Labels"]["io.docbroker.pool"] == "true"
+    assert "io.docbroker.tenant" not in warm["Config"]["Labels"]
+    assert containers(daemon, instance) == {}, "close() left a container"
+    assert os.listdir(layout.root / "run" / ".pool") == []
+
+
+def test_first_call_binds_the_warm_sandbox_and_it_serves_the_tenant(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    content = "# Pooled\n\nwritten by a sandbox that was warm before its tenant existed\n"
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "hello docbroker sandbox\n"})
+
+    async def scenario() -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+        backend = await warm_backend(daemon, layout, instance)
+        try:
+            [warm_id] = [a["Id"] for a in containers(daemon, instance).values()]
+            info = await backend.create(tenant.spec)
+            assert info.endpoint is not None and info.endpoint.uds is not None
+            assert await wait_ready(info.endpoint, 20.0)
+            result = await call_all(info.endpoint.uds, tenant.secret, tenant.spec.tenant, content)
+            return warm_id, info.backend_id, result, backend.describe()["pool"]
+        finally:
+            await backend.close()
+
+    warm_id, bound_id, result, pool = asyncio.run(scenario())
+    assert bound_id == warm_id, "the first call must take the warm sandbox, not start a cold one"
+    assert pool["state"] == "on"
+    assert result["search"]["status"] == "ok"
+    assert result["read"]["data"]["content"] == "hello docbroker sandbox\n"
+    assert result["saved"]["status"] == "ok" and result["replay"]["status"] == "rejected"
+    assert (tenant.dropbox / "summary.md").read_bytes() == content.encode()
+
+
+ESCAPE_PROBE = r"""
+import errno, json, os, sys
+from server import binding
+
+bound = binding.accept_binding(binding.listen("/run/docs/bind.sock"))
+binding.confine(bound, run_dir="/run/docs")
+src, rep = bound.sources_fd, bound.reports_fd
+other = sys.argv[1]
+
+def attempt(fn):
+    try:
+        fn()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+    return "allowed"
+
+def read_at(dir_fd, name):
+    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 100)
+    finally:
+        os.close(fd)
+
+def create_at(dir_fd, name, data=b"x"):
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o040, dir_fd=dir_fd)
+    os.write(fd, data)
+    os.close(fd)
+
+def walk_up(levels):
+    return os.open("/".join([".."] * levels), os.O_PATH, dir_fd=src)
+
+results = {
+    "read own source": attempt(lambda: read_at(src, "notes.md")),
+    "list own sources": attempt(lambda: os.listdir(os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=src))),
+    "create a report": attempt(lambda: create_at(rep, "probe.md", b"probe report")),
+    "list ..": attempt(lambda: os.listdir(os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=src))),
+    "stat ../reports": attempt(lambda: os.stat("../reports", dir_fd=src)),
+    "read other tenant by ..": attempt(lambda: read_at(src, f"../../../{other}/docs/sources/secret.md")),
+    "read other tenant by /proc": attempt(
+        lambda: read_at(None, f"/proc/self/fd/{src}/../../../{other}/docs/sources/secret.md")
+    ),
+    "read secrets dir by ..": attempt(
+        lambda: os.listdir(os.open("../../../../secrets", os.O_RDONLY, dir_fd=src))
+    ),
+    "write own source": attempt(lambda: os.close(os.open("notes.md", os.O_WRONLY, dir_fd=src))),
+    "create in sources": attempt(lambda: create_at(src, "planted.md")),
+    "read a report back": attempt(lambda: read_at(rep, "probe.md")),
+    "list reports": attempt(lambda: os.listdir(os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=rep))),
+    "remove a report": attempt(lambda: os.unlink("probe.md", dir_fd=rep)),
+    "create in the run dir": attempt(lambda: create_at(None, "/run/docs/planted")),
+}
+for levels in (1, 2, 3, 4):
+    def look(levels=levels):
+        fd = walk_up(levels)
+        try:
+            os.listdir(os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd))
+        finally:
+            os.close(fd)
+    results[f"list {levels} up"] = attempt(look)
+print("PROBE " + json.dumps(results), flush=True)
+"""
+
+
+def test_a_bound_sandbox_cannot_leave_its_tenants_folders(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    mine = layout.tenant(unique_tenant("a"), {"notes.md": "mine\n"})
+    other = layout.tenant(unique_tenant("b"), {"secret.md": "CANARY-OTHER-TENANT\n"})
+
+    async def scenario() -> str:
+        backend = await DockerBackend.connect(daemon.settings(), instance=instance, pool_dir=pool_dir(layout))
+        slot_dir = pool_dir(layout) / "probe"
+        slot_dir.mkdir()
+        slot_dir.chmod(0o1777)
+        # The warm sandbox's exact options, with the server swapped for the probe.
+        options = backend._hardened_options(
+            f"docbroker-{instance}.pool-probe",
+            labels={"io.docbroker.pool": "true"},
+            environment={},
+            mounts=[("/run/docs", str(slot_dir), False)],
+        )
+        options["entrypoint"] = [PYTHON, "-c", ESCAPE_PROBE, other.spec.tenant]
+        client = daemon.client()
+        container = client.containers.create(**options)
+        container.start()
+        try:
+            bind_socket = str(slot_dir / "bind.sock")
+            for _ in range(600):
+                if os.path.exists(bind_socket):
+                    break
+                await asyncio.sleep(0.05)
+            send_binding(
+                bind_socket,
+                scope=mine.spec.tenant,
+                sources_dir=mine.spec.sources_dir,
+                dropbox_dir=mine.spec.dropbox_dir,
+                secret_file=mine.spec.secret_file,
+                timeout=10,
+            )
+            assert container.wait(timeout=60)["StatusCode"] == 0, container.logs().decode()
+            return str(container.logs().decode())
+        finally:
+            container.remove(force=True)
+            client.close()
+            await backend.close()
+
+    logs = asyncio.run(scenario())
+    [line] = [line for line in logs.splitlines() if line.startswith("PROBE ")]
+    results = json.loads(line.removeprefix("PROBE "))
+    controls = ("read own source", "list own sources", "create a report")
+    assert {k: results.pop(k) for k in controls} == dict.fromkeys(controls, "allowed")
+    denied = {k: v for k, v in results.items() if v == "allowed"}
+    assert not denied, f"a bound sandbox got out: {denied}"
+    assert "CANARY-OTHER-TENANT" not in logs
+    assert (mine.dropbox / "probe.md").read_bytes() == b"probe report"
+    assert not (mine.sources / "planted.md").exists()
+
+
+def test_another_process_in_the_container_cannot_reach_the_servers_descriptors(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "x\n"})
+    probe = (
+        "import json, os\n"
+        "def attempt(path):\n"
+        "    try:\n        os.listdir(path)\n        return 'allowed'\n"
+        "    except OSError as exc:\n        return exc.strerror\n"
+        "print(json.dumps({'self': attempt('/proc/self/fd'), 'server': attempt('/proc/1/fd')}))\n"
+    )
+
+    async def scenario() -> str:
+        backend = await warm_backend(daemon, layout, instance)
+        try:
+            info = await backend.create(tenant.spec)
+            assert info.endpoint is not None and await wait_ready(info.endpoint, 20.0)
+            client = daemon.client()
+            try:
+                result = client.containers.get(info.backend_id).exec_run(
+                    [PYTHON, "-c", probe], user="10001:0"
+                )
+            finally:
+                client.close()
+            assert result.exit_code == 0, result.output
+            return str(result.output.decode())
+        finally:
+            await backend.close()
+
+    facts = json.loads(asyncio.run(scenario()).strip().splitlines()[-1])
+    assert facts["self"] == "allowed"  # the control: /proc works for the probe itself
+    assert facts["server"] != "allowed"  # the server is not dumpable: its fds stay its own
+
+
+def test_restarted_broker_adopts_bound_sandboxes_and_removes_old_spares(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "adopt me\n"})
+
+    async def first_broker() -> str:
+        backend = await warm_backend(daemon, layout, instance)
+        info = await backend.create(tenant.spec)
+        assert info.endpoint is not None and await wait_ready(info.endpoint, 20.0)
+        await warm_again(backend)
+        # The broker dies here: nothing is closed.
+        return info.backend_id
+
+    async def second_broker() -> list[Any]:
+        backend = await DockerBackend.connect(daemon.settings(), instance=instance, pool_dir=pool_dir(layout))
+        found = await backend.discover()
+        for info in found:
+            await backend.delete(info)
+        await backend.close()
+        return found
+
+    bound_id = asyncio.run(first_broker())
+    names = set(containers(daemon, instance))
+    assert len(names) == 2 and any(".pool-" in n for n in names)  # the bound one and a new spare
+    found = asyncio.run(second_broker())
+    assert [(i.tenant, i.backend_id) for i in found] == [(tenant.spec.tenant, bound_id)]
+    assert containers(daemon, instance) == {}, "the old spare must be removed, the adopted one deleted"
+    assert os.listdir(layout.root / "run" / ".pool") == []
+
+
+async def warm_again(backend: DockerBackend) -> None:
+    for _ in range(600):
+        if backend.describe()["pool"]["ready"]:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the pool did not refill")
+
+
+def test_a_dead_warm_sandbox_falls_back_to_a_cold_start(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "hello docbroker sandbox\n"})
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        backend = await warm_backend(daemon, layout, instance)
+        try:
+            client = daemon.client()
+            for container in client.containers.list(filters={"label": f"io.docbroker.instance={instance}"}):
+                container.kill()
+            client.close()
+            info = await backend.create(tenant.spec)
+            assert info.endpoint is not None and await wait_ready(info.endpoint, 30.0)
+            result = await call_all(info.endpoint.uds or "", tenant.secret, tenant.spec.tenant, "# r\n")
+            return containers(daemon, instance)[backend.container_name(tenant.spec.tenant)], result
+        finally:
+            await backend.close()
+
+    cold, result = asyncio.run(scenario())
+    assert cold["Config"]["Labels"].get("io.docbroker.tenant") is not None  # started cold
+    assert result["read"]["data"]["content"] == "hello docbroker sandbox\n"
+
+
+def test_close_while_warming_leaves_nothing(daemon: Daemon, layout: Layout, instance: str) -> None:
+    async def scenario() -> None:
+        backend = await DockerBackend.connect(daemon.settings(), instance=instance, pool_dir=pool_dir(layout))
+        await backend.start()
+        await asyncio.sleep(0.3)  # the daemon is creating or starting the warm sandbox
+        await backend.close()
+
+    asyncio.run(scenario())
+    assert containers(daemon, instance) == {}
+    assert os.listdir(layout.root / "run" / ".pool") == []
