@@ -3,9 +3,12 @@
     python bench/cold_start.py [--runs 10] [--host unix:///var/run/docker.sock] [--many 100]
 
 Prints one table:
-  (a) DockerBackend (hardened, unix socket): create → socket ready → first tools/call result
+  (a) DockerBackend (hardened, unix socket): create → socket ready → first tools/call result,
+      cold (a new container) and pooled (a warm sandbox bound to the tenant; the pool is
+      given time to refill between runs, as between two tenants' first calls)
   (b) naive hardened `docker run -i` of the same image via the CLI, MCP over stdio
-  (c) through a real broker: a tenant's first tools/call, container start included → result
+  (c) through a real broker: a tenant's first tools/call → result, with the warm pool (the
+      default) and without it (DOCBROKER_DOCKER_POOL_SIZE=0: container start included)
   idle memory of one sandbox (as `docker stats` shows it), image size, and with --many N,
   N sandboxes running at once with their memory per container, then N tenants' first calls
   at once through one broker and one more call each with all N running.
@@ -183,7 +186,7 @@ _CALL_HEADERS = {
 
 
 @contextlib.contextmanager
-def docker_broker(host: str, image: str, names: list[str], cpus: float) -> Iterator[Any]:
+def docker_broker(host: str, image: str, names: list[str], cpus: float, pool: int = 1) -> Iterator[Any]:
     """A real broker on the Docker runtime with these tenants, each with one document.
 
     It runs as this process's user (root), so only with a rootful daemon; tests/docker runs
@@ -205,6 +208,7 @@ def docker_broker(host: str, image: str, names: list[str], cpus: float) -> Itera
             "DOCBROKER_MAX_SANDBOXES": str(max(len(names), 1)),
             "DOCBROKER_START_TIMEOUT": "600",
             "DOCBROKER_CALL_TIMEOUT": "600",
+            "DOCBROKER_DOCKER_POOL_SIZE": str(pool),
         },
     )
     for name in names:
@@ -234,13 +238,53 @@ def broker_call(broker: Any, tenant: str) -> float:
     return elapsed
 
 
-def broker_cold_starts(host: str, image: str, runs: int, cpus: float) -> list[float]:
+def broker_cold_starts(host: str, image: str, runs: int, cpus: float, pool: int) -> list[float]:
     """(c) The whole path: a client's first tools/call for a tenant without a sandbox, through a
     real broker (JWT, audit, descriptor pinning) on the Docker runtime, until its result.
-    One new tenant per run, so every call is a cold start."""
+    One new tenant per run, so every call is a first call. With a pool, each run waits (not
+    timed) until the broker's /readyz shows a warm sandbox again."""
     names = [f"cold{i}" for i in range(runs + 1)]  # +1: a warm-up tenant, not counted
-    with docker_broker(host, image, names, cpus) as broker:
-        return [broker_call(broker, name) for name in names][1:]
+    with docker_broker(host, image, names, cpus, pool) as broker:
+        timings = []
+        for name in names:
+            if pool:
+                wait_pool_warm(broker)
+            timings.append(broker_call(broker, name))
+        return timings[1:]
+
+
+def wait_pool_warm(broker: Any, timeout: float = 60.0) -> None:
+    ready_url = broker.mcp_url.removesuffix("/mcp") + "/readyz"
+    deadline = time.monotonic() + timeout
+    with httpx2.Client(timeout=10) as http:
+        while time.monotonic() < deadline:
+            if http.get(ready_url).json()["checks"]["sandboxes"]["pool"]["ready"]:
+                return
+            time.sleep(0.05)
+    raise RuntimeError("the broker's pool never became warm")
+
+
+async def backend_pooled_starts(
+    settings: DockerSettings, instance: str, tenants: Tenants, runs: int
+) -> list[float]:
+    """(a) pooled: DockerBackend with a pool of one; each run binds the warm sandbox."""
+    pool_dir = tenants.root / "run" / ".pool"
+    pool_dir.mkdir(parents=True, mode=0o700)
+    os.chown(pool_dir.parent, *tenants.owner)
+    os.chown(pool_dir, *tenants.owner)
+    backend = await DockerBackend.connect(settings, instance=instance, pool_dir=pool_dir)
+    await backend.start()
+    timings = []
+    try:
+        for i in range(runs + 1):  # +1: a warm-up run, not counted
+            while not backend.describe()["pool"]["ready"]:
+                await asyncio.sleep(0.05)
+            elapsed, info = await backend_cold_start(backend, tenants.make(f"pooled-{i}"))
+            timings.append(elapsed)
+            await backend.delete(info)
+    finally:
+        await backend.close()
+    return timings[1:]
 
 
 def broker_many(host: str, image: str, n: int, cpus: float) -> tuple[float, list[float]]:
@@ -313,22 +357,30 @@ async def main() -> int:
         for i in range(args.runs):
             naive.append(await naive_cold_start(args.host, args.image, tenants.make(f"naive-{i}"), cpus))
 
+        pooled = await backend_pooled_starts(settings, instance, tenants, args.runs)
         through_broker: list[float] = []
+        through_broker_cold: list[float] = []
         if described["mode"] == "rootful":
-            through_broker = broker_cold_starts(args.host, args.image, args.runs, args.cpus)
+            through_broker = broker_cold_starts(args.host, args.image, args.runs, args.cpus, pool=1)
+            through_broker_cold = broker_cold_starts(args.host, args.image, args.runs, args.cpus, pool=0)
         image = backend._client.images.get(args.image)
         rows += [
             (
                 f"(a) DockerBackend cold start p50 / p90 (n={args.runs}, {args.cpus} CPU)",
                 f"{statistics.median(hardened) * 1000:.0f} ms / {pct(hardened, 0.9) * 1000:.0f} ms",
             ),
+            (f"(a) DockerBackend pooled start p50 / p90 (n={args.runs})", _p50_p90(pooled)),
             (
                 f"(b) naive docker run + stdio p50 / p90 (n={args.runs}, {args.cpus} CPU)",
                 f"{statistics.median(naive) * 1000:.0f} ms / {pct(naive, 0.9) * 1000:.0f} ms",
             ),
             (
-                f"(c) through the broker: first tools/call → result p50 / p90 (n={args.runs})",
+                f"(c) through the broker, warm pool: first tools/call → result p50 / p90 (n={args.runs})",
                 _p50_p90(through_broker) if through_broker else "- (rootful daemon only)",
+            ),
+            (
+                f"(c) through the broker, no pool: first tools/call → result p50 / p90 (n={args.runs})",
+                _p50_p90(through_broker_cold) if through_broker_cold else "- (rootful daemon only)",
             ),
             ("idle sandbox memory (docker stats)", f"{idle:.1f} MiB"),
             ("server image size", f"{image.attrs['Size'] / 1e6:.1f} MB"),

@@ -89,16 +89,18 @@ async def _runtime(settings: Settings) -> tuple[str, str]:
         return WARN, "local processes: INSECURE, no sandbox (development only)"
     from broker.runtime.docker import DockerBackend
 
-    backend = await DockerBackend.connect(settings.runtime.docker)
+    backend = await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.run_dir / ".pool")
     try:
-        facts = backend.describe()
+        facts = backend.describe()  # describes the pool; start() is never called, nothing is started
     finally:
         await backend.close()
     limits = facts.get("limits_enforced", {})
     enforced = all(limits.values()) if isinstance(limits, dict) else bool(limits)
+    pool = facts.get("pool", {})
     detail = (
         f"docker {facts.get('engine_version', '?')}, {facts['mode']}, image {facts.get('image')}, "
-        f"limits {'enforced' if enforced else 'NOT enforced (memory/CPU/pids)'}"
+        f"limits {'enforced' if enforced else 'NOT enforced (memory/CPU/pids)'}, "
+        f"warm pool {pool.get('size', 0)} ({pool.get('reason', pool.get('state', 'off'))})"
     )
     if facts["mode"] == "rootful":
         return WARN, detail + "; a rootless daemon is preferred"

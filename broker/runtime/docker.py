@@ -46,6 +46,7 @@ from broker.runtime.daemon import DaemonFacts, daemon_facts
 from broker.runtime.pool import Slot, WarmPool
 from broker.settings import DockerSettings
 from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
+from server import landlock
 from server.binding import BindingError, send_binding
 from server.contracts import TENANT_RE
 
@@ -118,6 +119,7 @@ class DockerBackend(SandboxBackend):
             size=settings.pool_size if pool_dir is not None else 0,
             start=self._start_slot,
             remove=self._remove_slot,
+            off_reason=_pool_off_reason(settings, pool_dir),
         )
 
     @classmethod
@@ -499,6 +501,16 @@ def _check_spec(spec: SandboxSpec) -> None:
             raise SandboxStartError(f"the tenant's {kind} does not exist; provision the tenant first")
     if not os.path.isfile(spec.secret_file):
         raise SandboxStartError("the tenant's secret file does not exist; provision the tenant first")
+
+
+def _pool_off_reason(settings: DockerSettings, pool_dir: Path | None) -> str | None:
+    """Why the warm pool cannot run here, if it cannot; containers share the host's kernel."""
+    if pool_dir is None or settings.pool_size == 0:
+        return None
+    abi = landlock.abi_version()
+    if abi < landlock.MIN_ABI:
+        return f"the kernel offers Landlock ABI {abi} (at least {landlock.MIN_ABI} needed)"
+    return None
 
 
 def _remove_stale_socket(path: str) -> None:

@@ -41,7 +41,9 @@ class WarmPool:
         start: Callable[[], Awaitable[Slot]],
         remove: Callable[[Slot], Awaitable[None]],
         max_failures: int = 3,
+        off_reason: str | None = None,
     ) -> None:
+        """`off_reason` keeps the pool off from the start (the caller knows it cannot work)."""
         self._size = size
         self._start = start
         self._remove = remove
@@ -49,7 +51,7 @@ class WarmPool:
         self._ready: list[Slot] = []
         self._warming: set[asyncio.Task[Slot | None]] = set()
         self._failures = 0
-        self._off_reason: str | None = None if size > 0 else "disabled"
+        self._off_reason = off_reason or (None if size > 0 else "disabled")
         self._closed = False
 
     # -- the surface --------------------------------------------------------------------------

@@ -361,3 +361,32 @@ def test_close_while_warming_leaves_nothing(daemon: Daemon, layout: Layout, inst
     asyncio.run(scenario())
     assert containers(daemon, instance) == {}
     assert os.listdir(layout.root / "run" / ".pool") == []
+
+
+def test_a_pool_that_cannot_start_turns_itself_off_and_sandboxes_start_cold(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    blocker = layout.root / "not-a-folder"
+    blocker.write_text("a file where the pool's folder should be")
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "hello docbroker sandbox\n"})
+
+    async def scenario() -> tuple[dict[str, Any], str]:
+        backend = await DockerBackend.connect(
+            daemon.settings(), instance=instance, pool_dir=blocker / ".pool"
+        )
+        await backend.start()
+        try:
+            for _ in range(200):  # three failed starts, 0 + 1 + 2 s apart
+                if backend.describe()["pool"]["state"] == "off":
+                    break
+                await asyncio.sleep(0.05)
+            info = await backend.create(tenant.spec)
+            assert info.endpoint is not None and await wait_ready(info.endpoint, 30.0)
+            return backend.describe()["pool"], info.backend_id
+        finally:
+            await backend.close()
+
+    pool, sandbox_id = asyncio.run(scenario())
+    assert pool["state"] == "off" and "did not start" in pool["reason"]
+    [(name, attrs)] = containers(daemon, instance).items()  # the tenant's, started cold; no spare
+    assert attrs["Id"] == sandbox_id and ".pool-" not in name
