@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import stat
+import time
 from dataclasses import dataclass
 
 from server import landlock
@@ -59,7 +60,7 @@ def listen(path: str) -> socket.socket:
     """The binding socket. Listen only once warm: an accepting socket is how the broker knows."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
-    sock.listen(1)
+    sock.listen(16)  # room for the broker's readiness probes queued beside the binding
     return sock
 
 
@@ -168,6 +169,18 @@ def confine(bound: Binding, *, run_dir: str) -> None:
 # --- the broker's side --------------------------------------------------------------------------
 
 
+def _connect(sock: socket.socket, path: str, *, deadline: float) -> None:
+    """A unix connect with a timeout set fails at once (EAGAIN) on a full backlog: try again."""
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
+
+
 def send_binding(
     socket_path: str, *, scope: str, sources_dir: str, dropbox_dir: str, secret_file: str, timeout: float
 ) -> None:
@@ -189,7 +202,7 @@ def send_binding(
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             try:
-                sock.connect(socket_path)
+                _connect(sock, socket_path, deadline=time.monotonic() + timeout)
                 socket.send_fds(sock, [message], opened)
                 answer = sock.recv(MAX_MESSAGE_BYTES)
             except (OSError, TimeoutError) as exc:
