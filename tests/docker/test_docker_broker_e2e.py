@@ -3,7 +3,8 @@
 The client searches, reads, and saves a report that a human approves over REST; the report
 must then be on the host, in the tenant's reports store, with exactly the approved bytes. Run
 against every daemon: with a rootless daemon the broker runs as that daemon's user, which is
-the production shape (nothing on the sandbox path runs as root).
+the production shape (nothing on the sandbox path runs as root). And run both ways a sandbox
+comes to be: bound from the warm pool (the default) and started cold (pool size 0).
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def _start_as(broker: Broker, uid: int, gid: int, base: Path) -> None:
     pytest.fail(f"broker did not start:\n{broker.logs()[-3000:]}")
 
 
-@pytest.fixture
-def docker_broker(daemon: Daemon) -> Iterator[Broker]:
+@pytest.fixture(params=[1, 0], ids=["pooled", "cold"])
+def docker_broker(daemon: Daemon, request: pytest.FixtureRequest) -> Iterator[Broker]:
     # /var/tmp: a rootless daemon (another user) must reach the bind-mount sources.
     base = Path(tempfile.mkdtemp(prefix="docbroker-e2e-", dir="/var/tmp"))
     env = {
@@ -108,6 +109,7 @@ def docker_broker(daemon: Daemon) -> Iterator[Broker]:
         # The copy beside the tenant policies: readable by the broker's user, like the rest.
         "DOCBROKER_DOCKER_SECCOMP_PROFILE": str(base / "policies" / SECCOMP.name),
         "DOCBROKER_IDLE_TIMEOUT": "300",
+        "DOCBROKER_DOCKER_POOL_SIZE": str(request.param),
     }
     broker = make_broker(base, runtime="docker", env=env)
     sources = broker.sources("acme")
@@ -167,3 +169,14 @@ async def test_search_read_and_approved_save_through_a_real_container(
     with broker.http() as http:
         ready = http.get("/readyz").json()
     assert ready["checks"]["sandboxes"]["mode"] == expected_mode
+    pool = ready["checks"]["sandboxes"]["pool"]
+    client = daemon.client()
+    try:
+        [sandbox] = client.containers.list(filters={"name": "docbroker-acme"})
+        labels = sandbox.labels
+    finally:
+        client.close()
+    if pool["size"]:  # the tenant's sandbox was a warm one, bound on the first call
+        assert pool["state"] == "on" and labels.get("io.docbroker.pool") == "true"
+    else:
+        assert pool["state"] == "off" and labels.get("io.docbroker.tenant") == "acme"
