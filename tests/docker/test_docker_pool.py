@@ -24,6 +24,7 @@ from broker.runtime.docker import DockerBackend
 from server.binding import send_binding
 from tests.docker.conftest import PYTHON, Daemon, Layout, remove_instance, unique_tenant
 from tests.docker.test_docker_mcp import call_all
+from tests.escape_probe import HELPERS
 
 pytestmark = pytest.mark.docker
 
@@ -137,8 +138,9 @@ def test_first_call_binds_the_warm_sandbox_and_it_serves_the_tenant(
     assert (tenant.dropbox / "summary.md").read_bytes() == content.encode()
 
 
-ESCAPE_PROBE = r"""
-import errno, json, os, sys
+ESCAPE_PROBE = (
+    HELPERS
+    + r"""
 from server import binding
 
 bound = binding.accept_binding(binding.listen("/run/docs/bind.sock"))
@@ -146,32 +148,13 @@ binding.confine(bound, run_dir="/run/docs")
 src, rep = bound.sources_fd, bound.reports_fd
 other = sys.argv[1]
 
-def attempt(fn):
-    try:
-        fn()
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno, str(exc.errno))
-    return "allowed"
-
-def read_at(dir_fd, name):
-    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
-    try:
-        return os.read(fd, 100)
-    finally:
-        os.close(fd)
-
-def create_at(dir_fd, name, data=b"x"):
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o040, dir_fd=dir_fd)
-    os.write(fd, data)
-    os.close(fd)
-
 def walk_up(levels):
     return os.open("/".join([".."] * levels), os.O_PATH, dir_fd=src)
 
 results = {
     "read own source": attempt(lambda: read_at(src, "notes.md")),
     "list own sources": attempt(lambda: os.listdir(os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=src))),
-    "create a report": attempt(lambda: create_at(rep, "probe.md", b"probe report")),
+    "create a report": attempt(lambda: create_at(rep, "probe.md", b"probe report", 0o040)),
     "list ..": attempt(lambda: os.listdir(os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=src))),
     "stat ../reports": attempt(lambda: os.stat("../reports", dir_fd=src)),
     "read other tenant by ..": attempt(lambda: read_at(src, f"../../../{other}/docs/sources/secret.md")),
@@ -198,6 +181,7 @@ for levels in (1, 2, 3, 4):
     results[f"list {levels} up"] = attempt(look)
 print("PROBE " + json.dumps(results), flush=True)
 """
+)
 
 
 def test_a_bound_sandbox_cannot_leave_its_tenants_folders(

@@ -25,6 +25,7 @@ import pytest
 
 from server import landlock
 from server.binding import BindingError, send_binding
+from tests.escape_probe import HELPERS
 
 
 def _start_pooled(kit: Any, base: Path) -> tuple[subprocess.Popen[bytes], str, str]:
@@ -165,8 +166,9 @@ def test_broker_side_refuses_missing_folders(tmp_path: Path) -> None:
 
 # --- Landlock ------------------------------------------------------------------------------------
 
-_PROBE = r"""
-import errno, json, os, socket, sys
+_PROBE = (
+    HELPERS
+    + r"""
 sys.path.insert(0, sys.argv[1])
 from server import landlock
 sources, reports, outside = sys.argv[2:5]
@@ -178,25 +180,6 @@ landlock.restrict([
     landlock.Rule(rep, landlock.MAKE_REG | landlock.WRITE_FILE),
 ])
 
-def attempt(fn):
-    try:
-        fn()
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno, str(exc.errno))
-    return "allowed"
-
-def read_at(dir_fd, name):
-    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
-    try:
-        os.read(fd, 100)
-    finally:
-        os.close(fd)
-
-def create_at(dir_fd, name):
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
-    os.write(fd, b"report")
-    os.close(fd)
-
 def tcp():
     with socket.socket() as s:
         s.settimeout(1)
@@ -206,7 +189,7 @@ results = {
     # controls: what a bound server must still do
     "read own source": attempt(lambda: read_at(src, "doc.md")),
     "list own sources": attempt(lambda: os.listdir(src)),
-    "create a report": attempt(lambda: create_at(rep, "new.md")),
+    "create a report": attempt(lambda: create_at(rep, "new.md", b"report")),
     # escapes
     "read ../outside": attempt(lambda: read_at(src, "../outside/secret.md")),
     "read outside by path": attempt(lambda: read_at(None, os.path.join(outside, "secret.md"))),
@@ -227,6 +210,7 @@ if landlock.abi_version() >= 4:  # TCP rules came with ABI 4
     results["tcp connect"] = attempt(tcp)
 print(json.dumps(results))
 """
+)
 
 
 def test_landlock_leaves_only_the_granted_folders(kit: Any, tmp_path: Path) -> None:
