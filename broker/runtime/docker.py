@@ -179,6 +179,9 @@ class DockerBackend(SandboxBackend):
         self._pool.fill()
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        # An unprovisioned tenant is the caller's error, not a broken warm sandbox: refuse it
+        # before one is taken from the pool.
+        _check_spec(spec)
         slot = await self._pool.take()
         if slot is not None:
             try:
@@ -284,7 +287,6 @@ class DockerBackend(SandboxBackend):
         import docker.errors
 
         started = time.monotonic()
-        _check_spec(spec)
         send_binding(
             slot.bind_socket,
             scope=spec.tenant,
@@ -321,7 +323,6 @@ class DockerBackend(SandboxBackend):
     def _create_and_start(self, spec: SandboxSpec) -> str:
         import docker.errors
 
-        _check_spec(spec)
         name = self.container_name(spec.tenant)
         # A container of that name is a leftover (crash, or a broker killed mid-create): the
         # lifecycle has already decided to replace it.

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("docbroker.runtime.pool")
@@ -30,7 +30,6 @@ class Slot:
     run_dir: str
     bind_socket: str
     mcp_socket: str
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 class WarmPool:
@@ -65,14 +64,14 @@ class WarmPool:
             self._warming.add(task)
             task.add_done_callback(self._warmed)
 
-    async def take(self) -> Slot | None:
+    async def take(self, *, wait: float = 10.0) -> Slot | None:
         """A warm slot for a tenant, refilling behind it; None when the pool has nothing to give.
 
-        With no slot ready, the one warming up is awaited: it started earlier than a cold start
-        would, so it is ready sooner.
+        With no slot ready, the one warming up is awaited (it started earlier than a cold start
+        would, so it is usually ready sooner), but for `wait` seconds at the most.
         """
         if not self._ready and self._warming:
-            await asyncio.wait(set(self._warming), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(set(self._warming), timeout=wait, return_when=asyncio.FIRST_COMPLETED)
         slot = self._ready.pop(0) if self._ready else None
         self.fill()
         return slot

@@ -374,3 +374,26 @@ def test_a_pool_that_cannot_start_turns_itself_off_and_sandboxes_start_cold(
     assert pool["state"] == "off" and "did not start" in pool["reason"]
     [(name, attrs)] = containers(daemon, instance).items()  # the tenant's, started cold; no spare
     assert attrs["Id"] == sandbox_id and ".pool-" not in name
+
+
+def test_an_unprovisioned_tenant_is_refused_without_spending_the_warm_sandbox(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    from broker.runtime.base import SandboxStartError
+    from broker.types import SandboxSpec
+
+    missing = layout.root / "tenants" / "ghost"
+    spec = SandboxSpec(
+        tenant="ghost", docs_root=str(missing / "docs"), secret_file=str(missing / "k"), run_dir=str(missing)
+    )
+
+    async def scenario() -> dict[str, Any]:
+        backend = await warm_backend(daemon, layout, instance)
+        try:
+            with pytest.raises(SandboxStartError, match="provision the tenant first"):
+                await backend.create(spec)
+            return dict(backend.describe()["pool"])
+        finally:
+            await backend.close()
+
+    assert asyncio.run(scenario()) == {"size": 1, "state": "on", "ready": 1}
