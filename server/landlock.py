@@ -88,7 +88,7 @@ class Rule:
 
 def abi_version() -> int:
     """The kernel's Landlock ABI version; 0 when it has none (or seccomp hides it)."""
-    result = raw_syscall(_SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
+    result = raw_syscall(_SYS_CREATE_RULESET, None, ctypes.c_long(0), ctypes.c_long(_CREATE_RULESET_VERSION))
     return max(result, 0)
 
 
@@ -110,17 +110,26 @@ def restrict(rules: list[Rule]) -> int:
     )
     # Older kernels reject fields they do not know unless they are cut off the struct.
     size = ctypes.sizeof(ctypes.c_uint64) * (3 if abi >= 6 else 2 if abi >= 4 else 1)
-    ruleset = _checked(raw_syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), size, 0), "create a ruleset")
+    ruleset = _checked(
+        raw_syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_long(size), ctypes.c_long(0)),
+        "create a ruleset",
+    )
     try:
         for rule in rules:
             beneath = _PathBeneathAttr(allowed_access=rule.access & handled_fs, parent_fd=rule.dir_fd)
             _checked(
-                raw_syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(beneath), 0),
+                raw_syscall(
+                    _SYS_ADD_RULE,
+                    ctypes.c_long(ruleset),
+                    ctypes.c_long(_RULE_PATH_BENEATH),
+                    ctypes.byref(beneath),
+                    ctypes.c_long(0),
+                ),
                 "add a rule",
             )
         # Docker's no-new-privileges has set it already; the kernel insists on it either way.
         _checked(prctl(_PR_SET_NO_NEW_PRIVS, 1), "set no_new_privs")
-        _checked(raw_syscall(_SYS_RESTRICT_SELF, ruleset, 0), "restrict itself")
+        _checked(raw_syscall(_SYS_RESTRICT_SELF, ctypes.c_long(ruleset), ctypes.c_long(0)), "restrict itself")
     finally:
         os.close(ruleset)
     return abi

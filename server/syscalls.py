@@ -27,11 +27,14 @@ def available() -> bool:
 
 
 def raw_syscall(number: int, *args: Any) -> int:
-    """syscall(2). Integers are passed as C longs; pointers (byref, c_char_p, None) as they are."""
+    """syscall(2), each argument already a C value: c_long for integers (the kernel reads longs),
+    c_char_p, byref(...) or None for pointers.
+
+    No conversion here: the call sits on the server's per-file path (openat2).
+    """
     if _libc is None:
         return -38  # ENOSYS
-    converted = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
-    result = int(_libc.syscall(ctypes.c_long(number), *converted))
+    result = int(_libc.syscall(ctypes.c_long(number), *args))
     return result if result >= 0 else -ctypes.get_errno()
 
 

@@ -87,7 +87,11 @@ def _openat2(dir_fd: int, name: str, flags: int, mode: int) -> int:
         raise ValueError("embedded null byte")
     how = _OpenHow(flags, mode, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS)
     fd = syscalls.raw_syscall(
-        _SYS_OPENAT2, dir_fd, ctypes.c_char_p(path), ctypes.byref(how), ctypes.sizeof(how)
+        _SYS_OPENAT2,
+        ctypes.c_long(dir_fd),
+        ctypes.c_char_p(path),
+        ctypes.byref(how),
+        ctypes.c_long(ctypes.sizeof(how)),
     )
     if fd < 0:
         raise OSError(-fd, os.strerror(-fd))
