@@ -184,12 +184,23 @@ class DockerBackend(SandboxBackend):
         _check_spec(spec)
         slot = await self._pool.take()
         if slot is not None:
+            binding = asyncio.ensure_future(asyncio.to_thread(self._bind, slot, spec))
             try:
-                return await asyncio.to_thread(self._bind, slot, spec)
-            except (BindingError, SandboxStartError) as exc:
-                # The warm sandbox is unusable (a kernel without Landlock refuses here): start
-                # this one cold, as without a pool.
-                await self._pool.discard(slot, why=str(exc))
+                return await asyncio.shield(binding)
+            except asyncio.CancelledError:
+                # The caller gave up; the bind goes on in its thread. Whatever it bound is
+                # removed: no sandbox is left running that the lifecycle does not know.
+                with contextlib.suppress(BaseException):
+                    await binding
+                await asyncio.shield(self._remove_slot(slot))
+                raise
+            except Exception as exc:
+                # The warm sandbox is unusable (dead, refused the binding, could not be
+                # renamed): remove it and start this tenant's cold, as without a pool.
+                reason = (
+                    str(exc) if isinstance(exc, (BindingError, SandboxStartError)) else type(exc).__name__
+                )
+                await self._pool.discard(slot, why=reason)
         started = time.monotonic()
         container_id = await asyncio.to_thread(self._create_and_start, spec)
         return SandboxInfo(

@@ -397,3 +397,26 @@ def test_an_unprovisioned_tenant_is_refused_without_spending_the_warm_sandbox(
             await backend.close()
 
     assert asyncio.run(scenario()) == {"size": 1, "state": "on", "ready": 1}
+
+
+def test_a_caller_that_gives_up_mid_binding_leaves_no_sandbox_behind(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "x\n"})
+
+    async def scenario() -> tuple[str, dict[str, Any]]:
+        backend = await warm_backend(daemon, layout, instance)
+        try:
+            [warm_id] = [a["Id"] for a in containers(daemon, instance).values()]
+            task = asyncio.create_task(backend.create(tenant.spec))
+            await asyncio.sleep(0.005)  # the binding is under way in its worker thread
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return warm_id, containers(daemon, instance)
+        finally:
+            await backend.close()
+
+    warm_id, left = asyncio.run(scenario())
+    assert warm_id not in [a["Id"] for a in left.values()], "the half-bound sandbox was left running"
+    assert all(".pool-" in name for name in left), left  # at most the new spare, never a tenant's
