@@ -61,10 +61,14 @@ def pool_dir(layout: Layout) -> Path:
     return path
 
 
-async def warm_backend(daemon: Daemon, layout: Layout, instance: str, **overrides: Any) -> DockerBackend:
-    backend = await DockerBackend.connect(
+async def connect_pooled(daemon: Daemon, layout: Layout, instance: str, **overrides: Any) -> DockerBackend:
+    return await DockerBackend.connect(
         daemon.settings(**overrides), instance=instance, pool_dir=pool_dir(layout)
     )
+
+
+async def warm_backend(daemon: Daemon, layout: Layout, instance: str, **overrides: Any) -> DockerBackend:
+    backend = await connect_pooled(daemon, layout, instance, **overrides)
     await backend.start()
     for _ in range(600):
         if backend.describe()["pool"]["ready"]:
@@ -191,7 +195,7 @@ def test_a_bound_sandbox_cannot_leave_its_tenants_folders(
     other = layout.tenant(unique_tenant("b"), {"secret.md": "CANARY-OTHER-TENANT\n"})
 
     async def scenario() -> str:
-        backend = await DockerBackend.connect(daemon.settings(), instance=instance, pool_dir=pool_dir(layout))
+        backend = await connect_pooled(daemon, layout, instance)
         slot_dir = pool_dir(layout) / "probe"
         slot_dir.mkdir()
         slot_dir.chmod(0o1777)
@@ -287,7 +291,7 @@ def test_restarted_broker_adopts_bound_sandboxes_and_removes_old_spares(
         return info.backend_id
 
     async def second_broker() -> list[Any]:
-        backend = await DockerBackend.connect(daemon.settings(), instance=instance, pool_dir=pool_dir(layout))
+        backend = await connect_pooled(daemon, layout, instance)
         found = await backend.discover()
         for info in found:
             await backend.delete(info)
@@ -337,7 +341,7 @@ def test_a_dead_warm_sandbox_falls_back_to_a_cold_start(
 
 def test_close_while_warming_leaves_nothing(daemon: Daemon, layout: Layout, instance: str) -> None:
     async def scenario() -> None:
-        backend = await DockerBackend.connect(daemon.settings(), instance=instance, pool_dir=pool_dir(layout))
+        backend = await connect_pooled(daemon, layout, instance)
         await backend.start()
         await asyncio.sleep(0.3)  # the daemon is creating or starting the warm sandbox
         await backend.close()
@@ -420,3 +424,58 @@ def test_a_caller_that_gives_up_mid_binding_leaves_no_sandbox_behind(
     warm_id, left = asyncio.run(scenario())
     assert warm_id not in [a["Id"] for a in left.values()], "the half-bound sandbox was left running"
     assert all(".pool-" in name for name in left), left  # at most the new spare, never a tenant's
+
+
+def test_the_lifecycle_with_warm_sandboxes_crash_replace_reap_close(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    from broker.runtime.base import Runtime
+    from broker.types import SandboxState
+
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "lifecycle\n"})
+    seen: list[tuple[str, str]] = []
+
+    async def on_event(event: str, name: str, sandbox: str, details: dict[str, Any]) -> None:
+        seen.append((event, details.get("reason", "")))
+
+    async def scenario() -> tuple[list[str], dict[str, Any], list[str]]:
+        backend = await connect_pooled(daemon, layout, instance)
+        runtime = Runtime(
+            backend,
+            lambda _: tenant.spec,
+            max_sandboxes=5,
+            idle_timeout=600.0,
+            start_timeout=30.0,
+            on_event=on_event,
+        )
+        await runtime.start()
+        await warm_again(backend)
+        ids = []
+        for _ in range(2):  # the first sandbox crashes; the second is a new warm one
+            endpoint = await runtime.ensure(tenant.spec.tenant)
+            assert endpoint.uds is not None and endpoint.uds.startswith(str(pool_dir(layout)))
+            (info,) = runtime.list()
+            ids.append(info.backend_id)
+            result = await call_all(endpoint.uds, tenant.secret, tenant.spec.tenant, f"# {len(ids)}\n")
+            assert result["read"]["data"]["content"] == "lifecycle\n"
+            (tenant.dropbox / "summary.md").unlink()  # as the broker moves reports out
+            client = daemon.client()
+            client.containers.get(info.backend_id).kill()
+            client.close()
+            await runtime.mark_broken(tenant.spec.tenant)
+            assert info.state is SandboxState.FAILED
+            await warm_again(backend)
+        await runtime.stop(tenant.spec.tenant, reason="idle")
+        left_dirs = sorted(os.listdir(pool_dir(layout)))
+        alive = containers(daemon, instance)
+        await runtime.close()
+        return ids, alive, left_dirs
+
+    ids, alive, left_dirs = asyncio.run(scenario())
+    assert len(set(ids)) == 2
+    [(spare, attrs)] = alive.items()  # only the current spare: both tenant sandboxes are gone
+    assert ".pool-" in spare and attrs["Id"] not in ids
+    assert len(left_dirs) == 1  # the spare's slot dir; the two used ones were removed with them
+    assert containers(daemon, instance) == {}
+    assert os.listdir(pool_dir(layout)) == []
+    assert [e for e, _ in seen].count("sandbox.started") == 2
