@@ -50,8 +50,7 @@ async def make_backend(settings: Settings) -> SandboxBackend:
         return LocalProcessBackend(settings.runtime.local_command)
     from broker.runtime.docker import DockerBackend
 
-    # Warm slots' run dirs beside the tenants' (".pool" cannot be a tenant id: a DNS label).
-    return await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.run_dir / ".pool")
+    return await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.pool_dir)
 
 
 @dataclass

@@ -89,7 +89,7 @@ async def _runtime(settings: Settings) -> tuple[str, str]:
         return WARN, "local processes: INSECURE, no sandbox (development only)"
     from broker.runtime.docker import DockerBackend
 
-    backend = await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.run_dir / ".pool")
+    backend = await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.pool_dir)
     try:
         facts = backend.describe()  # describes the pool; start() is never called, nothing is started
     finally:

@@ -135,6 +135,11 @@ class Settings:
         return self.data_dir / "run"
 
     @property
+    def pool_dir(self) -> Path:
+        """The warm sandboxes' run dirs, beside the tenants' (".pool" is no DNS label)."""
+        return self.run_dir / ".pool"
+
+    @property
     def secrets_dir(self) -> Path:
         return self.data_dir / "secrets"
 

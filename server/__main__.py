@@ -106,16 +106,13 @@ def _bound_server(bind_path: str, socket_path: str) -> MCPServer[Any]:
     from server import binding, landlock
     from server.app import build_server
 
+    run_dir = os.path.dirname(socket_path) or "."
     try:
-        binding_ = binding.accept_binding(binding.listen(bind_path))
-    except binding.BindingError as exc:
+        bound = binding.accept_binding(binding.listen(bind_path), run_dir=run_dir)
+    except (binding.BindingError, landlock.LandlockError) as exc:
         raise ConfigError(f"binding refused: {exc}") from None
-    try:
-        workspace = Workspace.from_fds(binding_.sources_fd, binding_.reports_fd)
-        binding.confine(binding_, run_dir=os.path.dirname(socket_path) or ".")
-    except landlock.LandlockError as exc:
-        raise ConfigError(str(exc)) from None
-    return build_server(binding_.scope, binding_.secret, workspace)
+    workspace = Workspace.from_fds(bound.sources_fd, bound.reports_fd)
+    return build_server(bound.scope, bound.secret, workspace)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ message:
     {"v": 1, "scope": "<tenant>"}   + SCM_RIGHTS [sources dir, drop-box dir, secret file]
 
 The socket sits in the slot's run dir, inside the broker's private data dir: only the broker
-(and root) can reach it. The sandbox checks the descriptors, reads the secret, answers
-`{"ok": true}` or `{"ok": false, "error": ...}`, and closes the socket for good: one binding
-per life, and a refused binding ends the sandbox. It then
-locks itself to those folders with Landlock (`server/landlock.py`) before it opens its MCP
-socket, so nothing the tenant sends is ever handled by an unconfined process.
+(and root) can reach it. The sandbox checks the descriptors, reads the secret, locks itself to
+those folders with Landlock (`server/landlock.py`), and only then answers `{"ok": true}`; any
+failure, Landlock's included, answers `{"ok": false, "error": ...}` so the broker can start
+that tenant's sandbox cold instead. The socket is closed for good either way: one binding per
+life, and a refused binding ends the sandbox. Its MCP socket opens after the lock-down, so
+nothing the tenant sends is ever handled by an unconfined process.
 
 Both sides live here so the wire format is written once.
 """
@@ -64,8 +65,8 @@ def listen(path: str) -> socket.socket:
     return sock
 
 
-def accept_binding(listener: socket.socket, *, read_timeout: float = 5.0) -> Binding:
-    """Wait for the broker, take one binding, answer it, and close the listener.
+def accept_binding(listener: socket.socket, *, run_dir: str, read_timeout: float = 5.0) -> Binding:
+    """Wait for the broker, take one binding, confine this process to it, answer, and close.
 
     A connection closed without a byte is a readiness probe (the broker's `_uds_accepts`):
     it is not a binding, and the wait goes on.
@@ -77,9 +78,10 @@ def accept_binding(listener: socket.socket, *, read_timeout: float = 5.0) -> Bin
                 conn.settimeout(read_timeout)
                 try:
                     binding = _receive(conn)
+                    confine(binding, run_dir=run_dir)
                 except _Probe:
                     continue
-                except BindingError as exc:
+                except (BindingError, landlock.LandlockError) as exc:
                     _answer(conn, {"ok": False, "error": str(exc)})
                     raise
                 _answer(conn, {"ok": True})
@@ -97,7 +99,7 @@ def _receive(conn: socket.socket) -> Binding:
             message, fds, flags, _ = socket.recv_fds(
                 conn, MAX_MESSAGE_BYTES + 1, FD_COUNT, socket.MSG_CMSG_CLOEXEC
             )
-        except (OSError, TimeoutError) as exc:
+        except OSError as exc:  # a timeout included
             raise BindingError("the binding message did not arrive") from exc
         if not message and not fds:
             raise _Probe("closed without a message")
@@ -144,13 +146,22 @@ def _answer(conn: socket.socket, answer: dict[str, object]) -> None:
 def confine(bound: Binding, *, run_dir: str) -> None:
     """Lock this process to the bound tenant for good (Landlock), before it serves anyone.
 
-    Raises landlock.LandlockError when the kernel cannot: the sandbox must then not serve.
+    Raises landlock.LandlockError when it cannot (no Landlock, no run dir): the sandbox must
+    then not serve.
     """
     # Not dumpable: another process of the same uid (a `docker exec`) cannot reach this one's
     # descriptors through /proc/<pid>/fd, where this process's Landlock domain does not apply.
     prctl(_PR_SET_DUMPABLE, 0)
     flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-    root_fd, run_fd = os.open("/", flags), os.open(run_dir, flags)
+    try:
+        root_fd = os.open("/", flags)
+    except OSError as exc:
+        raise landlock.LandlockError("the root folder cannot be opened") from exc
+    try:
+        run_fd = os.open(run_dir, flags)
+    except OSError as exc:
+        os.close(root_fd)
+        raise landlock.LandlockError("the run dir cannot be opened") from exc
     try:
         landlock.restrict(
             [
@@ -205,7 +216,7 @@ def send_binding(
                 _connect(sock, socket_path, deadline=time.monotonic() + timeout)
                 socket.send_fds(sock, [message], opened)
                 answer = sock.recv(MAX_MESSAGE_BYTES)
-            except (OSError, TimeoutError) as exc:
+            except OSError as exc:  # a timeout included
                 raise BindingError("the pooled sandbox did not take the binding") from exc
     finally:
         for fd in opened:
@@ -216,6 +227,6 @@ def send_binding(
         raise BindingError("the pooled sandbox gave no answer") from None
     if not isinstance(decoded, dict) or decoded.get("ok") is not True:
         error = decoded.get("error") if isinstance(decoded, dict) else None
-        raise BindingError(
-            f"the pooled sandbox refused the binding: {error if isinstance(error, str) else '?'}"
-        )
+        # The sandbox's words reach the broker's log and /readyz: short printable text only.
+        said = error if isinstance(error, str) and error.isprintable() and len(error) <= 200 else "?"
+        raise BindingError(f"the pooled sandbox refused the binding: {said}")

@@ -146,10 +146,8 @@ class Workspace:
 
     @classmethod
     def from_fds(cls, sources_fd: int, reports_fd: int) -> Workspace:
-        """Adopt two folders opened by someone else (a pooled sandbox gets them from the broker)."""
-        for fd in (sources_fd, reports_fd):
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise WorkspaceError("a passed workspace descriptor is not a directory")
+        """Adopt two folders opened by someone else: a pooled sandbox's, from the broker, which
+        `server/binding.py` has already checked to be directories."""
         workspace = cls.__new__(cls)
         workspace._held = (sources_fd, reports_fd)
         workspace._sources_fd, workspace._reports_fd = sources_fd, reports_fd

@@ -38,8 +38,9 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.runtime.base import BackendRefused, SandboxBackend, SandboxStartError, wait_ready
 from broker.runtime.daemon import DaemonFacts, daemon_facts
@@ -51,6 +52,7 @@ from server.binding import BindingError, send_binding
 from server.contracts import TENANT_RE
 
 log = logging.getLogger("docbroker.runtime.docker")
+_T = TypeVar("_T")
 
 SANDBOX_USER = "10001:0"
 DOCS_ROOT = "/srv/docs"
@@ -184,14 +186,11 @@ class DockerBackend(SandboxBackend):
         _check_spec(spec)
         slot = await self._pool.take()
         if slot is not None:
-            binding = asyncio.ensure_future(asyncio.to_thread(self._bind, slot, spec))
             try:
-                return await asyncio.shield(binding)
+                return await _to_thread_to_the_end(self._bind, slot, spec)
             except asyncio.CancelledError:
-                # The caller gave up; the bind goes on in its thread. Whatever it bound is
-                # removed: no sandbox is left running that the lifecycle does not know.
-                with contextlib.suppress(BaseException):
-                    await binding
+                # The caller gave up: what the bind made is removed, so no sandbox is left
+                # running that the lifecycle does not know.
                 await asyncio.shield(self._remove_slot(slot))
                 raise
             except Exception as exc:
@@ -248,16 +247,13 @@ class DockerBackend(SandboxBackend):
         async def alive() -> bool:
             return await asyncio.to_thread(self._running, name)
 
-        creating = asyncio.ensure_future(asyncio.to_thread(self._create_slot, slot, name))
         try:
-            slot.sandbox_id = await asyncio.shield(creating)
+            slot.sandbox_id = await _to_thread_to_the_end(self._create_slot, slot, name)
             if not await wait_ready(endpoint, WARM_START_TIMEOUT_SECONDS, alive):
                 raise SandboxStartError("a warm sandbox did not become ready")
         except BaseException:
-            # Failed, or cancelled by a shutdown while the daemon was still creating it: let
-            # the create finish in its thread, then remove what it made. Nothing is left.
-            with contextlib.suppress(BaseException):
-                await creating
+            # Failed, or cancelled by a shutdown: remove what was made (by name: the create may
+            # have failed before the daemon gave it an id). Nothing is left.
             await asyncio.shield(asyncio.to_thread(self._remove_slot_now, name, slot.run_dir))
             raise
         return slot
@@ -287,9 +283,7 @@ class DockerBackend(SandboxBackend):
         try:
             container = self._client.containers.create(**options)
             container.start()
-        except docker.errors.DockerException as exc:
-            self._remove(name)
-            self._remove_slot_dir(slot.run_dir)
+        except docker.errors.DockerException as exc:  # the caller removes what was made
             raise SandboxStartError("the Docker daemon could not start a warm sandbox") from exc
         return str(container.id)
 
@@ -321,7 +315,7 @@ class DockerBackend(SandboxBackend):
             backend_id=slot.sandbox_id,
             started_at=started,
             last_used=started,
-            details={"container": slot.sandbox_id[:12], "pooled": True},
+            details={"container": slot.sandbox_id[:12]},
         )
 
     def _remove_slot_dir(self, run_dir: str) -> None:
@@ -465,8 +459,11 @@ class DockerBackend(SandboxBackend):
     def _bound_tenant(self, name: str) -> str | None:
         """The tenant a warm sandbox was bound to, from the name `_bind` gave it."""
         prefix = f"{self._name_prefix}-"
-        tenant = name.removeprefix("/").removeprefix(prefix)
-        return tenant if tenant != name.removeprefix("/") and TENANT_RE.fullmatch(tenant) else None
+        name = name.removeprefix("/")
+        if not name.startswith(prefix):
+            return None  # still named `<prefix>.pool-…`: never bound
+        tenant = name[len(prefix) :]
+        return tenant if TENANT_RE.fullmatch(tenant) else None
 
 
 # --- module helpers -------------------------------------------------------------------------------
@@ -513,6 +510,24 @@ def _check_spec(spec: SandboxSpec) -> None:
             raise SandboxStartError(f"the tenant's {kind} does not exist; provision the tenant first")
     if not os.path.isfile(spec.secret_file):
         raise SandboxStartError("the tenant's secret file does not exist; provision the tenant first")
+
+
+async def _to_thread_to_the_end(fn: Callable[..., _T], *args: Any) -> _T:
+    """`asyncio.to_thread`, but a cancelled caller still waits for the thread to finish.
+
+    A cancelled `to_thread` leaves its thread running, and what it creates (a container)
+    would appear after the caller's clean-up. Here the cancellation is re-raised only once
+    the thread is done, so the caller's clean-up comes after everything it could undo.
+    """
+    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        # The job's own result or error no longer matters (the caller undoes what it did);
+        # a second cancellation must not cut this wait short either.
+        with contextlib.suppress(BaseException):
+            await job
+        raise
 
 
 def _pool_off_reason(settings: DockerSettings, pool_dir: Path | None) -> str | None:

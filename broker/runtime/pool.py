@@ -1,6 +1,6 @@
 """A few started, tenant-less sandboxes, so a tenant's first call skips the ~1 s warm-up.
 
-    pool = WarmPool(size=1, start=backend.start_slot, remove=backend.remove_slot)
+    pool = WarmPool(size=1, start=start_one, remove=remove_one)   # the backend's two functions
     pool.fill()                 # background: keep `size` slots warm
     slot = await pool.take()    # a warm slot (or the one warming up), or None: start cold
     ...                         # bind it to a tenant (server/binding.py); pool refills itself
@@ -78,8 +78,7 @@ class WarmPool:
 
     async def discard(self, slot: Slot, *, why: str) -> None:
         """A taken slot that could not be bound: remove it, and count it as a failure."""
-        with contextlib.suppress(Exception):
-            await self._remove(slot)
+        await self._remove_quietly(slot)
         self._failed(why)
 
     def describe(self) -> dict[str, Any]:
@@ -97,9 +96,7 @@ class WarmPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         while self._ready:
-            slot = self._ready.pop()
-            with contextlib.suppress(Exception):
-                await self._remove(slot)
+            await self._remove_quietly(self._ready.pop())
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -114,12 +111,18 @@ class WarmPool:
             self._failed(f"a warm sandbox did not start ({exc.__class__.__name__})")
             return None
         if self._closed:
-            with contextlib.suppress(Exception):
-                await self._remove(slot)
+            await self._remove_quietly(slot)
             return None
         self._failures = 0
         self._ready.append(slot)
         return slot
+
+    async def _remove_quietly(self, slot: Slot) -> None:
+        """Remove a slot; a failure is logged (by class) and does not stop the caller."""
+        try:
+            await self._remove(slot)
+        except Exception as exc:
+            log.warning("a warm sandbox could not be removed", extra={"error": type(exc).__name__})
 
     def _warmed(self, task: asyncio.Task[Slot | None]) -> None:
         self._warming.discard(task)

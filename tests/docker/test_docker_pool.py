@@ -147,8 +147,7 @@ ESCAPE_PROBE = (
     + r"""
 from server import binding
 
-bound = binding.accept_binding(binding.listen("/run/docs/bind.sock"))
-binding.confine(bound, run_dir="/run/docs")
+bound = binding.accept_binding(binding.listen("/run/docs/bind.sock"), run_dir="/run/docs")
 src, rep = bound.sources_fd, bound.reports_fd
 other = sys.argv[1]
 

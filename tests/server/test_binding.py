@@ -152,6 +152,49 @@ def test_probes_do_not_bind_and_a_binding_is_taken_once(kit: Any, tmp_path: Path
         send_binding(bind_path, timeout=2, **dict(args, scope="other"))
 
 
+def test_a_failed_lock_down_is_answered_as_a_refusal(kit: Any, tmp_path: Path) -> None:
+    """Confinement comes before the answer: a sandbox that cannot lock itself down says so, and
+    the broker starts the tenant cold, instead of a sandbox that says yes and then dies."""
+    bind_path = str(tmp_path / "bind.sock")
+    proc = subprocess.Popen(
+        # The MCP socket's folder does not exist: Landlock has no run dir to grant.
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--socket",
+            str(tmp_path / "gone" / "mcp.sock"),
+            "--bind",
+            bind_path,
+        ],
+        cwd=kit.repo,
+        env=kit.env(None, None, None),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _accepts(bind_path):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        root, secret_file = kit.make_tenant(tmp_path / "tenant")
+        with pytest.raises(BindingError, match="refused the binding: the run dir cannot be opened"):
+            send_binding(
+                bind_path,
+                scope="acme",
+                sources_dir=str(root / "sources"),
+                dropbox_dir=str(root / "reports"),
+                secret_file=str(secret_file),
+                timeout=10,
+            )
+        assert "run dir" in _ends_refused(proc, str(tmp_path / "gone" / "mcp.sock"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_broker_side_refuses_missing_folders(tmp_path: Path) -> None:
     with pytest.raises(BindingError, match="provision the tenant"):
         send_binding(
