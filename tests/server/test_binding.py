@@ -28,8 +28,10 @@ from server.binding import BindingError, send_binding
 from tests.escape_probe import HELPERS
 
 
-def _start_pooled(kit: Any, base: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    bind_path, mcp_path = str(base / "bind.sock"), str(base / "mcp.sock")
+def _start_pooled(
+    kit: Any, base: Path, mcp_path: str | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    bind_path, mcp_path = str(base / "bind.sock"), mcp_path or str(base / "mcp.sock")
     proc = subprocess.Popen(
         [sys.executable, "-m", "server", "--socket", mcp_path, "--bind", bind_path],
         cwd=kit.repo,
@@ -44,6 +46,21 @@ def _start_pooled(kit: Any, base: Path) -> tuple[subprocess.Popen[bytes], str, s
         assert time.monotonic() < deadline, "the pooled server never listened"
         time.sleep(0.02)
     return proc, bind_path, mcp_path
+
+
+def _bind(
+    kit: Any, bind_path: str, tenant_base: Path, *, secret: str | None = None, timeout: float = 10
+) -> None:
+    """The broker's side: bind a new tenant made under `tenant_base`."""
+    root, secret_file = kit.make_tenant(tenant_base, **({"secret": secret} if secret else {}))
+    send_binding(
+        bind_path,
+        scope="acme",
+        sources_dir=str(root / "sources"),
+        dropbox_dir=str(root / "reports"),
+        secret_file=str(secret_file),
+        timeout=timeout,
+    )
 
 
 def _accepts(path: str) -> bool:
@@ -118,77 +135,35 @@ def test_bad_binding_is_refused_and_the_server_never_serves(
 
 def test_weak_secret_is_refused(kit: Any, tmp_path: Path, pooled: Any) -> None:
     proc, bind_path, mcp_path = pooled
-    root, secret_file = kit.make_tenant(tmp_path / "tenant", secret="short")
     with pytest.raises(BindingError, match="weak secret"):
-        send_binding(
-            bind_path,
-            scope="acme",
-            sources_dir=str(root / "sources"),
-            dropbox_dir=str(root / "reports"),
-            secret_file=str(secret_file),
-            timeout=10,
-        )
+        _bind(kit, bind_path, tmp_path / "tenant", secret="short")
     assert "short" not in _ends_refused(proc, mcp_path)
 
 
 def test_probes_do_not_bind_and_a_binding_is_taken_once(kit: Any, tmp_path: Path, pooled: Any) -> None:
     proc, bind_path, mcp_path = pooled
-    root, secret_file = kit.make_tenant(tmp_path / "tenant")
     for _ in range(3):  # the broker's readiness checks: connect, close
         assert _accepts(bind_path)
-    args = {
-        "scope": "acme",
-        "sources_dir": str(root / "sources"),
-        "dropbox_dir": str(root / "reports"),
-        "secret_file": str(secret_file),
-    }
-    send_binding(bind_path, timeout=10, **args)
+    _bind(kit, bind_path, tmp_path / "tenant")
     deadline = time.monotonic() + 20
     while not _accepts(mcp_path):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     # Bound for good: a second tenant cannot take it over.
     with pytest.raises(BindingError):
-        send_binding(bind_path, timeout=2, **dict(args, scope="other"))
+        _bind(kit, bind_path, tmp_path / "other", timeout=2)
 
 
 def test_a_failed_lock_down_is_answered_as_a_refusal(kit: Any, tmp_path: Path) -> None:
     """Confinement comes before the answer: a sandbox that cannot lock itself down says so, and
     the broker starts the tenant cold, instead of a sandbox that says yes and then dies."""
-    bind_path = str(tmp_path / "bind.sock")
-    proc = subprocess.Popen(
-        # The MCP socket's folder does not exist: Landlock has no run dir to grant.
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--socket",
-            str(tmp_path / "gone" / "mcp.sock"),
-            "--bind",
-            bind_path,
-        ],
-        cwd=kit.repo,
-        env=kit.env(None, None, None),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    # The MCP socket's folder does not exist: Landlock has no run dir to grant.
+    mcp_path = str(tmp_path / "gone" / "mcp.sock")
+    proc, bind_path, _ = _start_pooled(kit, tmp_path, mcp_path)
     try:
-        deadline = time.monotonic() + 30
-        while not _accepts(bind_path):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
-        root, secret_file = kit.make_tenant(tmp_path / "tenant")
         with pytest.raises(BindingError, match="refused the binding: the run dir cannot be opened"):
-            send_binding(
-                bind_path,
-                scope="acme",
-                sources_dir=str(root / "sources"),
-                dropbox_dir=str(root / "reports"),
-                secret_file=str(secret_file),
-                timeout=10,
-            )
-        assert "run dir" in _ends_refused(proc, str(tmp_path / "gone" / "mcp.sock"))
+            _bind(kit, bind_path, tmp_path / "tenant")
+        assert "run dir" in _ends_refused(proc, mcp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
