@@ -20,8 +20,8 @@ The sandbox is never trusted: nothing it says reaches the client unchecked.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -133,7 +133,7 @@ class McpGateway:
         self._max_response = max_response_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        call = CallRecord(request_id=uuid.uuid4().hex, started=time.perf_counter())
+        call = CallRecord(request_id=secrets.token_hex(16), started=time.perf_counter())
         out = Responder(send, call)
         try:
             await self._serve(scope, receive, out, call)
@@ -382,7 +382,9 @@ class McpGateway:
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
         headers = request_headers(turn.headers.items())
-        response = await client.send(turn.http_method, headers, turn.body or None)
+        response = await client.send(
+            turn.http_method, headers, turn.body or None, meanwhile=turn.call.fix_request
+        )
         try:
             await self._relay(turn, response, descriptor)
         finally:

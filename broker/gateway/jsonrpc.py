@@ -7,8 +7,7 @@ forwarded as received unless the broker must change it (an approval token inject
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from functools import cached_property
+import re
 from typing import Any
 
 import orjson
@@ -40,45 +39,36 @@ class RpcParseError(Exception):
         self.message = message  # fixed text for the client
 
 
-@dataclass(frozen=True)
 class RpcMessage:
-    """One JSON-RPC message from the client. Its parts are read often on the hot path and the
-    body is never changed (forwarding with other arguments builds a new body), so they are
-    computed once."""
+    """One JSON-RPC message from the client, in the parts the hot path reads.
 
-    body: dict[str, Any]
+    The parts are read from the body once, here: every request reads most of them, and
+    `functools.cached_property` takes a lock on each first read (Python 3.11). The body is
+    never changed (forwarding with other arguments builds a new body)."""
 
-    @cached_property
-    def id(self) -> RequestId | None:
-        value = self.body.get("id")
-        return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+    __slots__ = ("body", "id", "meta", "method", "params", "protocol_version", "tool")
 
-    @cached_property
-    def method(self) -> str | None:
-        value = self.body.get("method")
-        return value if isinstance(value, str) else None
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        rpc_id = body.get("id")
+        self.id: RequestId | None = (
+            rpc_id if isinstance(rpc_id, str | int) and not isinstance(rpc_id, bool) else None
+        )
+        method = body.get("method")
+        self.method: str | None = method if isinstance(method, str) else None
+        params = body.get("params")
+        self.params: dict[str, Any] = params if isinstance(params, dict) else {}
+        meta = self.params.get("_meta")
+        self.meta: dict[str, Any] = meta if isinstance(meta, dict) else {}
+        name = self.params.get("name") if self.method == "tools/call" else None
+        self.tool: str | None = name if isinstance(name, str) else None
+        version = self.meta.get(META_PROTOCOL)
+        self.protocol_version: str | None = version if isinstance(version, str) else None
 
     @property
     def is_response(self) -> bool:
         """A client's answer to a server request (legacy sessions)."""
         return "method" not in self.body and ("result" in self.body or "error" in self.body)
-
-    @cached_property
-    def params(self) -> dict[str, Any]:
-        value = self.body.get("params")
-        return value if isinstance(value, dict) else {}
-
-    @cached_property
-    def meta(self) -> dict[str, Any]:
-        value = self.params.get("_meta")
-        return value if isinstance(value, dict) else {}
-
-    @cached_property
-    def tool(self) -> str | None:
-        if self.method != "tools/call":
-            return None
-        name = self.params.get("name")
-        return name if isinstance(name, str) else None
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -88,11 +78,6 @@ class RpcMessage:
     @property
     def arg_names(self) -> list[str]:
         return sorted(str(k) for k in self.arguments)
-
-    @cached_property
-    def protocol_version(self) -> str | None:
-        value = self.meta.get(META_PROTOCOL)
-        return value if isinstance(value, str) else None
 
     def client_capabilities(self) -> dict[str, Any]:
         value = self.meta.get(META_CAPABILITIES)
@@ -105,7 +90,7 @@ class RpcMessage:
 
 def parse(raw: bytes) -> RpcMessage:
     try:
-        body = json.loads(raw)
+        body = _loads(raw)
     except (ValueError, RecursionError):
         raise RpcParseError(PARSE_ERROR, "parse_error", "Parse error: body is not JSON") from None
     if isinstance(body, list):
@@ -116,6 +101,22 @@ def parse(raw: bytes) -> RpcMessage:
     if not message.is_response and message.method is None:
         raise RpcParseError(INVALID_REQUEST, "invalid_request", "Invalid Request: method missing")
     return message
+
+
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def _loads(raw: bytes) -> Any:
+    """`json.loads`, exactly, ~5x faster on the usual body. orjson reads what both accept the
+    same way, except an integer past 64 bits (it makes a float): a body with a run of 19
+    digits takes the standard library, and so does what orjson refuses (NaN, infinities, lone
+    surrogates, a BOM, deep nesting)."""
+    if _LONG_DIGITS.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
 
 
 def encode(body: dict[str, Any]) -> bytes:

@@ -40,23 +40,36 @@ class CallRecord:
     rpc_id: rpc.RequestId | None = None
     audited: bool = False
     limited_tenant: str | None = None  # set when a concurrency slot was taken
+    request_fields: dict[str, Any] | None = None  # describe_request(), once forwarded
 
     def audit_fields(self) -> dict[str, Any]:
+        fields = self.request_fields if self.request_fields is not None else self.describe_request()
+        ending = {
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "status": self.status,
+            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "bytes_out": self.bytes_out,
+        }
+        if self.sandbox is not None:  # may change on a retry, after the request is fixed
+            ending["sandbox"] = self.sandbox
+        return {**fields, **ending}
+
+    def fix_request(self) -> None:
+        """Describe the request now, once it is forwarded and nothing about it changes any more:
+        the gateway calls this while the sandbox works, so the answer's path is shorter."""
+        self.request_fields = self.describe_request()
+
+    def describe_request(self) -> dict[str, Any]:
         # Names the client chose freely (unknown methods, tools, argument keys) are recorded as
         # "other": a name must not become a channel for values into the audit log.
         fields: dict[str, Any] = {
             "request_id": self.request_id,
             "method": audit_method(self.method),
-            "outcome": self.outcome.value,
-            "reason": self.reason,
-            "status": self.status,
-            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
             "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
             "tool": _known(self.tool, c.TOOL_NAMES),
             "protocol": self.protocol,
             "approval_id": self.approval_id,
-            "sandbox": self.sandbox,
             "arg_names": _declared_args(self.tool, self.arg_names),
             "header_names": self.header_names or None,
         }
@@ -72,9 +85,11 @@ def _known(name: str | None, allowed: tuple[str, ...]) -> str | None:
     return name if name in allowed else "other"
 
 
+_DECLARED_ARGS = {tool: frozenset(model.model_fields) for tool, model in c.INPUT_MODELS.items()}
+
+
 def _declared_args(tool: str | None, names: list[str]) -> list[str] | None:
-    model = c.INPUT_MODELS.get(tool or "")
-    declared = model.model_fields if model is not None else {}
+    declared = _DECLARED_ARGS.get(tool or "", frozenset())
     return sorted({n if n in declared else "other" for n in names}) or None
 
 

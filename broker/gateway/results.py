@@ -19,6 +19,7 @@ only the tools capability is advertised, the one the gateway lets through.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,35 +159,54 @@ def _check(
     return _Valid(structured, text, result_type)
 
 
-# Compiled validators by pinned schema object: building one costs more than using it, and a
-# pinned descriptor's schema never changes (a changed listing breaks the pin instead).
-_VALIDATORS: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
-_MAX_VALIDATORS = 1024
+Checker = Callable[[Any, str], bool]  # (structured value, its compact JSON text) -> valid?
 
+# One checker per pinned schema object (and tool): building one costs more than using it, and
+# a pinned descriptor's schema never changes (a changed listing breaks the pin instead).
+_CHECKERS: dict[tuple[int, str], tuple[dict[str, Any], Checker]] = {}
+_MAX_CHECKERS = 1024
 
 _CONTRACT_SCHEMAS = {tool: c.output_schema(tool) for tool in c.TOOL_NAMES}
 
 
 def _valid(schema: dict[str, Any], value: Any, text: str, tool: str) -> bool:
+    key = (id(schema), tool)
+    cached = _CHECKERS.get(key)
+    if cached is None or cached[0] is not schema:
+        if len(_CHECKERS) >= _MAX_CHECKERS:
+            _CHECKERS.clear()
+        cached = _CHECKERS[key] = (schema, _checker(schema, tool))
+    return cached[1](value, text)
+
+
+def _checker(schema: dict[str, Any], tool: str) -> Checker:
     if schema == _CONTRACT_SCHEMAS.get(tool):
         # The honest case: the sandbox pinned exactly our contract, so our own model (compiled,
         # strict) checks the same shape in microseconds instead of ~0.1 ms.
-        try:  # strict JSON mode: "1" is not 1, true is not 1, and enums are their JSON strings
-            c.RESULT_MODELS[tool].model_validate_json(text, strict=True)
-        except ValidationError:
-            return False
-        return True
+        validator = c.RESULT_MODELS[tool].__pydantic_validator__
+
+        def contract(_: Any, text: str) -> bool:
+            try:  # strict JSON mode: "1" is not 1, true is not 1, and enums are their JSON strings
+                validator.validate_json(text, strict=True)
+            except ValidationError:
+                return False
+            return True
+
+        return contract
     # Admission allowed only a small, reference-free subset without `pattern`, so validation
     # cannot fetch anything or backtrack without bound.
-    cached = _VALIDATORS.get(id(schema))
     try:
-        if cached is None or cached[0] is not schema:
-            if len(_VALIDATORS) >= _MAX_VALIDATORS:
-                _VALIDATORS.clear()
-            cached = _VALIDATORS[id(schema)] = (schema, Draft202012Validator(schema))
-        return bool(cached[1].is_valid(value))
+        json_schema = Draft202012Validator(schema)
     except (SchemaError, RecursionError, TypeError):
-        return False
+        return lambda _value, _text: False
+
+    def other(value: Any, _: str) -> bool:
+        try:
+            return bool(json_schema.is_valid(value))
+        except (SchemaError, RecursionError, TypeError):
+            return False
+
+    return other
 
 
 def _text_block(structured: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -288,11 +288,23 @@ class Upstream:
         self._idle: list[_Connection] = []
         self._closed = False
 
-    async def send(self, method: str, headers: Mapping[str, str], body: bytes | None) -> UpstreamResponse:
+    async def send(
+        self,
+        method: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        *,
+        meanwhile: Callable[[], object] | None = None,
+    ) -> UpstreamResponse:
+        """Send a request and wait for the response's head. `meanwhile` runs once the request
+        is on its way: the caller's own work that the sandbox's answer does not change is then
+        done while the sandbox works, not after it answers."""
         head = _render(method, self._target, headers, body)
         conn = await self._connection()
         try:
             conn.send(head, body)
+            if meanwhile is not None:
+                meanwhile()
             await conn.read_head(self.read_timeout)
         except BaseException:
             conn.close()  # cancelled or failed half-way: the connection's state is unknown
