@@ -19,13 +19,23 @@ def line_hash(line: bytes) -> str:
 
 
 class Chain:
-    """Where the log's chain stands: the last written `seq` and the hash of the last line."""
+    """Where the log's chain stands: the last written `seq` and the hash of the last line.
 
-    __slots__ = ("head", "seq")
+    The hash is taken when it is first needed (the next line's `prev`, or `settle`), not when
+    the line is written: the write sits on a request's path, and the next line seldom does."""
+
+    __slots__ = ("_head", "_pending", "seq")
 
     def __init__(self) -> None:
         self.seq = 0
-        self.head = GENESIS
+        self._head = GENESIS
+        self._pending: bytes | None = None  # the last line written, not yet hashed
+
+    @property
+    def head(self) -> str:
+        if self._pending is not None:
+            self._head, self._pending = line_hash(self._pending), None
+        return self._head
 
     def resume(self, last_line: bytes | None) -> None:
         """Continue after `last_line` (an existing log's final line), or start afresh if None.
@@ -33,16 +43,17 @@ class Chain:
         Raises ValueError when the line is not an event with a usable `seq`: appending after it
         would make a chain no verifier accepts, so the caller must refuse to open the log.
         """
+        self._pending = None
         if last_line is None:
-            self.seq, self.head = 0, GENESIS
+            self.seq, self._head = 0, GENESIS
             return
         record = json.loads(last_line)
         seq = record.get("seq") if isinstance(record, dict) else None
         if type(seq) is not int or seq < 1:
             raise ValueError("last line has no valid seq")
-        self.seq, self.head = seq, line_hash(last_line)
+        self.seq, self._head = seq, line_hash(last_line)
 
     def advance(self, line: bytes) -> None:
         """Record that `line` (without newline) is now the last line on disk."""
         self.seq += 1
-        self.head = line_hash(line)
+        self._pending = line

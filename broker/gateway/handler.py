@@ -63,6 +63,7 @@ log = logging.getLogger("docbroker.gateway")
 
 MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
 _RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
+_OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x) is ~10x slower
 _KNOWN_METHODS = frozenset(
     {"initialize", "notifications/initialized", "ping", "server/discover", "tools/list", "tools/call",
      "notifications/cancelled", "GET", "DELETE"}
@@ -75,6 +76,8 @@ class AuditLike(Protocol):
     def check(self) -> None: ...
 
     async def emit(self, event: str, /, **fields: Any) -> None: ...
+
+    def settle(self) -> None: ...
 
 
 class _TransportFailed(Exception):
@@ -169,6 +172,7 @@ class McpGateway:
                 call.outcome.value,
                 time.perf_counter() - call.started,
             )
+            self._audit.settle()  # the answer has left: finish the audit line's bookkeeping now
 
     # -- before the sandbox -----------------------------------------------------------------
 
@@ -473,7 +477,7 @@ class McpGateway:
             call.outcome, call.reason = Outcome.OK, "ok"
             return rpc.result(msg.id, clean)
         consumed = results.consume(reply, call.tool or "", descriptor, size, self._max_response)
-        call.outcome, call.reason = Outcome(consumed.status), consumed.reason
+        call.outcome, call.reason = _OUTCOMES[consumed.status], consumed.reason
         result = consumed.result
         if call.save is not None and consumed.status == c.Status.OK.value:
             accepted = self._reports_for(turn.principal.tenant).accept(call.save.filename, call.save.sha256)

@@ -62,6 +62,17 @@ def test_body_that_is_not_json_is_a_parse_error(http: httpx2.Client) -> None:
 
 
 @pytest.mark.parametrize(
+    "request_id", [2**70, -(2**64), 12345678901234567890], ids=["2^70", "-2^64", "20-digits"]
+)
+def test_an_id_past_64_bits_is_answered_with_exactly_that_id(http: httpx2.Client, request_id: int) -> None:
+    # JSON-RPC ids are the client's; the fast JSON path would turn these into floats.
+    raw = b'{"jsonrpc":"2.0","id":%d,"method":"resources/list","params":{}}' % request_id
+    response = http.post("/mcp", content=raw, headers=modern_headers("resources/list"))
+    assert response.status_code == 200
+    assert f'"id":{request_id},'.encode() in response.content, response.content
+
+
+@pytest.mark.parametrize(
     "body",
     [b'"just a string"', b'{"jsonrpc": "1.0", "id": 1, "method": "ping"}', b'{"jsonrpc": "2.0", "id": 1}'],
     ids=["not-an-object", "wrong-version", "no-method"],

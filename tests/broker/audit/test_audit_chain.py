@@ -43,6 +43,17 @@ async def test_chain_over_many_events(audit: AuditLog, log_path: Path) -> None:
     assert audit.head == (500, report.head)
 
 
+async def test_settling_between_lines_leaves_the_same_chain(audit: AuditLog, log_path: Path) -> None:
+    # The gateway settles after each answer; a line's hash must not depend on when it is taken.
+    for i in range(20):
+        await audit.emit(AuditEvent.MCP_REQUEST, **request_fields(i))
+        if i % 3:
+            audit.settle()
+            audit.settle()  # twice: nothing pending the second time
+    assert_chain(log_path)
+    assert audit.head == (20, verify_file(log_path).head)
+
+
 async def test_line_is_canonical_json(audit: AuditLog, log_path: Path) -> None:
     await audit.emit("auth.denied", reason="token_expired", status=401, header_names=[])
     line = log_path.read_bytes()
