@@ -41,7 +41,7 @@ def make_app(socket_path: str) -> Any:
         headers = request_headers((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"])
         response = await client.send(scope["method"], headers, b"".join(chunks))
         try:
-            body = b"".join([chunk async for chunk in response.aiter_raw()])
+            body = await response.read(16 * 1024 * 1024)
         finally:
             await response.aclose()
         content_type = response.headers.get("content-type", "application/json").encode("latin-1")

@@ -434,7 +434,7 @@ class McpGateway:
             await out.end()
             return
 
-        raw = await wire.read_capped(response, MAX_UPSTREAM_EVENT_BYTES)
+        raw = await response.read(MAX_UPSTREAM_EVENT_BYTES)
         if ours is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.

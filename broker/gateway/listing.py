@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from broker.gateway import sse
-from broker.gateway.upstream import Upstream
+from broker.gateway.upstream import BodyTooLarge, Upstream
 
 MODERN = "2026-07-28"
 MAX_PAGES = 4
@@ -50,11 +50,10 @@ async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
                 if isinstance(message, dict) and message.get("id") == request_id:
                     return _result(message)
             raise ListingError("no_response")
-        raw = b""
-        async for chunk in response.aiter_raw():
-            raw += chunk
-            if len(raw) > MAX_PAGE_BYTES:
-                raise ListingError("page_too_large")
+        try:
+            raw = await response.read(MAX_PAGE_BYTES)
+        except BodyTooLarge:
+            raise ListingError("page_too_large") from None
         message = _json(raw)
         if not isinstance(message, dict) or message.get("id") != request_id:
             raise ListingError("invalid_response")

@@ -68,6 +68,10 @@ class UpstreamTimeout(UpstreamError):
     """The sandbox did not answer in time."""
 
 
+class BodyTooLarge(UpstreamError):
+    """The sandbox's answer is longer than the caller will read."""
+
+
 def request_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     out = {name: value for name, value in headers if name in FORWARD_REQUEST or name.startswith(PARAM_PREFIX)}
     out["host"] = "localhost"
@@ -192,16 +196,34 @@ class _Connection(asyncio.Protocol):
     async def body(self, timeout: float) -> AsyncIterator[bytes]:
         while True:
             if self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._paused and self._buffered <= HIGH_WATER // 2 and self._transport is not None:
-                    self._paused = False
-                    self._transport.resume_reading()
-                yield chunk
+                yield self._take()
             elif self._complete:
                 return
             else:
                 await self._next(timeout)
+
+    async def whole_body(self, timeout: float, limit: int) -> bytes:
+        """The rest of the body, read to its end (a plain loop: no async generator per call)."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            while self._chunks:
+                chunk = self._take()
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge(f"sandbox answer over {limit} bytes")
+                parts.append(chunk)
+            if self._complete:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            await self._next(timeout)
+
+    def _take(self) -> bytes:
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        if self._paused and self._buffered <= HIGH_WATER // 2 and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        return chunk
 
     def finish(self) -> bool:
         """End the exchange; True when the connection can carry another request."""
@@ -268,6 +290,12 @@ class UpstreamResponse:
             raise UpstreamError("response already closed")
         async for chunk in self._conn.body(self._upstream.read_timeout):
             yield chunk
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body; BodyTooLarge past `limit` bytes (reading stops there)."""
+        if self._conn is None:
+            raise UpstreamError("response already closed")
+        return await self._conn.whole_body(self._upstream.read_timeout, limit)
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None

@@ -17,8 +17,7 @@ from starlette.types import Receive, Scope
 from broker.auth import AuthError
 from broker.errors import Denial, Denied
 from broker.gateway import jsonrpc as rpc
-from broker.gateway import sse
-from broker.gateway.upstream import UpstreamResponse, UpstreamTimeout
+from broker.gateway.upstream import UpstreamTimeout
 from broker.types import Outcome
 
 
@@ -103,17 +102,6 @@ async def read_body(receive: Receive, limit: int, headers: dict[str, str]) -> by
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-async def read_capped(response: UpstreamResponse, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_raw():
-        size += len(chunk)
-        if size > limit:
-            raise sse.EventTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def check_routing_headers(msg: rpc.RpcMessage, headers: dict[str, str]) -> None:

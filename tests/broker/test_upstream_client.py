@@ -301,3 +301,21 @@ async def test_cancelling_a_call_leaves_nothing_half_read_in_the_pool(serve: Ser
         await task
     assert (await fetch(client))[2] == b'{"ok":true}'
     assert sandbox.connections == 2
+
+
+async def test_read_takes_the_whole_body_and_stops_past_its_limit(serve: Serve) -> None:
+    big = b"x" * (8 * up.HIGH_WATER)  # many chunks, reading paused and resumed on the way
+    _, client = await serve(lambda n: ok(big) if n == 1 else ok(b"y" * 1001))
+    response = await client.send("POST", {}, b"{}")
+    try:
+        assert await response.read(len(big)) == big
+    finally:
+        await response.aclose()
+    response = await client.send("POST", {}, b"{}")
+    try:
+        with pytest.raises(up.BodyTooLarge):
+            await response.read(1000)
+    finally:
+        await response.aclose()
+    with pytest.raises(up.UpstreamError, match="closed"):
+        await response.read(1000)
