@@ -134,6 +134,7 @@ class McpGateway:
         self._pins = pins
         self._max_body = max_body_bytes
         self._max_response = max_response_bytes
+        self._deadlines = wire.Deadlines()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = CallRecord(request_id=secrets.token_hex(16), started=time.perf_counter())
@@ -270,7 +271,7 @@ class McpGateway:
                     try:
                         # One deadline for a POST's whole exchange, pinning included. A GET
                         # stream lives as long as its session: only its pinning has one.
-                        async with wire.Deadline(self._upstreams.call_timeout):
+                        async with self._deadlines.within(self._upstreams.call_timeout):
                             pin = await self._pinned(turn.principal, sandbox, client)
                             if msg is not None and msg.method == "tools/list":
                                 await self._answer_tools_list(turn, msg, sandbox, client, pin)

@@ -21,7 +21,7 @@ import logging
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.types import DaemonMode, Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, SandboxState
@@ -142,19 +142,22 @@ class Runtime:
             await self.stop(tenant, reason="shutdown")
         await self.backend.close()
 
-    @contextlib.asynccontextmanager
-    async def lease(self, tenant: str) -> AsyncIterator[RunningSandbox]:
-        """The tenant's running sandbox, kept from being reaped while the caller uses it."""
+    def lease(self, tenant: str) -> Lease:
+        """`async with runtime.lease(tenant) as sandbox`: the tenant's running sandbox, kept
+        from being reaped while the caller uses it."""
+        return Lease(self, tenant)
+
+    async def _acquire(self, tenant: str) -> RunningSandbox:
         endpoint = await self.ensure(tenant)
         info = self._sandboxes[tenant]
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
-        try:
-            yield RunningSandbox(tenant, info.backend_id, endpoint)
-        finally:
-            self._inflight[tenant] -= 1
-            current = self._sandboxes.get(tenant)
-            if current is not None:
-                current.last_used = self._clock()
+        return RunningSandbox(tenant, info.backend_id, endpoint)
+
+    def _release(self, tenant: str) -> None:
+        self._inflight[tenant] -= 1
+        current = self._sandboxes.get(tenant)
+        if current is not None:
+            current.last_used = self._clock()
 
     async def ensure(self, tenant: str) -> Endpoint:
         info = self._sandboxes.get(tenant)
@@ -313,3 +316,19 @@ def _host_port(url: str) -> tuple[str, int]:
 
     parts = urlsplit(url)
     return parts.hostname or "localhost", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class Lease:
+    """A tenant's sandbox held for one call (a class, not a generator: every call enters one)."""
+
+    __slots__ = ("_runtime", "_tenant")
+
+    def __init__(self, runtime: Runtime, tenant: str) -> None:
+        self._runtime = runtime
+        self._tenant = tenant
+
+    async def __aenter__(self) -> RunningSandbox:
+        return await self._runtime._acquire(self._tenant)
+
+    async def __aexit__(self, *_: object) -> None:
+        self._runtime._release(self._tenant)
