@@ -319,3 +319,24 @@ async def test_read_takes_the_whole_body_and_stops_past_its_limit(serve: Serve) 
         await response.aclose()
     with pytest.raises(up.UpstreamError, match="closed"):
         await response.read(1000)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"mcp-name": "x\r\nmcp-method: tools/call"},
+        {"mcp-name": "x\nmcp-method: tools/call"},
+        {"mcp-name": "x\r"},
+        {"mcp-name": "x\0"},
+        {"mcp-param-a\r\nb": "x"},
+    ],
+    ids=["crlf-in-value", "lf-in-value", "cr-in-value", "nul-in-value", "crlf-in-name"],
+)
+async def test_a_header_that_would_split_the_request_is_never_sent(
+    serve: Serve, headers: dict[str, str]
+) -> None:
+    sandbox, client = await serve(lambda n: ok())
+    with pytest.raises(up.UpstreamError, match="not forwardable"):
+        await client.send("POST", {"content-type": "application/json", **headers}, b"{}")
+    assert sandbox.connections == 0
+    assert (await fetch(client))[2] == b'{"ok":true}'  # the client itself is unharmed
