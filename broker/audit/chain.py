@@ -33,9 +33,13 @@ class Chain:
 
     @property
     def head(self) -> str:
+        self.settle()
+        return self._head
+
+    def settle(self) -> None:
+        """Hash the last line written, if that is still to do."""
         if self._pending is not None:
             self._head, self._pending = line_hash(self._pending), None
-        return self._head
 
     def resume(self, last_line: bytes | None) -> None:
         """Continue after `last_line` (an existing log's final line), or start afresh if None.

@@ -39,6 +39,7 @@ from broker.gateway import listing, results, sse, wire
 from broker.gateway.admission import Admission, admit
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins, Pin
+from broker.gateway.deadlines import Deadlines
 from broker.gateway.methods import audit_method, client_may_send, sandbox_may_send
 from broker.gateway.responder import CallRecord, Responder
 from broker.gateway.sessions import SessionBindings
@@ -134,7 +135,7 @@ class McpGateway:
         self._pins = pins
         self._max_body = max_body_bytes
         self._max_response = max_response_bytes
-        self._deadlines = wire.Deadlines()
+        self._deadlines = Deadlines()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = CallRecord(request_id=secrets.token_hex(16), started=time.perf_counter())

@@ -1,4 +1,4 @@
-"""The gateway's call deadlines (`wire.Deadlines`): one shared tick instead of a timer per call."""
+"""The gateway's call deadlines (`broker.gateway.deadlines`): one shared tick instead of a timer per call."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 import pytest
 import uvloop
 
+from broker.gateway.deadlines import Deadlines
 from broker.gateway.upstream import UpstreamTimeout
-from broker.gateway.wire import Deadlines
 
 TICK = 0.05
 
