@@ -137,6 +137,7 @@ async def naive_cold_start(host: str, image: str, spec: SandboxSpec, cpus: str) 
         "--entrypoint",
         "/opt/venv/bin/python",
         image,
+        "-OO",  # as the image's own entrypoint runs it (its bytecode is built for -OO)
         "-m",
         "server",
     ]

@@ -211,6 +211,7 @@ def _make_context(context: Path, name: str) -> None:
     if name == "server":
         shutil.copy2(DEPLOY_DIR / "server-requirements.txt", context / "server-requirements.txt")
         shutil.copy2(DEPLOY_DIR / "umask.pth", context / "umask.pth")
+        shutil.copy2(DEPLOY_DIR / "bytecode.py", context / "bytecode.py")
         shutil.copytree(REPO_ROOT / "server", context / "server", ignore=ignore)
     else:
         shutil.copytree(REPO_ROOT / "policies", context / "policies", ignore=ignore)

@@ -145,7 +145,11 @@ class SaveData(BaseModel):
 
 
 class PendingApprovalData(BaseModel):
-    """Produced only by the broker; published here so clients accept it."""
+    # Said in the config, not a docstring: the sandbox runs with -OO, which drops docstrings,
+    # and its published schema must equal the broker's to the byte (the pin compares them).
+    model_config = ConfigDict(
+        json_schema_extra={"description": "Produced only by the broker; published here so clients accept it."}
+    )
 
     approval_id: str
     filename: str

@@ -206,13 +206,15 @@ class LiveSandbox:
     info: SandboxInfo
     container: Any
 
-    def run_python(self, code: str, *, timeout_note: str = "") -> tuple[int, str]:
-        result = self.container.exec_run([PYTHON, "-c", code], user="10001:0", demux=False)
+    def run_python(
+        self, code: str, *, timeout_note: str = "", flags: tuple[str, ...] = ()
+    ) -> tuple[int, str]:
+        result = self.container.exec_run([PYTHON, *flags, "-c", code], user="10001:0", demux=False)
         return result.exit_code, (result.output or b"").decode("utf-8", "replace")
 
-    def probe(self, code: str) -> dict[str, Any]:
+    def probe(self, code: str, *, flags: tuple[str, ...] = ()) -> dict[str, Any]:
         """Run `code` inside the sandbox; it must print one JSON object as its last line."""
-        exit_code, output = self.run_python(code)
+        exit_code, output = self.run_python(code, flags=flags)
         assert exit_code == 0, output
         return json.loads(output.strip().splitlines()[-1])
 

@@ -76,6 +76,32 @@ def test_server_process_itself_is_confined(live: LiveSandbox) -> None:
     assert facts["NoNewPrivs"] == "1" and facts["Seccomp"] == "2"
 
 
+# Imports what the server imports, with the server's flags, and lists every loaded module that
+# has no optimised cache in the image.
+BYTECODE_PROBE = r"""
+import importlib, importlib.util, json, os, pkgutil, sys
+import server
+importlib.import_module("server.__main__")
+for info in pkgutil.walk_packages(server.__path__, "server."):
+    importlib.import_module(info.name)
+files = {name: getattr(module, "__file__", None) or "" for name, module in list(sys.modules.items())}
+sources = {name: path for name, path in files.items() if path.endswith(".py")}
+missing = sorted(n for n, p in sources.items() if not os.path.exists(importlib.util.cache_from_source(p)))
+print(json.dumps({"optimize": sys.flags.optimize, "sources": len(sources), "missing": missing}))
+"""
+
+
+def test_server_runs_optimized_from_build_time_bytecode(live: LiveSandbox) -> None:
+    """PID 1 runs with -OO, and all it imports has opt-2 bytecode from the image build: the
+    root fs is read-only, so a missing cache would mean compiling from source at every start."""
+    pid1 = live.probe('import json; print(json.dumps({"argv": open("/proc/1/cmdline").read().split("\\0")}))')
+    assert pid1["argv"][:4] == ["/opt/venv/bin/python", "-OO", "-m", "server"]
+    facts = live.probe(BYTECODE_PROBE, flags=("-B", "-OO"))
+    assert facts["optimize"] == 2
+    assert facts["sources"] > 300  # the SDK, pydantic, starlette, uvicorn and the stdlib
+    assert facts["missing"] == []
+
+
 def test_filesystem_walls(live: LiveSandbox) -> None:
     facts = live.probe(
         ATTEMPT
