@@ -278,14 +278,22 @@ async def backend_pooled_starts(
     timings = []
     try:
         for i in range(runs + 1):  # +1: a warm-up run, not counted
-            while not backend.describe()["pool"]["ready"]:
-                await asyncio.sleep(0.05)
+            await _pool_ready(backend)
             elapsed, info = await backend_cold_start(backend, tenants.make(f"pooled-{i}"))
             timings.append(elapsed)
             await backend.delete(info)
     finally:
         await backend.close()
     return timings[1:]
+
+
+async def _pool_ready(backend: DockerBackend, timeout: float = 60.0) -> None:
+    """Wait for a warm sandbox; a pool that turned itself off (or never fills) ends the run."""
+    deadline = time.monotonic() + timeout
+    while not (pool := backend.describe()["pool"])["ready"]:
+        if pool["state"] == "off" or time.monotonic() > deadline:
+            raise SystemExit(f"cold_start: the warm pool did not fill: {pool}")
+        await asyncio.sleep(0.05)
 
 
 def broker_many(host: str, image: str, n: int, cpus: float) -> tuple[float, list[float]]:

@@ -126,8 +126,11 @@ class WarmPool:
 
     def _warmed(self, task: asyncio.Task[Slot | None]) -> None:
         self._warming.discard(task)
-        if not task.cancelled() and task.result() is None:
-            self.fill()  # it failed: try again (fill() does nothing once the pool is off)
+        if not task.cancelled():
+            # Top up, whatever the outcome: a failed start is tried again (fill() does nothing
+            # once the pool is off), and a slot taken between its append to `_ready` and this
+            # callback was not replaced by take(), which still counted this task as warming.
+            self.fill()
 
     def _failed(self, why: str) -> None:
         self._failures += 1
