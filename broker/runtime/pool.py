@@ -83,7 +83,12 @@ class WarmPool:
 
     def describe(self) -> dict[str, Any]:
         state = "off" if self._off_reason else "on"
-        facts: dict[str, Any] = {"size": self._size, "state": state, "ready": len(self._ready)}
+        facts: dict[str, Any] = {
+            "size": self._size,
+            "state": state,
+            "ready": len(self._ready),
+            "warming": len(self._warming),
+        }
         if self._off_reason:
             facts["reason"] = self._off_reason
         return facts
@@ -114,6 +119,9 @@ class WarmPool:
             await self._remove_quietly(slot)
             return None
         self._failures = 0
+        # Ready and no longer warming in one step: a take() before this task's done-callback
+        # must see the slot as ready, not as still warming, or its fill() would not replace it.
+        self._warming.discard(asyncio.current_task())
         self._ready.append(slot)
         return slot
 
@@ -126,11 +134,8 @@ class WarmPool:
 
     def _warmed(self, task: asyncio.Task[Slot | None]) -> None:
         self._warming.discard(task)
-        if not task.cancelled():
-            # Top up, whatever the outcome: a failed start is tried again (fill() does nothing
-            # once the pool is off), and a slot taken between its append to `_ready` and this
-            # callback was not replaced by take(), which still counted this task as warming.
-            self.fill()
+        if not task.cancelled() and task.result() is None:
+            self.fill()  # it failed: try again (fill() does nothing once the pool is off)
 
     def _failed(self, why: str) -> None:
         self._failures += 1
