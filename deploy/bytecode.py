@@ -61,13 +61,14 @@ def main() -> int:
     stdlib = sysconfig.get_paths()["stdlib"]
     packages, modules = _stdlib_sources(stdlib)
     mode = py_compile.PycInvalidationMode.UNCHECKED_HASH  # the root fs never changes
+    # quiet=1: only errors are printed; a file that does not compile fails the image build.
     ok = True
     for folder in sorted(packages):
         ok &= bool(
-            compileall.compile_dir(folder, quiet=2, rx=_TESTS, optimize=2, invalidation_mode=mode, workers=0)
+            compileall.compile_dir(folder, quiet=1, rx=_TESTS, optimize=2, invalidation_mode=mode, workers=0)
         )
     for path in sorted(modules):
-        ok &= bool(compileall.compile_file(path, quiet=2, optimize=2, invalidation_mode=mode))
+        ok &= bool(compileall.compile_file(path, quiet=1, optimize=2, invalidation_mode=mode))
     print(f"bytecode.py: opt-2 caches for {len(packages)} packages and {len(modules)} modules")
     os.unlink(__file__)  # a build step, like prune.py: it leaves nothing behind in the image
     return 0 if ok else 1
