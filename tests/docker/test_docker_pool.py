@@ -399,7 +399,7 @@ def test_an_unprovisioned_tenant_is_refused_without_spending_the_warm_sandbox(
         finally:
             await backend.close()
 
-    assert asyncio.run(scenario()) == {"size": 1, "state": "on", "ready": 1}
+    assert asyncio.run(scenario()) == {"size": 1, "state": "on", "ready": 1, "warming": 0}
 
 
 def test_a_caller_that_gives_up_mid_binding_leaves_no_sandbox_behind(
