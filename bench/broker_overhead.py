@@ -738,12 +738,22 @@ def build_report(targets: list[Target], data: dict[str, Series], concurrency: in
         if t.baseline is not None:
             b = data[t.baseline]
             row["baseline"] = t.baseline
-            row["added_p50_ms"] = med([s.p50(r) - b.p50(r) for r in range(rounds)]) * 1000
-            row["throughput_ratio"] = med(
-                [lr.throughput / lb.throughput for lr, lb in zip(s.load_rounds, b.load_rounds, strict=True)]
-            )
+            # Per-round pairs, kept for their spread: on a noisy machine a verdict near the
+            # line means little without it.
+            added_rounds = [(s.p50(r) - b.p50(r)) * 1000 for r in range(rounds)]
+            pairs = zip(s.load_rounds, b.load_rounds, strict=True)
+            ratio_rounds = [lr.throughput / lb.throughput for lr, lb in pairs]
+            row["added_p50_ms"] = med(added_rounds)
+            row["added_p50_ms_rounds"] = added_rounds
+            row["throughput_ratio"] = med(ratio_rounds)
+            row["throughput_ratio_rounds"] = ratio_rounds
         rows[t.key] = row
     return {"rows": rows, "rounds": rounds, "concurrency": concurrency}
+
+
+def spread(values: list[float], form: str) -> str:
+    values = [v for v in values if v == v]
+    return f"{form.format(min(values))}, {form.format(max(values))}" if values else "-"
 
 
 def verdicts(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -759,6 +769,14 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "PASS" if added <= TARGET_ADDED_MS else "FAIL",
         )
     )
+    out.append(
+        (
+            "  rounds: lowest, highest",
+            spread(broker["added_p50_ms_rounds"], "{:.3f}"),
+            "info",
+            "",
+        )
+    )
     ratio = broker["throughput_ratio"]
     out.append(
         (
@@ -766,6 +784,14 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             f"{ratio * 100:.1f} %",
             f"≥ {TARGET_THROUGHPUT * 100:.0f} %",
             "PASS" if ratio >= TARGET_THROUGHPUT else "FAIL",
+        )
+    )
+    out.append(
+        (
+            "  rounds: lowest, highest",
+            spread([r * 100 for r in broker["throughput_ratio_rounds"]], "{:.1f}"),
+            "info",
+            "",
         )
     )
     proxies = [(k, rows[k]) for k in ("mcp_proxy_http", "mcp_proxy_stdio") if k in rows]
@@ -846,7 +872,7 @@ def print_report(report: dict[str, Any], header: list[str]) -> None:
     width = max(len(r[0]) for r in results) + 2
     print("targets")
     for name, value, target, verdict in results:
-        print(f"  {name:<{width}}{value:>10}   {target:<10} {verdict}")
+        print(f"  {name:<{width}}{value:>14}   {target:<10} {verdict}")
 
 
 # -- main ------------------------------------------------------------------------------------
