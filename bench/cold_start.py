@@ -9,7 +9,9 @@ Prints one table:
   (b) naive hardened `docker run -i` of the same image via the CLI, MCP over stdio
   (c) through a real broker: a tenant's first tools/call → result, with the warm pool (the
       default) and without it (DOCBROKER_DOCKER_POOL_SIZE=0: container start included)
-  idle memory of one sandbox (as `docker stats` shows it), image size, and with --many N,
+  idle memory of one sandbox (as `docker stats` shows it) next to two floors measured the same
+  way in the same image: the interpreter alone, and the interpreter after `import mcp.server`
+  (the SDK's server package, which every sandbox loads); image size, and with --many N,
   N sandboxes running at once with their memory per container, then N tenants' first calls
   at once through one broker and one more call each with all N running.
 (c) and the broker half of --many need a rootful daemon (the broker runs as this user).
@@ -166,6 +168,44 @@ def docker_stats_mib(host: str, names: list[str]) -> list[float]:
         assert match, line
         values.append(float(match.group(1)) * factor[match.group(2)])
     return values
+
+
+# What a sandbox cannot go below, measured as the sandbox is: the same image, user and flags,
+# `docker stats` after the same idle wait. The program prints a line once its imports are done.
+_FLOORS = {
+    "floor: the image's python, nothing imported": "",
+    "floor: the image's python after `import mcp.server` only": "import mcp.server",
+}
+
+
+def memory_floor(host: str, image: str, imports: str, labels: dict[str, str], idle_wait: float) -> float:
+    """`docker stats` MiB of an idle container that only runs `imports` in the server's image."""
+    import docker  # the bench's other rows use the broker's backend; this is a bare container
+
+    client = docker.DockerClient(base_url=host)
+    program = f"{imports}\nimport signal, sys\nprint('ready', flush=True)\nsignal.pause()"
+    container = client.containers.run(
+        image,
+        entrypoint=["/opt/venv/bin/python", "-OO", "-c", program],
+        command=[],
+        detach=True,
+        network_mode="none",
+        read_only=True,
+        user="10001:0",
+        cap_drop=["ALL"],
+        labels=labels,
+    )
+    try:
+        deadline = time.monotonic() + 60.0
+        while b"ready" not in container.logs(stdout=True, stderr=False):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the floor container did not get through its imports in 60 s")
+            time.sleep(0.05)
+        time.sleep(idle_wait)
+        return docker_stats_mib(host, [container.name])[0]
+    finally:
+        container.remove(force=True)
+        client.close()
 
 
 _CALL_BODY = {
@@ -373,6 +413,7 @@ async def main() -> int:
             through_broker = broker_cold_starts(args.host, args.image, args.runs, args.cpus, pool=1)
             through_broker_cold = broker_cold_starts(args.host, args.image, args.runs, args.cpus, pool=0)
         image = backend._client.images.get(args.image)
+        labels = {"io.docbroker.instance": instance}  # so the cleanup below finds it after a crash
         rows += [
             (
                 f"(a) DockerBackend cold start p50 / p90 (n={args.runs}, {args.cpus} CPU)",
@@ -390,6 +431,13 @@ async def main() -> int:
             (
                 f"(c) through the broker, no pool: first tools/call → result p50 / p90 (n={args.runs})",
                 _p50_p90(through_broker_cold) if through_broker_cold else "- (rootful daemon only)",
+            ),
+            *(
+                (
+                    f"{name} (docker stats)",
+                    f"{memory_floor(args.host, args.image, imports, labels, args.idle_wait):.1f} MiB",
+                )
+                for name, imports in _FLOORS.items()
             ),
             ("idle sandbox memory (docker stats)", f"{idle:.1f} MiB"),
             ("server image size", f"{image.attrs['Size'] / 1e6:.1f} MB"),
