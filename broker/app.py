@@ -194,6 +194,11 @@ class McpFirst:
         self.app = app
         self._gateway = gateway
 
+    @property
+    def components(self) -> Components:
+        components: Components = self.app.state.components
+        return components
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/mcp":
             await self._gateway(scope, receive, send)

@@ -43,10 +43,10 @@ async def _serve(settings: Settings) -> int:
     from broker.app import build_app, make_backend
     from broker.approvals.secrets import KeyError_
     from broker.audit import AuditLog, AuditSinkError
+    from broker.http_edge import edge_protocol
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
     from broker.serving import BrokerServer
-    from server.http_protocol import OneWriteHttpToolsProtocol
 
     try:
         audit = await AuditLog.open(settings.audit)
@@ -64,7 +64,9 @@ async def _serve(settings: Settings) -> int:
             port=settings.port,
             log_level="warning",
             access_log=False,  # the audit log is the access log; uvicorn's would carry paths and peers
-            http=OneWriteHttpToolsProtocol,  # httptools, each whole response in one write
+            # httptools, each whole response in one write, each request read within a deadline
+            http=edge_protocol(settings.read_timeout_seconds, app.components.metrics.read_timeouts.inc),
+            limit_concurrency=settings.max_connections,  # past it: 503, not one more fd per client
             proxy_headers=False,  # no X-Forwarded-* trust: the broker is the edge it audits
             server_header=False,  # no software banner for callers to fingerprint
             lifespan="on",

@@ -24,6 +24,7 @@ class _Row:
 
 class Denial(Enum):
     BAD_REQUEST = _Row(400, rpc.INVALID_REQUEST, "Invalid request")
+    READ_TIMEOUT = _Row(408, rpc.INVALID_REQUEST, "Request not received in time")
     TOO_LARGE = _Row(413, rpc.INVALID_REQUEST, "Request body too large")
     UNSUPPORTED_MEDIA = _Row(415, rpc.INVALID_REQUEST, "Content-Type must be application/json")
     METHOD_NOT_ALLOWED = _Row(405, rpc.INVALID_REQUEST, "Method not allowed")

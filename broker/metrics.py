@@ -28,6 +28,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # Cuts at the edge (`broker.http_edge`): no identity yet, so no audit line; a rise is
+        # what a slowloris looks like from here.
+        self.read_timeouts = Counter(
+            "docbroker_read_timeouts",
+            "Client connections closed for not sending a whole request within the read deadline",
+            registry=self.registry,
+        )
         running = Gauge("docbroker_sandboxes_running", "Tenant sandboxes running", registry=self.registry)
         running.set_function(lambda: float(sandboxes_running()))
         pending = Gauge(

@@ -125,6 +125,8 @@ class Settings:
     approvals: ApprovalSettings
     max_body_bytes: int = 256 * 1024
     max_response_bytes: int = 32_000
+    read_timeout_seconds: float = 15.0  # a request's head and body must arrive within this
+    max_connections: int = 1000  # open client connections; past it, requests get 503
 
     @property
     def tenants_dir(self) -> Path:
@@ -225,6 +227,8 @@ class Settings:
             ),
             max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
+            read_timeout_seconds=r.number("READ_TIMEOUT", 15.0, low=0.5, high=600),
+            max_connections=r.integer("MAX_CONNECTIONS", 1000, low=8, high=1_000_000),
         )
 
 

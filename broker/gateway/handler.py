@@ -191,7 +191,7 @@ class McpGateway:
         msg: rpc.RpcMessage | None = None
         body = b""
         if http_method == "POST":
-            body = await wire.read_body(receive, self._max_body, headers)
+            body = await wire.read_body(scope, receive, self._max_body, headers)
             call.bytes_in = len(body)
             try:
                 msg = rpc.parse(body)

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope
 from broker.auth import AuthError
 from broker.errors import Denial, Denied
 from broker.gateway import jsonrpc as rpc
+from broker.http_edge import READ_DEADLINE
 from broker.types import Outcome
 
 
@@ -60,7 +61,7 @@ def str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
 
-async def read_body(receive: Receive, limit: int, headers: dict[str, str]) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int, headers: dict[str, str]) -> bytes:
     if not headers.get("content-type", "").lower().startswith("application/json"):
         raise Denied(Denial.UNSUPPORTED_MEDIA, "unsupported_media_type")
     declared = headers.get("content-length")
@@ -71,6 +72,8 @@ async def read_body(receive: Receive, limit: int, headers: dict[str, str]) -> by
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            if READ_DEADLINE in scope.get("extensions", {}):  # the edge closed a too-slow client
+                raise Denied(Denial.READ_TIMEOUT, "read_timeout")
             raise Denied(Denial.BAD_REQUEST, "client_disconnected")
         chunk = message.get("body", b"")
         size += len(chunk)
