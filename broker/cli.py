@@ -64,9 +64,9 @@ async def _serve(settings: Settings) -> int:
             port=settings.port,
             log_level="warning",
             access_log=False,  # the audit log is the access log; uvicorn's would carry paths and peers
-            # httptools, each whole response in one write, each request read within a deadline
-            http=edge_protocol(settings.read_timeout_seconds, app.components.metrics.read_timeouts.inc),
-            limit_concurrency=settings.max_connections,  # past it: 503, not one more fd per client
+            # httptools, each answer in one write; each request read within a deadline and a head cap
+            http=edge_protocol(settings.edge, on_cut=app.components.metrics.cut),
+            limit_concurrency=settings.edge.max_connections,  # past it: 503, not one more fd each
             proxy_headers=False,  # no X-Forwarded-* trust: the broker is the edge it audits
             server_header=False,  # no software banner for callers to fingerprint
             lifespan="on",

@@ -1,24 +1,27 @@
-"""The broker's HTTP protocol at the edge: each request must arrive whole within a deadline.
+"""The broker's HTTP protocol at the edge: each request must arrive whole, soon, and small-headed.
 
-uvicorn bounds only the idle time between two requests on a keep-alive connection. A client
-that connects and sends nothing, sends a request head a byte at a time, or announces a body
-and never sends it keeps its connection (a file descriptor, a parser, a handler task) for as
-long as it likes, and enough such clients lock every tenant out (slowloris). Here a request,
-head and body, must be read within `read_timeout` seconds of its first byte; the first request
-on a connection, within `read_timeout` of the connection being accepted.
+uvicorn with httptools bounds neither how long a request may take to arrive nor how large its
+head may grow; it bounds only the idle time between two requests on a keep-alive connection.
+So a client that connects and sends nothing, sends a head a byte at a time, or announces a
+body and never sends it keeps its connection (a file descriptor, a parser, a handler task) for
+as long as it likes (slowloris), and one that streams an endless header has it buffered in
+memory (200 MB of one header took the broker from 77 to 265 MiB). Here:
 
-When the deadline passes:
-- before the head is complete (no handler runs yet): `408 Request Timeout`, connection closed;
-- while the body is read (the handler is waiting for it): the same 408, the connection closed;
-  the handler then sees the client leave, and the scope's `READ_DEADLINE` extension says why,
-  so the audit line records a timeout, not a disconnect;
-- after the handler has started its answer: the connection is closed, nothing more is written.
+- **Read deadline.** A request, head and body, must be read within `read_timeout_seconds` of
+  its first byte; the first request on a connection, within that time of the accept.
+  When it passes before the head is complete (no handler runs yet) or while the handler waits
+  for the body: `408 Request Timeout`, connection closed. The handler then sees the client
+  leave, and the scope's `READ_DEADLINE` extension says why, so the audit line records a
+  timeout, not a disconnect. After the handler has begun its answer, the connection is only
+  closed.
+- **Head cap.** The request line and headers together may be at most `max_head_bytes`:
+  `431 Request Header Fields Too Large`, connection closed, before any handler runs.
 
-Answers still leave in one write each (`OneWriteHttpToolsProtocol`).
+Answers are not timed here (the gateway's call deadline does that), and they still leave in
+one write each (`OneWriteHttpToolsProtocol`). Cost: one libuv timer per request, made and
+cancelled (~3 µs warm on uvloop), and a length added per header.
 
-    uvicorn.Config(app, http=edge_protocol(read_timeout=15.0, on_timeout=counter.inc), ...)
-
-Cost: one libuv timer per request, made and cancelled (~3 µs warm on uvloop).
+    uvicorn.Config(app, http=edge_protocol(settings.edge, on_cut=metrics.cut), ...)
 """
 
 from __future__ import annotations
@@ -27,26 +30,41 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from broker.settings import EdgeSettings
 from server.http_protocol import OneWriteHttpToolsProtocol
 
 READ_DEADLINE = "docbroker.read_deadline"  # scope["extensions"] key, set when the deadline passed
 
-_BODY = b'{"error":"request_timeout","error_description":"the request was not received in time"}'
-_REQUEST_TIMEOUT = (
-    b"HTTP/1.1 408 Request Timeout\r\n"
-    b"content-type: application/json\r\n"
-    b"content-length: %d\r\n"
-    b"connection: close\r\n\r\n%s" % (len(_BODY), _BODY)
+
+def _refusal(status: bytes, error: bytes, description: bytes) -> bytes:
+    body = b'{"error":"%s","error_description":"%s"}' % (error, description)
+    head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % (status, len(body))
+    return head + b"connection: close\r\n\r\n" + body
+
+
+_REQUEST_TIMEOUT = _refusal(
+    b"408 Request Timeout", b"request_timeout", b"the request was not received in time"
+)
+_HEAD_TOO_LARGE = _refusal(
+    b"431 Request Header Fields Too Large",
+    b"headers_too_large",
+    b"the request line and headers are too large",
 )
 
 
-class ReadDeadlineProtocol(OneWriteHttpToolsProtocol):
-    """`OneWriteHttpToolsProtocol` with a deadline on reading each request (see the module)."""
+class EdgeProtocol(OneWriteHttpToolsProtocol):
+    """`OneWriteHttpToolsProtocol` with the edge's read deadline and head cap (see the module)."""
 
-    read_timeout: float = 15.0  # both set per server by `edge_protocol`
-    on_timeout: Callable[[], object] = staticmethod(lambda: None)
+    limits = EdgeSettings()  # both set per server by `edge_protocol`
+    on_cut: Callable[[str], object] = staticmethod(lambda reason: None)
+
     _deadline: asyncio.TimerHandle | None = None
-    _head_read = False
+    _in_head = True  # the next bytes belong to a request's head (none read yet, or part of it)
+    _head_read = False  # this request's head is complete: a handler runs for it
+    _head_bytes = 0
+    _refused = False  # a limit was broken: the connection is closing, nothing more is parsed
+
+    # -- the connection -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -56,6 +74,31 @@ class ReadDeadlineProtocol(OneWriteHttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        # Counted here, in raw bytes: httptools hands a header over only once it is complete,
+        # buffering it until then, so a cap on its callbacks would come too late.
+        if self._refused:
+            return
+        if not self._in_head:
+            super().data_received(data)
+            return
+        room = self.limits.max_head_bytes - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            return
+        # Parse only what may still be head; a head not complete within it is too large. (The
+        # rest of this read, body and all, is then parsed as usual.)
+        super().data_received(data[:room])
+        if self._in_head:
+            if not self._refused and not self.transport.is_closing():
+                self._refuse("head_too_large", _HEAD_TOO_LARGE)
+            return
+        if not self._refused and not self.transport.is_closing():
+            super().data_received(data[room:])
+
+    # -- the parser's callbacks -----------------------------------------------------------------
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_read = False
@@ -63,15 +106,27 @@ class ReadDeadlineProtocol(OneWriteHttpToolsProtocol):
             self._arm()
 
     def on_headers_complete(self) -> None:
-        self._head_read = True
+        self._in_head, self._head_read = False, True
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._in_head, self._head_bytes = True, 0
         super().on_message_complete()
 
+    # -- the limits -----------------------------------------------------------------------------
+
+    def _refuse(self, reason: str, answer: bytes | None) -> None:
+        # Before the head is complete no handler runs, so a 431 here is the only writer.
+        self._refused = True
+        self._disarm()
+        self.on_cut(reason)
+        if answer is not None:
+            self.transport.write(answer)
+        self.transport.close()
+
     def _arm(self) -> None:
-        self._deadline = self.loop.call_later(self.read_timeout, self._deadline_passed)
+        self._deadline = self.loop.call_later(self.limits.read_timeout_seconds, self._deadline_passed)
 
     def _disarm(self) -> None:
         if self._deadline is not None:
@@ -82,7 +137,6 @@ class ReadDeadlineProtocol(OneWriteHttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        self.on_timeout()
         cycle = self.cycle
         if self._head_read:  # a handler runs for this request: tell it why its client leaves
             self.scope.setdefault("extensions", {})[READ_DEADLINE] = {}
@@ -93,19 +147,13 @@ class ReadDeadlineProtocol(OneWriteHttpToolsProtocol):
             quiet = cycle is not None and not cycle.response_started
         else:
             quiet = cycle is None or cycle.response_complete
-        if quiet and not self.pipeline:
-            self.transport.write(_REQUEST_TIMEOUT)
-        self.transport.close()
+        self._refuse("read_timeout", _REQUEST_TIMEOUT if quiet and not self.pipeline else None)
 
 
 def edge_protocol(
-    read_timeout: float, on_timeout: Callable[[], object] = lambda: None
-) -> type[ReadDeadlineProtocol]:
-    """The protocol class for uvicorn's `http=`: this server's read deadline, and what to call
-    each time it cuts a connection (a metric)."""
-    namespace: dict[str, Any] = {
-        "read_timeout": read_timeout,
-        "on_timeout": staticmethod(on_timeout),
-        "__module__": __name__,
-    }
-    return type("EdgeHttpProtocol", (ReadDeadlineProtocol,), namespace)
+    limits: EdgeSettings, on_cut: Callable[[str], object] = lambda reason: None
+) -> type[EdgeProtocol]:
+    """The protocol class for uvicorn's `http=`: this server's limits, and what to call with
+    the reason (`read_timeout`, `head_too_large`) each time a connection is cut (a metric)."""
+    namespace: dict[str, Any] = {"limits": limits, "on_cut": staticmethod(on_cut), "__module__": __name__}
+    return type("EdgeHttpProtocol", (EdgeProtocol,), namespace)

@@ -28,11 +28,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        # Cuts at the edge (`broker.http_edge`): no identity yet, so no audit line; a rise is
-        # what a slowloris looks like from here.
-        self.read_timeouts = Counter(
-            "docbroker_read_timeouts",
-            "Client connections closed for not sending a whole request within the read deadline",
+        # Cuts at the edge (`broker.http_edge`): before any identity, so no audit line; a rise
+        # is what a slowloris or a header flood looks like from here.
+        self.connections_cut = Counter(
+            "docbroker_connections_cut",
+            "Client connections closed at the edge, by reason (read_timeout, head_too_large)",
+            ("reason",),
             registry=self.registry,
         )
         running = Gauge("docbroker_sandboxes_running", "Tenant sandboxes running", registry=self.registry)
@@ -57,6 +58,10 @@ class Metrics:
         if timed is None:
             timed = self._timed[method] = self.latency.labels(method)
         timed.observe(seconds)
+
+    def cut(self, reason: str) -> None:
+        """A connection was cut at the edge; `reason` is one of the edge's fixed codes."""
+        self.connections_cut.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -112,6 +112,15 @@ class ApprovalSettings:
 
 
 @dataclass(frozen=True)
+class EdgeSettings:
+    """What a client must respect before any handler runs (`broker.http_edge`)."""
+
+    read_timeout_seconds: float = 15.0  # a request's head and body must arrive within this
+    max_head_bytes: int = 65_536  # request line and headers together; past it, 431
+    max_connections: int = 1000  # open client connections; past it, requests get 503
+
+
+@dataclass(frozen=True)
 class Settings:
     data_dir: Path
     policies_dir: Path
@@ -125,8 +134,7 @@ class Settings:
     approvals: ApprovalSettings
     max_body_bytes: int = 256 * 1024
     max_response_bytes: int = 32_000
-    read_timeout_seconds: float = 15.0  # a request's head and body must arrive within this
-    max_connections: int = 1000  # open client connections; past it, requests get 503
+    edge: EdgeSettings = field(default_factory=EdgeSettings)
 
     @property
     def tenants_dir(self) -> Path:
@@ -227,8 +235,11 @@ class Settings:
             ),
             max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
-            read_timeout_seconds=r.number("READ_TIMEOUT", 15.0, low=0.5, high=600),
-            max_connections=r.integer("MAX_CONNECTIONS", 1000, low=8, high=1_000_000),
+            edge=EdgeSettings(
+                read_timeout_seconds=r.number("READ_TIMEOUT", 15.0, low=0.5, high=600),
+                max_head_bytes=r.integer("MAX_HEAD_BYTES", 65_536, low=16 * 1024, high=1024 * 1024),
+                max_connections=r.integer("MAX_CONNECTIONS", 1000, low=8, high=1_000_000),
+            ),
         )
 
 

@@ -1,11 +1,14 @@
-"""Slow and idle clients, from the attacker's side: no connection is held for free (slowloris).
+"""Slow, idle and header-flooding clients, from the attacker's side (`broker/http_edge.py`).
 
-A broker of its own with a 1 s read deadline and room for 8 connections. Raw sockets, since
-an HTTP client library would not send a head a byte at a time or promise a body it never sends.
+No connection is held for free (slowloris) and no head is buffered without bound. A broker of
+its own with a 1 s read deadline, a 16 KiB head cap and room for 8 connections. Raw sockets,
+since an HTTP client library would not send a head a byte at a time, promise a body it never
+sends, or stream an endless header.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -15,16 +18,21 @@ import pytest
 from harness import Broker, running_broker
 from support import events_since, last_seq, modern_body, modern_headers, terminal, wait_for
 
-from broker.settings import Settings, SettingsError
+from broker.settings import EdgeSettings, Settings, SettingsError
 
 READ_TIMEOUT = 1.0
+MAX_HEAD_BYTES = 16 * 1024
 MAX_CONNECTIONS = 8
 CUT_WITHIN = READ_TIMEOUT + 1.5  # the deadline, plus scheduling slack on a busy 2-core CI
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    env = {"DOCBROKER_READ_TIMEOUT": str(READ_TIMEOUT), "DOCBROKER_MAX_CONNECTIONS": str(MAX_CONNECTIONS)}
+    env = {
+        "DOCBROKER_READ_TIMEOUT": str(READ_TIMEOUT),
+        "DOCBROKER_MAX_HEAD_BYTES": str(MAX_HEAD_BYTES),
+        "DOCBROKER_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+    }
     with running_broker(tmp_path_factory.mktemp("slow-clients"), env=env) as b:
         yield b
 
@@ -56,17 +64,23 @@ def request_bytes(broker: Broker, method: str, path: str, body: bytes = b"", **h
     return head.encode() + b"\r\n" + body
 
 
-def read_timeouts(broker: Broker) -> float:
-    """The broker's `docbroker_read_timeouts_total`, as /metrics shows it."""
+def cuts(broker: Broker, reason: str) -> float:
+    """The broker's `docbroker_connections_cut_total` for `reason`, as /metrics shows it."""
     with connect(broker) as sock:
         sock.sendall(request_bytes(broker, "GET", "/metrics", connection="close"))
         text = read_until_closed(sock).decode()
-    [line] = [x for x in text.splitlines() if x.startswith("docbroker_read_timeouts_total ")]
-    return float(line.split()[1])
+    prefix = f'docbroker_connections_cut_total{{reason="{reason}"}} '
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(prefix))
+
+
+def rss_mib(broker: Broker) -> float:
+    assert broker.proc is not None
+    with open(f"/proc/{broker.proc.pid}/status") as f:
+        return int(next(x for x in f if x.startswith("VmRSS:")).split()[1]) / 1024
 
 
 def test_a_silent_connection_gets_408_and_is_closed_at_the_deadline(broker: Broker) -> None:
-    cuts = read_timeouts(broker)
+    before = cuts(broker, "read_timeout")
     with connect(broker) as sock:
         started = time.monotonic()
         response = read_until_closed(sock)
@@ -77,7 +91,7 @@ def test_a_silent_connection_gets_408_and_is_closed_at_the_deadline(broker: Brok
         "error_description": "the request was not received in time",
     }
     assert READ_TIMEOUT * 0.9 <= elapsed < CUT_WITHIN
-    assert read_timeouts(broker) == cuts + 1  # operators see the cuts: no audit line without an identity
+    assert cuts(broker, "read_timeout") == before + 1  # no identity, no audit line: a metric
 
 
 def test_a_head_sent_a_byte_at_a_time_is_cut_at_the_deadline_not_renewed_per_byte(broker: Broker) -> None:
@@ -175,6 +189,70 @@ def test_past_the_connection_cap_requests_get_503_until_the_idle_ones_are_cut(br
         assert status_of(read_until_closed(sock)) == 200
 
 
+def test_a_head_within_the_cap_is_served(broker: Broker) -> None:
+    with connect(broker) as sock:
+        sock.sendall(request_bytes(broker, "GET", "/healthz", connection="close", x_pad="a" * 12_000))
+        assert status_of(read_until_closed(sock)) == 200
+
+
+def test_a_body_far_larger_than_the_head_cap_arrives_whole_with_its_head(broker: Broker) -> None:
+    # Head and a 100 KB body in one send: the reads that carry both are larger than the cap,
+    # and only the head may be held against it.
+    call = {"name": "no_such_tool", "arguments": {"pad": "a" * 100_000}}
+    body = json.dumps(modern_body("tools/call", call)).encode()
+    headers = {k.replace("-", "_"): v for k, v in modern_headers("tools/call", "no_such_tool").items()}
+    token = broker.token()
+    request = request_bytes(
+        broker, "POST", "/mcp", body, authorization=f"Bearer {token}", connection="close", **headers
+    )
+    assert len(body) > 6 * MAX_HEAD_BYTES
+    with connect(broker) as sock:
+        sock.sendall(request)
+        response = read_until_closed(sock)
+    assert status_of(response) == 200, response[:300]
+    assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]["message"] == "Unknown tool"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param({"x_pad": "a" * (MAX_HEAD_BYTES + 1)}, id="one-long-header"),
+        pytest.param({f"x-h{i}": "v" * 60 for i in range(400)}, id="many-short-headers"),
+        pytest.param({"path": "/healthz?" + "q" * (MAX_HEAD_BYTES + 1)}, id="long-request-line"),
+    ],
+)
+def test_a_head_over_the_cap_gets_431_and_the_connection_is_closed(
+    broker: Broker, head: dict[str, str]
+) -> None:
+    before = cuts(broker, "head_too_large")
+    path = head.pop("path", "/healthz")
+    with connect(broker) as sock:
+        sock.sendall(request_bytes(broker, "GET", path, **head))  # no final request is sent: 431 first
+        response = read_until_closed(sock)
+    assert status_of(response) == 431
+    assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"] == "headers_too_large"
+    assert cuts(broker, "head_too_large") == before + 1
+
+
+def test_an_endless_header_is_cut_early_not_buffered(broker: Broker) -> None:
+    # Before the cap, 200 MB of one header grew the broker by 188 MiB. Now it stops reading
+    # after 16 KiB: the sender meets a closed connection long before 64 MB have gone.
+    before = rss_mib(broker)
+    chunk = b"a" * 1_000_000
+    sent = 0
+    with connect(broker) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-flood: ")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+            while sent < 64_000_000:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        with contextlib.suppress(ConnectionResetError):
+            response = read_until_closed(sock)
+            assert not response or status_of(response) == 431
+    assert sent < 64_000_000
+    assert rss_mib(broker) - before < 16
+
+
 def test_the_broker_log_names_no_client_value(broker: Broker) -> None:
     # After the tests above (same module broker): the edge's cuts leave no traceback and no
     # request line, header or token in the broker's own log.
@@ -191,11 +269,13 @@ SETTINGS_BASE = {
 
 
 def test_the_edge_limits_have_defaults_and_are_read_from_the_environment() -> None:
-    default = Settings.from_env(SETTINGS_BASE)
-    assert (default.read_timeout_seconds, default.max_connections) == (15.0, 1000)
-    env = SETTINGS_BASE | {"DOCBROKER_READ_TIMEOUT": "2.5", "DOCBROKER_MAX_CONNECTIONS": "64"}
-    chosen = Settings.from_env(env)
-    assert (chosen.read_timeout_seconds, chosen.max_connections) == (2.5, 64)
+    assert Settings.from_env(SETTINGS_BASE).edge == EdgeSettings(15.0, 65_536, 1000)
+    env = SETTINGS_BASE | {
+        "DOCBROKER_READ_TIMEOUT": "2.5",
+        "DOCBROKER_MAX_HEAD_BYTES": "32768",
+        "DOCBROKER_MAX_CONNECTIONS": "64",
+    }
+    assert Settings.from_env(env).edge == EdgeSettings(2.5, 32_768, 64)
 
 
 @pytest.mark.parametrize(
@@ -204,6 +284,8 @@ def test_the_edge_limits_have_defaults_and_are_read_from_the_environment() -> No
         ("DOCBROKER_READ_TIMEOUT", "0.01"),  # would cut every request
         ("DOCBROKER_READ_TIMEOUT", "601"),  # would let a slow client hold its connection
         ("DOCBROKER_READ_TIMEOUT", "soon"),
+        ("DOCBROKER_MAX_HEAD_BYTES", "1024"),  # under a token's own header cap
+        ("DOCBROKER_MAX_HEAD_BYTES", "9999999"),
         ("DOCBROKER_MAX_CONNECTIONS", "3"),
         ("DOCBROKER_MAX_CONNECTIONS", "-1"),
         ("DOCBROKER_MAX_CONNECTIONS", "many"),
