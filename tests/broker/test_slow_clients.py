@@ -173,6 +173,22 @@ def test_the_deadline_is_per_request_so_a_kept_alive_connection_lives_on(broker:
             time.sleep(READ_TIMEOUT * 0.8)
 
 
+def test_a_later_request_on_a_kept_alive_connection_gets_its_own_full_deadline(broker: Broker) -> None:
+    # The connection's timer was started for the first request; it must wait again for the
+    # second's deadline, not cut the second when the first one's time is up.
+    with connect(broker) as sock:
+        sock.sendall(request_bytes(broker, "GET", "/healthz"))
+        sock.settimeout(5)
+        assert status_of(sock.recv(65536)) == 200
+        time.sleep(READ_TIMEOUT * 0.6)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # and nothing more
+        begun = time.monotonic()
+        response = read_until_closed(sock)
+        elapsed = time.monotonic() - begun
+    assert status_of(response) == 408
+    assert READ_TIMEOUT * 0.9 <= elapsed < CUT_WITHIN
+
+
 def test_past_the_connection_cap_requests_get_503_until_the_idle_ones_are_cut(broker: Broker) -> None:
     idle = [connect(broker) for _ in range(MAX_CONNECTIONS)]
     try:
