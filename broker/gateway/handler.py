@@ -404,7 +404,7 @@ class McpGateway:
         if session_id and msg is not None and msg.method == "initialize" and response.status_code == 200:
             self._sessions.bind(session_id, principal)
         if call.method == "DELETE" and response.status_code < 300 and session_id:
-            self._sessions.forget(session_id)
+            self._sessions.forget(session_id, principal)
         passed = response_headers(response.headers.items())
         ours = msg if msg is not None and msg.id is not None else None  # a request: it needs an answer
 
