@@ -209,6 +209,16 @@ class Settings:
             breaker_cooldown_seconds=r.number("BREAKER_COOLDOWN", 30.0, low=0.1, high=3600),
             docker=docker,
         )
+        edge = EdgeSettings(
+            read_timeout_seconds=r.number("READ_TIMEOUT", 15.0, low=0.5, high=600),
+            max_head_bytes=r.integer("MAX_HEAD_BYTES", 65_536, low=16 * 1024, high=1024 * 1024),
+            max_connections=r.integer("MAX_CONNECTIONS", 1000, low=8, high=1_000_000),
+        )
+        if edge.max_head_bytes < auth.max_header_bytes + 4096:
+            # Or a token the auth layer accepts would be cut at the edge as a 431, not judged.
+            raise SettingsError(
+                f"{PREFIX}MAX_HEAD_BYTES must exceed {PREFIX}AUTH_MAX_HEADER_BYTES by at least 4096"
+            )
         if runtime.kind == "local" and not runtime.allow_insecure_local:
             raise SettingsError(
                 f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
@@ -235,11 +245,7 @@ class Settings:
             ),
             max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
-            edge=EdgeSettings(
-                read_timeout_seconds=r.number("READ_TIMEOUT", 15.0, low=0.5, high=600),
-                max_head_bytes=r.integer("MAX_HEAD_BYTES", 65_536, low=16 * 1024, high=1024 * 1024),
-                max_connections=r.integer("MAX_CONNECTIONS", 1000, low=8, high=1_000_000),
-            ),
+            edge=edge,
         )
 
 

@@ -311,3 +311,11 @@ def test_out_of_range_edge_limits_are_refused_naming_the_variable_only(name: str
     with pytest.raises(SettingsError) as caught:
         Settings.from_env(SETTINGS_BASE | {name: value})
     assert name in str(caught.value) and value not in str(caught.value).replace(name, "")
+
+
+def test_a_head_cap_below_what_a_token_may_take_is_refused_at_start() -> None:
+    env = SETTINGS_BASE | {"DOCBROKER_AUTH_MAX_HEADER_BYTES": "16384", "DOCBROKER_MAX_HEAD_BYTES": "16384"}
+    with pytest.raises(
+        SettingsError, match="DOCBROKER_MAX_HEAD_BYTES must exceed DOCBROKER_AUTH_MAX_HEADER_BYTES"
+    ):
+        Settings.from_env(env)
