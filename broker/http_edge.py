@@ -12,10 +12,12 @@ memory (200 MB of one header took the broker from 77 to 265 MiB). Here:
   When it passes before the head is complete (no handler runs yet) or while the handler waits
   for the body: `408 Request Timeout`, connection closed. The handler then sees the client
   leave, and the scope's `READ_DEADLINE` extension says why, so the audit line records a
-  timeout, not a disconnect. After the handler has begun its answer, the connection is only
-  closed.
+  timeout, not a disconnect.
 - **Head cap.** The request line and headers together may be at most `max_head_bytes`:
-  `431 Request Header Fields Too Large`, connection closed, before any handler runs.
+  `431 Request Header Fields Too Large`, connection closed, before a handler runs for it.
+
+Either answer is written only when no handler's answer can be going out at the same time;
+otherwise the connection is only closed.
 
 Answers are not timed here (the gateway's call deadline does that), and they still leave in
 one write each (`OneWriteHttpToolsProtocol`). Cost per request: a clock read, a few
@@ -63,6 +65,7 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
     _in_head = True  # the next bytes belong to a request's head (none read yet, or part of it)
     _head_read = False  # this request's head is complete: a handler runs for it
     _head_bytes = 0
+    _heads_read = 0  # heads completed on this connection
     _refused = False  # a limit was broken: the connection is closing, nothing more is parsed
 
     # -- the connection -----------------------------------------------------------------------
@@ -90,15 +93,17 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
             self._head_bytes += len(data)
             super().data_received(data)
             return
-        # Parse only what may still be head; a head not complete within it is too large. (The
-        # rest of this read, body and all, is then parsed as usual.)
+        # Parse only what may still be head; if no head is completed within it, the one being
+        # read is too large. Otherwise the rest of this read (a body, a pipelined request) is
+        # parsed as usual.
+        heads = self._heads_read
         super().data_received(data[:room])
-        if self._in_head:
-            if not self._refused and not self.transport.is_closing():
-                self._refuse("head_too_large", _HEAD_TOO_LARGE)
+        if self._refused or self.transport.is_closing():
             return
-        if not self._refused and not self.transport.is_closing():
-            super().data_received(data[room:])
+        if self._heads_read == heads:
+            self._refuse("head_too_large", _HEAD_TOO_LARGE if self._nobody_writing() else None)
+            return
+        super().data_received(data[room:])
 
     # -- the parser's callbacks -----------------------------------------------------------------
 
@@ -110,6 +115,7 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_read = False, True
+        self._heads_read += 1
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -119,8 +125,19 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
 
     # -- the limits -----------------------------------------------------------------------------
 
+    def _nobody_writing(self) -> bool:
+        """Whether an answer of ours can go out without mixing into a handler's: no handler runs
+        for the head being read and no earlier answer is still going out, or this request's
+        handler, its answer not begun, waits for the body (it wakes only when the close reaches
+        it)."""
+        if self.pipeline:
+            return False
+        cycle = self.cycle
+        if self._head_read:
+            return cycle is not None and not cycle.response_started
+        return cycle is None or cycle.response_complete
+
     def _refuse(self, reason: str, answer: bytes | None) -> None:
-        # Before the head is complete no handler runs, so a 431 here is the only writer.
         self._refused, self._due = True, None
         self.on_cut(reason)
         if answer is not None:
@@ -147,17 +164,9 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
         self._due = None
         if self.transport.is_closing():
             return
-        cycle = self.cycle
         if self._head_read:  # a handler runs for this request: tell it why its client leaves
             self.scope.setdefault("extensions", {})[READ_DEADLINE] = {}
-        # The 408 is written only where no handler can be writing: while a head is read and
-        # no earlier answer is still going out, or while this request's handler, its answer
-        # not begun, waits for the body (it wakes only when the close reaches it).
-        if self._head_read:
-            quiet = cycle is not None and not cycle.response_started
-        else:
-            quiet = cycle is None or cycle.response_complete
-        self._refuse("read_timeout", _REQUEST_TIMEOUT if quiet and not self.pipeline else None)
+        self._refuse("read_timeout", _REQUEST_TIMEOUT if self._nobody_writing() else None)
 
 
 def edge_protocol(

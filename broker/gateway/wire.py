@@ -72,7 +72,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int, headers: dict[st
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if READ_DEADLINE in scope.get("extensions", {}):  # the edge closed a too-slow client
+            if READ_DEADLINE in (scope.get("extensions") or {}):  # the edge closed a too-slow client
                 raise Denied(Denial.READ_TIMEOUT, "read_timeout")
             raise Denied(Denial.BAD_REQUEST, "client_disconnected")
         chunk = message.get("body", b"")
