@@ -170,8 +170,9 @@ def docker_stats_mib(host: str, names: list[str]) -> list[float]:
     return values
 
 
-# What a sandbox cannot go below, measured as the sandbox is: the same image, user and flags,
-# `docker stats` after the same idle wait. The program prints a line once its imports are done.
+# What a sandbox cannot go below, measured as the sandbox is: the same image, `-OO` and user,
+# no network, read-only root, `docker stats` after the same idle wait (seccomp and the limits
+# do not change what a process holds). The program prints a line once its imports are done.
 _FLOORS = {
     "floor: the image's python, nothing imported": "",
     "floor: the image's python after `import mcp.server` only": "import mcp.server",
