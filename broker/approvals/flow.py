@@ -242,6 +242,13 @@ class ApprovalFlow:
         await self._audit("approval.consumed", approval_id=record.id, outcome="ok", **ids)
         return self._forward(draft, record.id)
 
+    async def release(self, forward: Forward, ids: dict[str, str]) -> None:
+        """The consumed approval goes back to approved: its write was never sent (DESIGN §4:
+        no approval is used up by a call that did not reach the sandbox)."""
+        if self._store.release(forward.approval_id, ids["tenant"]):
+            await self._audit("approval.released", approval_id=forward.approval_id, outcome="ok",
+                              reason="not_forwarded", **ids)  # fmt: skip
+
     # -- forwarding -------------------------------------------------------------------------
 
     def _forward(self, draft: Draft, approval_id: str) -> Forward:

@@ -198,6 +198,17 @@ class ApprovalStore:
             return None  # a concurrent retry won the race
         return self.get(row["id"], tenant)
 
+    def release(self, approval_id: str, tenant: str) -> bool:
+        """Give back a consumed approval whose write never reached the sandbox (refused or
+        failed before it was sent): the human's decision stands for the client's retry. One
+        conditional update, so only a consumption can be undone, and only once."""
+        cur = self._db.execute(
+            "UPDATE approvals SET state = 'approved', consumed_at = NULL "
+            "WHERE id = ? AND tenant = ? AND state = 'consumed'",
+            (approval_id, tenant),
+        )
+        return cur.rowcount == 1
+
     def denied(self, draft: Draft) -> Approval | None:
         """A human's unexpired "no" to exactly this report: asking again must not reopen it."""
         row = self._db.execute(

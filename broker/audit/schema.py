@@ -30,6 +30,7 @@ class AuditEvent(StrEnum):
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_CONSUMED = "approval.consumed"
+    APPROVAL_RELEASED = "approval.released"  # a consumed approval given back: its write was never sent
     APPROVAL_VIEWED = "approval.viewed"  # an approver read pending reports (their content) over REST
     SANDBOX_STARTED = "sandbox.started"
     SANDBOX_STOPPED = "sandbox.stopped"

@@ -141,7 +141,10 @@ class McpGateway:
         call = CallRecord(request_id=secrets.token_hex(16), started=time.perf_counter())
         out = Responder(send, call)
         try:
-            await self._serve(scope, receive, out, call)
+            try:
+                await self._serve(scope, receive, out, call)
+            finally:
+                await self._keep_unsent_approval(call)
         except AuthError as exc:
             call.event, call.outcome, call.reason = "auth.denied", Outcome.DENIED, exc.reason.value
             await self._finish_json(
@@ -323,7 +326,7 @@ class McpGateway:
                 await self._emit_terminal(call)
             await out.end()
             return
-        if call.save is not None and msg is not None:
+        if call.save is not None and msg is not None and call.forwarded:
             # The approved write was sent: it may or may not have happened.
             call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
             unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
@@ -502,6 +505,19 @@ class McpGateway:
         )
 
     # -- endings ----------------------------------------------------------------------------
+
+    async def _keep_unsent_approval(self, call: CallRecord) -> None:
+        """A save refused or failed before its bytes reached the sandbox gives its approval
+        back, before the client is answered (so its retry finds it approved)."""
+        if call.save is None or call.forwarded or call.principal is None:
+            return
+        save, call.save = call.save, None
+        ids = {"request_id": call.request_id, "tenant": call.principal.tenant,
+               "subject": call.principal.subject}  # fmt: skip
+        try:
+            await self._approvals.release(save, ids)
+        except AuditSinkError:
+            log.error("audit write failed while keeping an unsent approval")
 
     def _audit_ready(self) -> None:
         try:
