@@ -22,14 +22,14 @@ from starlette.types import Receive, Scope, Send
 from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import StateSealer
-from broker.approvals.secrets import load_master_key, sealing_key
+from broker.approvals.secrets import load_master_key, sealing_key, session_key
 from broker.approvals.store import ApprovalStore
 from broker.audit.log import AuditLog
 from broker.auth.service import AuthService
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins
 from broker.gateway.handler import McpGateway
-from broker.gateway.sessions import SessionBindings
+from broker.gateway.sessions import SessionSealer
 from broker.gateway.upstream import Upstreams
 from broker.metrics import Metrics
 from broker.policy import Policies, TenantLimiter
@@ -118,7 +118,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
         limiter=TenantLimiter(policies),
         runtime=runtime,
         upstreams=upstreams,
-        sessions=SessionBindings(),
+        sessions=SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds),
         approvals=approvals,
         reports_for=reports_for,
         audit=audit,

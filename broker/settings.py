@@ -135,6 +135,7 @@ class Settings:
     max_body_bytes: int = 256 * 1024
     max_response_bytes: int = 32_000
     edge: EdgeSettings = field(default_factory=EdgeSettings)
+    session_ttl_seconds: int = 86_400  # a legacy session id's lifetime from its initialize
 
     @property
     def tenants_dir(self) -> Path:
@@ -246,6 +247,7 @@ class Settings:
             max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
             edge=edge,
+            session_ttl_seconds=r.integer("SESSION_TTL", 86_400, low=1, high=30 * 86_400),
         )
 
 

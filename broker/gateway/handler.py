@@ -42,7 +42,7 @@ from broker.gateway.contract import ContractPins, Pin
 from broker.gateway.deadlines import Deadlines
 from broker.gateway.methods import audit_method, client_may_send, sandbox_may_send
 from broker.gateway.responder import CallRecord, Responder
-from broker.gateway.sessions import SessionBindings
+from broker.gateway.sessions import SessionSealer
 from broker.gateway.tools_filter import may_call, visible_tools
 from broker.gateway.upstream import (
     PARAM_PREFIX,
@@ -63,6 +63,7 @@ from server import contracts as c
 log = logging.getLogger("docbroker.gateway")
 
 MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
+LEGACY_PROTOCOL = "2025-11-25"
 _RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
 _OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x) is ~10x slower
 _KNOWN_METHODS = frozenset(
@@ -100,6 +101,7 @@ class _Turn:
     principal: Principal
     out: Responder
     call: CallRecord
+    sealed_session: str | None  # the session id as the client holds it
 
 
 class McpGateway:
@@ -111,7 +113,7 @@ class McpGateway:
         limiter: TenantLimiter,
         runtime: Runtime,
         upstreams: Upstreams,
-        sessions: SessionBindings,
+        sessions: SessionSealer,
         approvals: ApprovalFlow,
         reports_for: Callable[[str], ReportStore],
         audit: AuditLike,
@@ -218,10 +220,13 @@ class McpGateway:
             raise Denied(Denial.TOO_MANY_CONCURRENT, "concurrency_limited", retry_after=1)
         call.limited_tenant = principal.tenant
 
-        session_id = headers.get("mcp-session-id")
-        if session_id is not None and not self._sessions.owned_by(session_id, principal):
-            raise Denied(Denial.SESSION_NOT_FOUND, "session_not_owned")
-        if http_method in ("GET", "DELETE") and session_id is None:
+        sealed_session = headers.get("mcp-session-id")
+        if sealed_session is not None:
+            session_id = self._sessions.open(sealed_session, principal)
+            if session_id is None:
+                raise Denied(Denial.SESSION_NOT_FOUND, "session_not_owned")
+            headers["mcp-session-id"] = session_id  # forwarded as the sandbox issued it
+        elif http_method in ("GET", "DELETE"):
             raise Denied(Denial.BAD_REQUEST, "session_required")
         # Before the approval gate too: a broken audit log must not consume or open approvals.
         self._audit_ready()
@@ -247,7 +252,7 @@ class McpGateway:
                 call.save, call.approval_id = decision, decision.approval_id
                 body = wire.forward_body(msg, decision.arguments)
 
-        work = self._to_sandbox(_Turn(http_method, headers, body, msg, principal, out, call))
+        work = self._to_sandbox(_Turn(http_method, headers, body, msg, principal, out, call, sealed_session))
         if http_method != "GET":
             await work
         elif await wire.until_client_leaves(receive, work) and not call.audited:
@@ -368,6 +373,10 @@ class McpGateway:
     ) -> None:
         """Answer from the pin, after a fresh listing shows the sandbox still offers the same."""
         principal, call = turn.principal, turn.call
+        if turn.sealed_session is not None:
+            protocol = turn.headers.get("mcp-protocol-version", LEGACY_PROTOCOL)
+            if not await listing.session_alive(client, turn.headers["mcp-session-id"], protocol):
+                raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
         fresh = await self._list_and_admit(client, sandbox)
         if not self._pins.matches(pin, fresh):
             await self._audit.emit(
@@ -402,13 +411,10 @@ class McpGateway:
     async def _relay(
         self, turn: _Turn, response: UpstreamResponse, descriptor: dict[str, Any] | None
     ) -> None:
-        msg, principal, out, call = turn.msg, turn.principal, turn.out, turn.call
-        session_id = response.headers.get("mcp-session-id")
-        if session_id and msg is not None and msg.method == "initialize" and response.status_code == 200:
-            self._sessions.bind(session_id, principal)
-        if call.method == "DELETE" and response.status_code < 300 and session_id:
-            self._sessions.forget(session_id, principal)
+        msg, out, call = turn.msg, turn.out, turn.call
         passed = response_headers(response.headers.items())
+        if response.headers.get("mcp-session-id") is not None:
+            passed = self._client_session(turn, response, passed)
         ours = msg if msg is not None and msg.id is not None else None  # a request: it needs an answer
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -457,6 +463,17 @@ class McpGateway:
         else:
             reply = await self._consume(turn, parsed, len(raw), ours, descriptor)
         await self._finish_json(out, call, status, reply, dict(wire.str_headers(passed)))
+
+    def _client_session(
+        self, turn: _Turn, response: UpstreamResponse, passed: list[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
+        """The sandbox's session id never reaches the client: a new session's is sealed to the
+        principal; otherwise the client's own sealed id goes back, or none at all."""
+        client_id = turn.sealed_session
+        if turn.msg is not None and turn.msg.method == "initialize" and response.status_code == 200:
+            client_id = self._sessions.seal(response.headers["mcp-session-id"], turn.principal)
+        kept = [(n, v) for n, v in passed if n.lower() != b"mcp-session-id"]
+        return kept if client_id is None else [*kept, (b"mcp-session-id", client_id.encode("ascii"))]
 
     async def _answer_in_stream(self, out: Responder, call: CallRecord, framed: bytes) -> None:
         call.bytes_out += len(framed)
