@@ -2,6 +2,29 @@
 
 Only principals with `reports:approve` may use it, and only for their own tenant: another
 tenant's approval id answers 404, exactly like an id that does not exist.
+
+    GET  /v1/approvals?state=pending&limit=50&cursor=OPAQUE
+         -> {"approvals": [metadata, ...], "next_cursor": "OPAQUE" | null}
+         state: pending (default) | approved | denied | consumed | expired | all
+         limit: 1..100 (default 50); newest first; follow `next_cursor` until it is null
+    GET  /v1/approvals/{id}          -> metadata + {"content": "..."} (the only place with content)
+    POST /v1/approvals/{id}/approve  -> metadata
+    POST /v1/approvals/{id}/deny     -> metadata
+
+    metadata = {"approval_id", "state", "requester", "filename", "sha256", "bytes",
+                "created_at", "expires_at", "decided_by", "decided_at", "consumed_at"}
+               (times are Unix seconds, floats; the decided/consumed ones may be null)
+
+The cursor is opaque to clients: it holds a position in the listing and the state it was
+made for, never a tenant (the tenant is always the principal's). A page for one approval
+(`/approvals?id=X`) should fetch `GET /v1/approvals/X` itself, not search the listing.
+
+Errors are `{"error": CODE}`: 400 unknown_state | bad_limit | bad_cursor, 401/403 (with a
+`WWW-Authenticate` challenge), 404 not_found (also another tenant's id, or a malformed one),
+409 not_pending, 410 expired, 403 approver_is_requester, 429 rate_limited | concurrency_limited
+(with `Retry-After`; REST calls count against the tenant's limits like /mcp calls), 503
+audit_unavailable. Every response carries `Cache-Control: no-store` and
+`X-Content-Type-Options: nosniff`, and every request leaves exactly one audit event.
 """
 
 from __future__ import annotations
