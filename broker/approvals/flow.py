@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from broker.approvals import visible
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import ApprovalState as SealedApproval
 from broker.approvals.sealing import StateSealer
@@ -181,6 +182,10 @@ class ApprovalFlow:
                 expires=int(self._clock() + ttl),
             )
         )
+        # The client shows this text to the human deciding: nothing in it may hide, reorder
+        # or drive the display (bidi controls, zero-width, ESC, …); such characters are marks.
+        shown = visible.marked(draft.content)
+        notice = f"Warning: {visible.warning(shown.marks)} [U+XXXX NAME].\n\n" if shown.marks else ""
         question = {
             "method": "elicitation/create",
             "params": {
@@ -188,7 +193,7 @@ class ApprovalFlow:
                 "message": (
                     "Approve writing this report?\n\n"
                     f"File: {draft.filename}\nSize: {draft.size} bytes\nSHA-256: {draft.sha256}\n\n"
-                    f"--- content ---\n{draft.content}\n--- end ---"
+                    f"{notice}--- content ---\n{shown.text}\n--- end ---"
                 ),
                 "requestedSchema": {
                     "type": "object",
