@@ -185,7 +185,7 @@ class ApprovalFlow:
         # The client shows this text to the human deciding: nothing in it may hide, reorder
         # or drive the display (bidi controls, zero-width, ESC, …); such characters are marks.
         shown = visible.marked(draft.content)
-        notice = f"Warning: {visible.warning(shown.marks)} [U+XXXX NAME].\n\n" if shown.marks else ""
+        notice = visible.notice(shown)
         question = {
             "method": "elicitation/create",
             "params": {

@@ -7,8 +7,9 @@ terminal that shows them. None of them is shown as itself: each becomes a labell
 (``[U+202E RLO]`` in text, a bordered span on the approvals page), and the marks are counted
 so the approver is warned before reading.
 
-One classifier for both surfaces: the in-band question text (`marked`) and the approvals page,
-whose script gets this module's classification as a table of code-point ranges (`table`).
+One classifier for both surfaces: the in-band question text (`marked`, `notice`) and the
+approvals page, whose script gets this module's classification as tables of code-point ranges
+(`table`, `right_to_left_table`).
 
 Flagged (``label`` is not None): general categories Cc (but newline and tab, which are the
 line structure and indentation of Markdown and hide nothing), Cf, Co, Cs, Cn, Zl, Zp; Unicode's
@@ -81,6 +82,7 @@ _INVISIBLE = frozenset(
     for cp in range(lo, hi + 1)
 )
 _CATEGORY_LABELS = {"Co": "private use", "Cs": "surrogate", "Cn": "unassigned"}
+_RIGHT_TO_LEFT = frozenset({"R", "AL"})
 
 
 def label(char: str) -> str | None:
@@ -114,9 +116,15 @@ def mark(char: str) -> str:
     return f"U+{ord(char):04X} {label(char)}"
 
 
+def right_to_left(char: str) -> bool:
+    """A strong right-to-left letter (Hebrew, Arabic, …): text beside it may be drawn reordered."""
+    return unicodedata.bidirectional(char) in _RIGHT_TO_LEFT
+
+
 class Shown(NamedTuple):
     text: str  # the text with every flagged character replaced by ``[U+XXXX LABEL]``
     marks: int  # how many were replaced
+    right_to_left: bool  # it has right-to-left letters
 
 
 def marked(text: str) -> Shown:
@@ -128,13 +136,30 @@ def marked(text: str) -> Shown:
         else:
             parts.append(f"[{mark(char)}]")
             marks += 1
-    return Shown("".join(parts), marks)
+    return Shown("".join(parts), marks, any(right_to_left(char) for char in text))
 
 
 def warning(marks: int) -> str:
     """The sentence shown above content with marks (the page builds the same sentence)."""
     noun = "character is" if marks == 1 else "characters are"
     return f"{marks} invisible or control {noun} shown as marks"
+
+
+# Without any control character, the Unicode bidi algorithm draws numbers and words that stand
+# among right-to-left letters in another order than stored ("A 1111 2222" as "2222 1111 A"):
+# legitimate in Hebrew or Arabic, so not marked, but the approver is told.
+RIGHT_TO_LEFT_WARNING = (
+    "the content has right-to-left letters: words and numbers beside them may be shown "
+    "in another order than they are stored"
+)
+
+
+def notice(shown: Shown) -> str:
+    """The warnings to put above marked text, a line each and a blank line ("" if none)."""
+    lines = [f"Warning: {warning(shown.marks)} [U+XXXX NAME]."] if shown.marks else []
+    if shown.right_to_left:
+        lines.append(f"Warning: {RIGHT_TO_LEFT_WARNING}.")
+    return "".join(line + "\n" for line in lines) + ("\n" if lines else "")
 
 
 @functools.cache
@@ -153,4 +178,18 @@ def table() -> tuple[tuple[int, int, str], ...]:
             runs[-1] = (runs[-1][0], cp, name)
         else:
             runs.append((cp, cp, name))
+    return tuple(runs)
+
+
+@functools.cache
+def right_to_left_table() -> tuple[tuple[int, int], ...]:
+    """Every right-to-left letter as sorted, inclusive ``(first, last)`` runs, for the page."""
+    runs: list[tuple[int, int]] = []
+    for cp in range(0x110000):
+        if not right_to_left(chr(cp)):
+            continue
+        if runs and runs[-1][1] == cp - 1:
+            runs[-1] = (runs[-1][0], cp)
+        else:
+            runs.append((cp, cp))
     return tuple(runs)

@@ -43,7 +43,8 @@ def _file(name: str, media_type: str) -> Route:
 
 @functools.cache
 def _marks_json() -> bytes:
-    return json.dumps({"marks": visible.table()}, separators=(",", ":")).encode()
+    tables = {"marks": visible.table(), "right_to_left": visible.right_to_left_table()}
+    return json.dumps(tables, separators=(",", ":")).encode()
 
 
 async def _marks(_: Request) -> Response:

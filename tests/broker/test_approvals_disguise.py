@@ -47,8 +47,8 @@ async def test_in_band_question_shows_hidden_characters_as_counted_marks(broker:
     assert (broker.reports("acme") / name).read_text() == DISGUISED
 
 
-async def test_in_band_question_of_plain_text_has_no_warning(broker: Broker) -> None:
-    name, content = unique("plain"), "# Notes\n\n\t\u05e9\u05dc\u05d5\u05dd 1234 — ok ✓\n"
+async def ask(broker: Broker, content: str) -> str:
+    """The question's text for a report of `content` (denied: nothing is written)."""
     asked: list[str] = []
 
     async def human(_ctx: Any, params: Any) -> mcp_types.ElicitResult:
@@ -56,10 +56,25 @@ async def test_in_band_question_of_plain_text_has_no_warning(broker: Broker) -> 
         return mcp_types.ElicitResult(action="accept", content={"decision": "deny"})
 
     async with open_mcp(broker, broker.token(), elicitation_callback=human) as client:
-        await client.call_tool("save_report", {"filename": name, "content": content})
+        await client.call_tool("save_report", {"filename": unique("ask"), "content": content})
     [message] = asked
+    return message
+
+
+async def test_in_band_question_of_plain_text_has_no_warning(broker: Broker) -> None:
+    content = "# Notes\n\n\tnumbers are up 1234 — ok ✓ é\n"
+    message = await ask(broker, content)
     assert "Warning" not in message and "[U+" not in message
     assert f"--- content ---\n{content}\n--- end ---" in message
+
+
+async def test_in_band_question_warns_that_right_to_left_text_may_be_shown_reordered(broker: Broker) -> None:
+    # No control character at all, yet "\u05d0 2222 3333" is drawn as "3333 2222 \u05d0" by
+    # the bidi rules: not marked (it is how Hebrew is written), but the human is told.
+    content = "Pay 1111 to \u05d0\u05d1 2222 3333 now\n"
+    message = await ask(broker, content)
+    assert "Warning: the content has right-to-left letters" in message and "[U+" not in message
+    assert message.index("Warning:") < message.index(f"--- content ---\n{content}\n--- end ---")
 
 
 def _hides(ch: str) -> bool:

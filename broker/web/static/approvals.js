@@ -11,6 +11,7 @@
   const status = (text) => { $("status").textContent = text; };
   const token = () => $("token").value.trim();
   let marks = null; // sorted [first, last, label] runs of code points shown as marks
+  let rightToLeft = null; // sorted [first, last] runs of right-to-left letters
 
   async function api(path, method) {
     const response = await fetch(path, {
@@ -27,27 +28,35 @@
     if (marks) { return; }
     const response = await fetch("/approvals/marks.json", { cache: "no-store" });
     if (!response.ok) { throw new Error("HTTP " + response.status); }
-    marks = (await response.json()).marks;
+    const tables = await response.json();
+    marks = tables.marks;
+    rightToLeft = tables.right_to_left;
   }
 
-  function labelOf(cp) {
-    let lo = 0, hi = marks.length - 1;
+  // The run of `runs` (sorted [first, last, ...]) holding code point `cp`, or null.
+  function find(runs, cp) {
+    let lo = 0, hi = runs.length - 1;
     while (lo <= hi) {
       const mid = (lo + hi) >> 1;
-      const [first, last, label] = marks[mid];
-      if (cp < first) { hi = mid - 1; } else if (cp > last) { lo = mid + 1; } else { return label; }
+      if (cp < runs[mid][0]) { hi = mid - 1; } else if (cp > runs[mid][1]) { lo = mid + 1; } else { return runs[mid]; }
     }
     return null;
   }
 
-  // Fills `element` with `text`, flagged characters as mark spans; returns how many.
+  // Fills `element` with `text`, flagged characters as mark spans; returns how many marks, and
+  // whether the text has right-to-left letters.
   function show(element, text) {
     element.replaceChildren();
-    let plain = "", count = 0;
+    let plain = "", count = 0, rtl = false;
     for (const char of String(text)) { // by code point; a lone surrogate comes as itself
       const cp = char.codePointAt(0);
-      const label = labelOf(cp);
-      if (label === null) { plain += char; continue; }
+      const run = find(marks, cp);
+      if (run === null) {
+        plain += char;
+        rtl = rtl || find(rightToLeft, cp) !== null;
+        continue;
+      }
+      const label = run[2];
       if (plain) { element.appendChild(document.createTextNode(plain)); plain = ""; }
       const mark = document.createElement("span");
       mark.className = "mark";
@@ -56,7 +65,7 @@
       count += 1;
     }
     if (plain) { element.appendChild(document.createTextNode(plain)); }
-    return count;
+    return { count, rtl };
   }
 
   function warning(count) {
@@ -80,10 +89,16 @@
     try {
       const detail = known || await api("/v1/approvals/" + encodeURIComponent(item.approval_id));
       const content = card.querySelector(".content");
-      const count = show(content, detail.content);
-      const warn = card.querySelector(".warning");
+      const { count, rtl } = show(content, detail.content);
+      const warn = card.querySelector(".count");
       warn.textContent = count ? warning(count) : "";
       warn.hidden = count === 0;
+      // Right-to-left letters reorder the words and numbers beside them by the bidi rules:
+      // the approver is told, and can see the characters in the order they are stored.
+      card.querySelector(".rtl").hidden = !rtl;
+      card.querySelector(".stored-order").addEventListener("change", (event) => {
+        content.classList.toggle("in-stored-order", event.target.checked);
+      });
       content.hidden = false;
       button.hidden = true;
       card.querySelector(".approve").disabled = detail.state !== "pending";

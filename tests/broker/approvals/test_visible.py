@@ -92,7 +92,7 @@ def test_letters_digits_punctuation_symbols_marks_and_spaces_are_shown_as_themse
 
 def test_newline_and_tab_are_shown_as_themselves() -> None:
     assert visible.label("\n") is None and visible.label("\t") is None
-    assert visible.marked("a\n\tb\n") == ("a\n\tb\n", 0)
+    assert visible.marked("a\n\tb\n") == ("a\n\tb\n", 0, False)
 
 
 @pytest.mark.parametrize(("cp", "expected"), sorted(NAMED.items()))
@@ -119,7 +119,8 @@ def test_labels_are_printable_ascii_without_brackets() -> None:
 
 @pytest.mark.parametrize("text", PLAIN)
 def test_ordinary_text_has_no_marks(text: str) -> None:
-    assert visible.marked(text) == (text, 0)
+    shown = visible.marked(text)
+    assert (shown.text, shown.marks) == (text, 0)
 
 
 def test_disguised_report_is_shown_with_every_hidden_character_marked() -> None:
@@ -155,3 +156,37 @@ def test_the_pages_table_agrees_with_the_classifier_on_every_code_point() -> Non
 
     disagree = [f"U+{cp:04X}" for cp in ALL if looked_up(cp) != visible.label(chr(cp))]
     assert disagree == []
+
+
+def test_right_to_left_letters_are_found_but_not_marked() -> None:
+    for text in ("\u05d0", "x \u0627 y", "\u07c0", "\U00010800"):  # Hebrew, Arabic, NKo, Cypriot
+        shown = visible.marked(text)
+        assert shown == (text, 0, True)
+    assert not visible.marked("Latin 123 \u00e9 \u4f60 \u0661").right_to_left  # Arabic-Indic digit: AN
+    assert visible.notice(visible.marked("\u05d0 2222 3333")) == (
+        "Warning: the content has right-to-left letters: words and numbers beside them may be "
+        "shown in another order than they are stored.\n\n"
+    )
+
+
+def test_notice_counts_marks_and_is_empty_for_plain_text() -> None:
+    assert visible.notice(visible.marked("plain\ttext\n")) == ""
+    assert visible.notice(visible.marked("a\u200bb\u202e")) == (
+        "Warning: 2 invisible or control characters are shown as marks [U+XXXX NAME].\n\n"
+    )
+
+
+def test_the_pages_right_to_left_table_agrees_on_every_code_point() -> None:
+    runs = visible.right_to_left_table()
+    firsts = [first for first, _ in runs]
+    assert all(first <= last < nxt for (first, last), nxt in zip(runs, [*firsts[1:], 0x110000], strict=True))
+
+    def looked_up(cp: int) -> bool:
+        i = bisect.bisect_right(firsts, cp) - 1
+        return i >= 0 and runs[i][1] >= cp
+
+    disagree = [f"U+{cp:04X}" for cp in ALL if looked_up(cp) != visible.right_to_left(chr(cp))]
+    assert disagree == []
+    assert all(
+        unicodedata.bidirectional(chr(cp)) in {"R", "AL"} for first, last in runs for cp in (first, last)
+    )

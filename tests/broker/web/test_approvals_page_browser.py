@@ -129,7 +129,7 @@ async def test_page_draws_hidden_characters_as_counted_marks_in_written_order(
         shown.index(part) for part in ("1234", "U+202E RLO", "9876", "U+202C PDF", "today", "U+001B ESC")
     ]
     assert order == sorted(order), shown
-    warning = card.find_element(By.CSS_SELECTOR, ".warning")
+    warning = card.find_element(By.CSS_SELECTOR, ".count")
     assert warning.is_displayed()
     assert warning.text == "4 invisible or control characters are shown as marks"
     assert warning.location["y"] < content.location["y"]
@@ -161,7 +161,7 @@ async def test_page_shows_plain_report_without_marks_or_warning(
     card = open_page(chromium, broker, await pending_approval(broker, unique("plain"), content_text))
     content = card.find_element(By.CSS_SELECTOR, ".content")
     assert content.find_elements(By.CSS_SELECTOR, ".mark") == []
-    assert not card.find_element(By.CSS_SELECTOR, ".warning").is_displayed()
+    assert not card.find_element(By.CSS_SELECTOR, ".count").is_displayed()
     assert content.get_attribute("textContent") == content_text
 
 
@@ -199,5 +199,29 @@ async def test_listing_pages_through_every_pending_approval_and_shows_content_on
         "U+200B ZWSP",
         "U+001B ESC",
     ]
-    assert card.find_element(By.CSS_SELECTOR, ".warning").text.startswith("4 invisible")
+    assert card.find_element(By.CSS_SELECTOR, ".count").text.startswith("4 invisible")
     assert approve.is_enabled()
+
+
+async def test_right_to_left_text_is_flagged_and_can_be_read_in_stored_order(
+    broker: Broker, chromium: webdriver.Chrome, tmp_path: Path
+) -> None:
+    # No control character at all: the bidi rules alone draw "\u05d0\u05d1 2222 3333" as
+    # "3333 2222 \u05d1\u05d0", so an approver reading left to right sees the numbers swapped.
+    text = "Pay 1111 to \u05d0\u05d1 2222 3333 now"
+    card = open_page(chromium, broker, await pending_approval(broker, unique("rtl"), text))
+    content = card.find_element(By.CSS_SELECTOR, ".content")
+    note = card.find_element(By.CSS_SELECTOR, ".rtl")
+    assert note.is_displayed() and "right-to-left letters" in note.text
+    assert content.find_elements(By.CSS_SELECTOR, ".mark") == []
+
+    def lefts(needle: str) -> list[float]:
+        found = chromium.execute_script(_CHAR_LEFTS, content, needle)
+        assert found, needle
+        return list(found)
+
+    assert min(lefts("3333")) < min(lefts("2222"))  # what the warning is about
+    card.find_element(By.CSS_SELECTOR, ".stored-order").click()
+    chromium.save_screenshot(str(tmp_path / "stored-order.png"))
+    drawn = [*lefts("1111"), *lefts("2222"), *lefts("3333")]
+    assert drawn == sorted(drawn) and len(set(drawn)) == len(drawn), drawn
