@@ -23,6 +23,7 @@ from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import StateSealer
 from broker.approvals.secrets import load_master_key, sealing_key
+from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import ApprovalStore
 from broker.audit.log import AuditLog
 from broker.auth.service import AuthService
@@ -74,7 +75,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     policies = Policies.load(settings.policies_dir)
     tenants = Tenants(settings, master_key)
     auth = AuthService(settings.auth, known_tenant=policies.known, public_url=settings.public_url)
-    store = ApprovalStore(settings.approvals_db)
+    store: ApprovalStore = SqliteApprovalStore(settings.approvals_db)
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
         fields = {
@@ -99,6 +100,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     )
     upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
     metrics = Metrics(runtime.running_count, store.pending_count)
+    limiter = TenantLimiter(policies)  # one budget per tenant, for /mcp and REST alike
 
     def reports_for(tenant: str) -> ReportStore:
         return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
@@ -115,7 +117,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     gateway = McpGateway(
         auth=auth,
         policies=policies,
-        limiter=TenantLimiter(policies),
+        limiter=limiter,
         runtime=runtime,
         upstreams=upstreams,
         sessions=SessionBindings(),
@@ -134,6 +136,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
         auth=auth,
         store=store,
         policies=policies,
+        limiter=limiter,
         audit=audit.emit,
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
@@ -167,7 +170,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
         finally:
             await runtime.close()
             await upstreams.close()
-            store.close()
+            await store.close()
 
     routes = [
         Route("/mcp", gateway),  # every HTTP method reaches the gateway, so even a 405 is audited

@@ -39,6 +39,7 @@ from server.approval import content_sha256, mint_token
 MODERN_PROTOCOL = "2026-07-28"
 INPUT_KEY = "approval"
 DENIED_MESSAGE = "the report was not approved"
+TOO_MANY_MESSAGE = "too many reports are waiting for approval"
 
 # event name, fields (names and ids only)
 AuditFn = Callable[..., Awaitable[None]]
@@ -120,31 +121,31 @@ class ApprovalFlow:
         if state is not None:
             return await self._answered_in_band(draft, state, msg.params.get("inputResponses"), ids)
 
-        approved = self._store.consume(
+        approved = await self._store.consume(
             tenant=draft.tenant, requester=draft.requester, filename=draft.filename, sha256=draft.sha256
         )
         if approved is not None:
             await self._audit("approval.consumed", approval_id=approved.id, outcome="ok", **ids)
             return self._forward(draft, approved.id)
 
-        refused = self._store.denied(draft)
+        refused = await self._store.denied(draft)
         if refused is not None:
             result = broker_result(c.Status.REJECTED, DENIED_MESSAGE)
             return Answer(result, Outcome.REJECTED, "approval_denied", refused.id)
 
         if self._in_band_possible(principal, policy, msg):
-            return await self._ask_in_band(draft, ids)
+            return await self._ask_in_band(draft, policy, ids)
         return await self._wait_out_of_band(draft, policy, ids)
 
     # -- out-of-band ------------------------------------------------------------------------
 
     async def _wait_out_of_band(self, draft: Draft, policy: TenantPolicy, ids: dict[str, str]) -> Answer:
         try:
-            record, created = self._store.request(
+            record, created = await self._store.request(
                 draft, ttl=self._settings.ttl_seconds, max_pending=policy.max_pending_approvals
             )
         except TooManyPending:
-            return _rejected("too many reports are waiting for approval", "too_many_pending_approvals")
+            return _rejected(TOO_MANY_MESSAGE, "too_many_pending_approvals")
         if created:
             await self._audit("approval.requested", approval_id=record.id, outcome="waiting_approval", **ids)
         data = c.PendingApprovalData(
@@ -164,14 +165,22 @@ class ApprovalFlow:
         # tenant does not demand a second person.
         if msg.protocol_version != MODERN_PROTOCOL or "elicitation" not in msg.client_capabilities():
             return False
-        if policy.require_distinct_approver or self._settings.require_distinct_approver:
+        if self._distinct_approver(policy):
             return False
         return principal.has(Scope.REPORTS_APPROVE)
 
-    async def _ask_in_band(self, draft: Draft, ids: dict[str, str]) -> Answer:
+    def _distinct_approver(self, policy: TenantPolicy) -> bool:
+        return policy.require_distinct_approver or self._settings.require_distinct_approver
+
+    async def _ask_in_band(self, draft: Draft, policy: TenantPolicy, ids: dict[str, str]) -> Answer:
         approval_id = secrets.token_hex(16)
         ttl = min(self._settings.ttl_seconds, 600)
-        self._store.record_in_band(approval_id, draft, ttl=ttl)
+        try:  # the same cap as out-of-band: an unanswered question holds a pending record too
+            await self._store.record_in_band(
+                approval_id, draft, ttl=ttl, max_pending=policy.max_pending_approvals
+            )
+        except TooManyPending:
+            return _rejected(TOO_MANY_MESSAGE, "too_many_pending_approvals")
         sealed = self._sealer.seal(
             SealedApproval(
                 approval_id=approval_id,
@@ -230,7 +239,7 @@ class ApprovalFlow:
             and isinstance(answer.get("content"), dict)
             and answer["content"].get("decision") == "approve"
         )
-        record = self._store.answer_in_band(
+        record = await self._store.answer_in_band(
             opened.approval_id, tenant=draft.tenant, approver=draft.requester, approve=approve
         )
         if record is None:  # answered before: a replayed state
