@@ -40,6 +40,8 @@ MODERN_PROTOCOL = "2026-07-28"
 INPUT_KEY = "approval"
 DENIED_MESSAGE = "the report was not approved"
 TOO_MANY_MESSAGE = "too many reports are waiting for approval"
+NO_APPROVE_SCOPE_MESSAGE = "answering an approval needs the reports:approve scope"
+SAME_PERSON_MESSAGE = "this report must be approved by someone other than its requester"
 
 # event name, fields (names and ids only)
 AuditFn = Callable[..., Awaitable[None]]
@@ -119,7 +121,8 @@ class ApprovalFlow:
 
         state = msg.params.get("requestState")
         if state is not None:
-            return await self._answered_in_band(draft, state, msg.params.get("inputResponses"), ids)
+            responses = msg.params.get("inputResponses")
+            return await self._answered_in_band(principal, policy, draft, state, responses, ids)
 
         approved = await self._store.consume(
             tenant=draft.tenant, requester=draft.requester, filename=draft.filename, sha256=draft.sha256
@@ -222,7 +225,13 @@ class ApprovalFlow:
         return Answer(result, Outcome.WAITING_APPROVAL, "approval_in_band", approval_id)
 
     async def _answered_in_band(
-        self, draft: Draft, state: Any, responses: Any, ids: dict[str, str]
+        self,
+        principal: Principal,
+        policy: TenantPolicy,
+        draft: Draft,
+        state: Any,
+        responses: Any,
+        ids: dict[str, str],
     ) -> Answer | Forward:
         opened = self._sealer.open(state)
         if opened is None or (opened.tenant, opened.subject, opened.filename, opened.sha256) != (
@@ -232,6 +241,14 @@ class ApprovalFlow:
             draft.sha256,
         ):
             return _rejected(c.Message.APPROVAL_INVALID.value, "request_state_invalid")
+        # The sealed state says which question this answers, not who may answer it: the
+        # answering request's own principal must be an approver now (its token may differ from
+        # the one that asked), and a rule requiring a second person holds here as on REST. The
+        # record stays pending: a rightful answer can still come.
+        if not principal.has(Scope.REPORTS_APPROVE):
+            return _rejected(NO_APPROVE_SCOPE_MESSAGE, "approver_lacks_scope")
+        if self._distinct_approver(policy):
+            return _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")
         answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
         approve = (
             isinstance(answer, dict)

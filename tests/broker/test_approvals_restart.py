@@ -1,6 +1,7 @@
 """Approvals live in the broker's SQLite store and survive a restart (DESIGN §4); the
 "approver must differ from requester" rule can also come from the environment
-(DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER=1), for every tenant at once.
+(DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER=1), for every tenant at once, and holds for an
+in-band answer too.
 
 This module owns its broker: it stops and starts it.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import mcp_types
 import pytest
 from harness import Broker, make_broker, structured
-from support import approver, decide, open_mcp, unique
+from support import approve_in_band, approver, decide, open_mcp, unique
 
 from broker.audit import verify_file
 
@@ -88,3 +89,46 @@ async def test_approvals_survive_a_restart_and_env_requires_a_distinct_approver(
 def test_master_key_and_store_are_private(restartable: Broker) -> None:
     for path in (restartable.data_dir / "master.key", restartable.data_dir / "approvals.sqlite3"):
         assert Path(path).stat().st_mode & 0o077 == 0, path
+
+
+DISTINCT = "DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER"
+
+
+def restart(broker: Broker, **env: str | None) -> None:
+    broker.stop()
+    for name, value in env.items():
+        if value is None:
+            broker.env.pop(name, None)
+        else:
+            broker.env[name] = value
+    broker.start()
+
+
+async def test_distinct_approver_rule_holds_for_an_in_band_answer(restartable: Broker) -> None:
+    broker = restartable
+    restart(broker, **{DISTINCT: None})
+    name, content = unique("inband-four-eyes"), "asked while one person could approve"
+    async with open_mcp(broker, broker.token(), mode="auto", elicitation_callback=approve_in_band()) as c:
+        first = await c.session.call_tool(
+            "save_report", {"filename": name, "content": content}, allow_input_required=True
+        )
+    assert isinstance(first, mcp_types.InputRequiredResult) and first.request_state
+
+    restart(broker, **{DISTINCT: "1"})
+    # the requester answers its own question, now that a second person is required
+    responses = {"approval": mcp_types.ElicitResult(action="accept", content={"decision": "approve"})}
+    async with open_mcp(broker, broker.token(), mode="auto", elicitation_callback=approve_in_band()) as c:
+        answered = await c.session.call_tool(
+            "save_report",
+            {"filename": name, "content": content},
+            input_responses=responses,
+            request_state=first.request_state,
+            allow_input_required=True,
+        )
+    assert isinstance(answered, mcp_types.CallToolResult)
+    result = structured(answered)
+    assert (result["status"], result["message"]) == (
+        "rejected",
+        "this report must be approved by someone other than its requester",
+    )
+    assert not (broker.reports("acme") / name).exists()
