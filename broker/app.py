@@ -7,6 +7,7 @@ gateway → audit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from broker.approvals import retention
 from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import StateSealer
@@ -164,10 +166,21 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await runtime.start()
+        purger = asyncio.create_task(
+            retention.purge_forever(
+                store,
+                retention_seconds=settings.approvals.retention_seconds,
+                audit=audit.emit,
+                audit_ready=audit.check,
+            )
+        )
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
         finally:
+            purger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purger
             await runtime.close()
             await upstreams.close()
             await store.close()

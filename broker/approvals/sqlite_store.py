@@ -75,6 +75,8 @@ def _select(columns: str, rest: str) -> str:
     return f"SELECT {columns} FROM approvals {rest}"  # noqa: S608
 
 
+_PURGE_BATCH = 500  # rows per DELETE: the metrics gauge never waits on one long purge
+
 T = TypeVar("T")
 
 
@@ -148,6 +150,14 @@ class SqliteApprovalStore:
         self, approval_id: str, *, tenant: str, approver: str, approve: bool
     ) -> Approval | None:
         return await self._run(self._answer_in_band, approval_id, tenant, approver, approve)
+
+    async def purge(self, *, closed_before: float) -> int:
+        total = 0
+        while True:  # in batches, each its own turn on the worker and under the lock
+            deleted = await self._run(self._purge_batch, closed_before)
+            total += deleted
+            if deleted < _PURGE_BATCH:
+                return total
 
     # -- on the worker thread ---------------------------------------------------------------
 
@@ -284,6 +294,15 @@ class SqliteApprovalStore:
             (new_state.value, approver, now, now if approve else None, approval_id, tenant, now),
         )
         return self._get(approval_id, tenant) if cur.rowcount == 1 else None
+
+    def _purge_batch(self, closed_before: float) -> int:
+        # A denial stands until its expiry (asking again must not reopen it): it closes then.
+        cur = self._db.execute(
+            "DELETE FROM approvals WHERE id IN (SELECT id FROM approvals WHERE expires_at < :t "
+            "OR (state = 'consumed' AND consumed_at < :t) LIMIT :n)",
+            {"t": closed_before, "n": _PURGE_BATCH},
+        )
+        return cur.rowcount
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:

@@ -157,4 +157,11 @@ class ApprovalStore(Protocol):
         """Record the in-band answer and, on approve, consume at once. None if already answered."""
         ...
 
+    async def purge(self, *, closed_before: float) -> int:
+        """Delete records that closed (expired, or consumed) before this time; how many went.
+
+        Open records are never purged: a pending or approved one is open until it expires.
+        """
+        ...
+
     async def close(self) -> None: ...

@@ -31,6 +31,7 @@ class AuditEvent(StrEnum):
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_CONSUMED = "approval.consumed"
     APPROVAL_VIEWED = "approval.viewed"  # an approver read pending reports (their content) over REST
+    APPROVAL_PURGED = "approval.purged"  # retention deleted closed records (`count` of them)
     SANDBOX_STARTED = "sandbox.started"
     SANDBOX_STOPPED = "sandbox.stopped"
     SANDBOX_FAILED = "sandbox.failed"
@@ -161,6 +162,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "limits_enforced": _flag,
     "protocol": _pattern(_PROTOCOL),
     "status": _count(100, 599),
+    "count": _count(1, MAX_COUNT),  # how many things one line stands for (purged records)
 }
 
 
