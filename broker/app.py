@@ -7,6 +7,7 @@ gateway → audit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -19,10 +20,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from broker.approvals import retention
 from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import StateSealer
 from broker.approvals.secrets import load_master_key, sealing_key, session_key
+from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import ApprovalStore
 from broker.audit.log import AuditLog
 from broker.auth.service import AuthService
@@ -74,7 +77,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     policies = Policies.load(settings.policies_dir)
     tenants = Tenants(settings, master_key)
     auth = AuthService(settings.auth, known_tenant=policies.known, public_url=settings.public_url)
-    store = ApprovalStore(settings.approvals_db)
+    store: ApprovalStore = SqliteApprovalStore(settings.approvals_db)
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
         fields = {
@@ -99,6 +102,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     )
     upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
     metrics = Metrics(runtime.running_count, store.pending_count)
+    limiter = TenantLimiter(policies)  # one budget per tenant, for /mcp and REST alike
 
     def reports_for(tenant: str) -> ReportStore:
         return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
@@ -115,7 +119,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     gateway = McpGateway(
         auth=auth,
         policies=policies,
-        limiter=TenantLimiter(policies),
+        limiter=limiter,
         runtime=runtime,
         upstreams=upstreams,
         sessions=SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds),
@@ -134,6 +138,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
         auth=auth,
         store=store,
         policies=policies,
+        limiter=limiter,
         audit=audit.emit,
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
@@ -161,13 +166,24 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await runtime.start()
+        purger = asyncio.create_task(
+            retention.purge_forever(
+                store,
+                retention_seconds=settings.approvals.retention_seconds,
+                audit=audit.emit,
+                audit_ready=audit.check,
+            )
+        )
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
         finally:
+            purger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purger
             await runtime.close()
             await upstreams.close()
-            store.close()
+            await store.close()
 
     routes = [
         Route("/mcp", gateway),  # every HTTP method reaches the gateway, so even a 405 is audited

@@ -109,6 +109,9 @@ class ApprovalSettings:
     ttl_seconds: int = 900  # how long a pending approval stays open for a human
     token_ttl_seconds: int = 120  # lifetime of a minted token (server accepts at most 300)
     require_distinct_approver: bool = False
+    # How long a closed record (expired, denied past its expiry, consumed) is kept for the
+    # operators' history before the periodic purge deletes it; open ones are never purged.
+    retention_seconds: int = 30 * 86_400
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,7 @@ class Settings:
                 ttl_seconds=r.integer("APPROVAL_TTL", 900, low=30, high=7 * 86_400),
                 token_ttl_seconds=r.integer("APPROVAL_TOKEN_TTL", 120, low=10, high=300),
                 require_distinct_approver=r.flag("APPROVAL_REQUIRE_DISTINCT_APPROVER", False),
+                retention_seconds=r.integer("APPROVAL_RETENTION", 30 * 86_400, low=60, high=3650 * 86_400),
             ),
             max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
