@@ -65,6 +65,14 @@ log = logging.getLogger("docbroker.gateway")
 MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
 _RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
 _OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x) is ~10x slower
+# The `Mcp-Param-*` names the tools' contract declares (`x-mcp-header`): any other such name is
+# the client's own invention, a value (`Mcp-Param-Secret-Q3-Layoffs-Plan.Md`), audited as "other".
+_KNOWN_PARAM_HEADERS = {
+    f"{PARAM_PREFIX}{header}".lower(): f"{PARAM_PREFIX}{header}".title()
+    for tool in c.TOOL_NAMES
+    for prop in c.input_schema(tool).get("properties", {}).values()
+    if isinstance(header := prop.get("x-mcp-header"), str)
+}
 _KNOWN_METHODS = frozenset(
     {"initialize", "notifications/initialized", "ping", "server/discover", "tools/list", "tools/call",
      "notifications/cancelled", "GET", "DELETE"}
@@ -186,7 +194,9 @@ class McpGateway:
         call.method = http_method
         call.principal = principal = await self._auth.authenticate(wire.all_values(scope, b"authorization"))
         policy = self._policies.get(principal.tenant)
-        call.header_names = sorted(n.title() for n in headers if n.startswith(PARAM_PREFIX))
+        call.header_names = sorted(
+            {_KNOWN_PARAM_HEADERS.get(n, "other") for n in headers if n.startswith(PARAM_PREFIX)}
+        )
 
         msg: rpc.RpcMessage | None = None
         body = b""
