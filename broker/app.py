@@ -7,6 +7,7 @@ gateway → audit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from broker.approvals.sealing import StateSealer
 from broker.approvals.secrets import load_master_key, sealing_key
 from broker.approvals.store import ApprovalStore
 from broker.audit.log import AuditLog
+from broker.auth.preauth import PreAuthLimiter, write_counts
 from broker.auth.service import AuthService
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins
@@ -73,7 +75,10 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     master_key = load_master_key(settings.master_key_file)
     policies = Policies.load(settings.policies_dir)
     tenants = Tenants(settings, master_key)
-    auth = AuthService(settings.auth, known_tenant=policies.known, public_url=settings.public_url)
+    preauth = PreAuthLimiter(settings.preauth)
+    auth = AuthService(
+        settings.auth, known_tenant=policies.known, public_url=settings.public_url, preauth=preauth
+    )
     store = ApprovalStore(settings.approvals_db)
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
@@ -158,13 +163,29 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     async def resource_metadata(_: Request) -> Response:
         return JSONResponse(auth.resource_metadata(), headers={"cache-control": "public, max-age=3600"})
 
+    async def write_denial_counts() -> None:
+        try:
+            await write_counts(preauth, audit.emit)
+        except Exception:
+            log.error("audit write failed; pre-auth denial counts kept for the next interval")
+
+    async def denial_counts_every_interval() -> None:
+        while True:
+            await asyncio.sleep(settings.preauth.interval_seconds)
+            await write_denial_counts()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await runtime.start()
+        counts = asyncio.create_task(denial_counts_every_interval())
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
         finally:
+            counts.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await counts
+            await write_denial_counts()  # the last interval's counts, before the log closes
             await runtime.close()
             await upstreams.close()
             store.close()

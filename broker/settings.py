@@ -121,6 +121,21 @@ class EdgeSettings:
 
 
 @dataclass(frozen=True)
+class PreAuthSettings:
+    """How often a client address may fail authentication (`broker.auth.preauth`).
+
+    Each address has a bucket of `burst` failures, refilled at `rate` per second; an empty
+    bucket means 429 before any token work. Broker-wide, the first `burst` failures of each
+    `interval_seconds` are audited one line each; the others, and every 429, are counted and
+    written as one `auth.denied` line per reason at the end of the interval."""
+
+    rate: float = 1.0  # failures per second an address earns back
+    burst: int = 20
+    interval_seconds: float = 60.0
+    max_addresses: int = 4096  # addresses tracked; past it, the others share one bucket
+
+
+@dataclass(frozen=True)
 class Settings:
     data_dir: Path
     policies_dir: Path
@@ -135,6 +150,7 @@ class Settings:
     max_body_bytes: int = 256 * 1024
     max_response_bytes: int = 32_000
     edge: EdgeSettings = field(default_factory=EdgeSettings)
+    preauth: PreAuthSettings = field(default_factory=PreAuthSettings)
 
     @property
     def tenants_dir(self) -> Path:
@@ -246,6 +262,12 @@ class Settings:
             max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
             edge=edge,
+            preauth=PreAuthSettings(
+                rate=r.number("PREAUTH_RATE", 1.0, low=0.01, high=10_000),
+                burst=r.integer("PREAUTH_BURST", 20, low=1, high=1_000_000),
+                interval_seconds=r.number("PREAUTH_INTERVAL", 60.0, low=0.5, high=3600),
+                max_addresses=r.integer("PREAUTH_MAX_ADDRESSES", 4096, low=16, high=1_000_000),
+            ),
         )
 
 

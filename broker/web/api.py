@@ -17,6 +17,7 @@ from starlette.routing import Route
 from broker.approvals.store import ApprovalStore, DecisionError
 from broker.audit import AuditSinkError
 from broker.auth import AuthError
+from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.policy import Policies
 from broker.types import ApprovalState, Principal
@@ -61,11 +62,14 @@ class ApprovalsApi:
 
     async def _approver(self, request: Request) -> Principal | Response:
         try:
-            return await self._auth.approver(request.headers.getlist("authorization"))
+            authorization = request.headers.getlist("authorization")
+            return await self._auth.approver(authorization, client_address(request.scope))
         except AuthError as exc:
-            await self._audit("auth.denied", outcome="denied", reason=exc.reason.value, method="approvals")
-            return JSONResponse({"error": "unauthorized" if exc.status == 401 else "forbidden"}, exc.status,
-                                headers=self._auth.challenge(exc))  # fmt: skip
+            if not exc.counted:  # else on the pre-auth limiter's counted line for the interval
+                reason = exc.reason.value
+                await self._audit("auth.denied", outcome="denied", reason=reason, method="approvals")
+            error = {401: "unauthorized", 429: "too_many_requests"}.get(exc.status, "forbidden")
+            return JSONResponse({"error": error}, exc.status, headers=self._auth.challenge(exc))
 
     async def list(self, request: Request) -> Response:
         principal = await self._approver(request)
