@@ -122,7 +122,7 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
             return
         # Parse only what may still be head; if no head is completed within it, the one being
         # read is too large. Otherwise the rest of this read (a body, a pipelined request) is
-        # parsed as usual.
+        # parsed and counted as what it is.
         heads = self._heads_read
         super().data_received(data[:room])
         if self._refused or self.transport.is_closing():
@@ -135,9 +135,9 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
     def _after_head(self, data: bytes) -> None:
         """Parse bytes read after a head; those that are not body data count against the cap.
 
-        Fed in pieces no larger than the room left, so the count can never pass the cap by
-        more than nothing: what the parser buffers (an unfinished trailer line) stays bounded.
-        A content-length body is all body data and costs one length check per read."""
+        Fed in pieces no larger than the room left, so the count never passes the cap and
+        what the parser buffers meanwhile (an unfinished trailer line) stays within it. A
+        content-length body is all body data: one piece per read, nothing counted."""
         while data:
             room = self.limits.max_head_bytes - self._head_bytes
             if room <= 0:
