@@ -100,10 +100,11 @@ def test_a_flood_without_tokens_gets_429_and_the_audit_grows_by_lines_per_interv
     intervals = elapsed / INTERVAL + 2
     reasons = {line["reason"] for line in lines}
     assert reasons <= {"missing_token", "malformed_token", "bad_algorithm", "preauth_limited"}
-    assert len(lines) <= (BURST + len(reasons)) * intervals < flood / 4
+    assert len(lines) <= (BURST + len(reasons)) * intervals  # whatever the flood's size
     aggregated = [line for line in lines if "count" in line]
-    assert aggregated and all(line["outcome"] == "denied" for line in aggregated)
+    assert all(line["outcome"] == "denied" for line in aggregated)
     assert {line["reason"] for line in aggregated} >= {"preauth_limited"}
+    assert counted(aggregated) > flood // 2 and len(aggregated) < counted(aggregated) / 4
 
 
 def test_addresses_past_the_table_share_one_bucket(broker: Broker) -> None:
