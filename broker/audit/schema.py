@@ -163,7 +163,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "limits_enforced": _flag,
     "protocol": _pattern(_PROTOCOL),
     "status": _count(100, 599),
-    "count": _count(1, MAX_COUNT),  # how many things one line stands for (purged records)
+    "count": _count(1, MAX_COUNT),  # how many things one line stands for (purged records, denied requests)
 }
 
 

@@ -32,6 +32,7 @@ from broker.approvals.flow import Answer, ApprovalFlow
 from broker.approvals.reports import Accepted, ReportStore
 from broker.audit import AuditSinkError
 from broker.auth import AuthError
+from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.errors import Denial, Denied
 from broker.gateway import jsonrpc as rpc
@@ -66,6 +67,14 @@ MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
 LEGACY_PROTOCOL = "2025-11-25"
 _RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
 _OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x) is ~10x slower
+# The `Mcp-Param-*` names the tools' contract declares (`x-mcp-header`): any other such name is
+# the client's own invention, a value (`Mcp-Param-Secret-Q3-Layoffs-Plan.Md`), audited as "other".
+_KNOWN_PARAM_HEADERS = {
+    f"{PARAM_PREFIX}{header}".lower(): f"{PARAM_PREFIX}{header}".title()
+    for tool in c.TOOL_NAMES
+    for prop in c.input_schema(tool).get("properties", {}).values()
+    if isinstance(header := prop.get("x-mcp-header"), str)
+}
 _KNOWN_METHODS = frozenset(
     {"initialize", "notifications/initialized", "ping", "server/discover", "tools/list", "tools/call",
      "notifications/cancelled", "GET", "DELETE"}
@@ -149,6 +158,7 @@ class McpGateway:
                 await self._keep_unsent_approval(call)
         except AuthError as exc:
             call.event, call.outcome, call.reason = "auth.denied", Outcome.DENIED, exc.reason.value
+            call.audited = exc.counted  # on the pre-auth limiter's counted line for the interval
             await self._finish_json(
                 out, call, exc.status, wire.auth_error_body(exc), self._auth.challenge(exc)
             )
@@ -186,12 +196,18 @@ class McpGateway:
     async def _serve(self, scope: Scope, receive: Receive, out: Responder, call: CallRecord) -> None:
         http_method = scope["method"]
         headers = wire.headers_of(scope)
+        call.method = http_method
+        # Authentication first: a refusal before it would be one audit line per request that
+        # no pre-auth limit counts (an unauthenticated flood of PUTs would fill the disk).
+        call.principal = principal = await self._auth.authenticate(
+            wire.all_values(scope, b"authorization"), client_address(scope)
+        )
         if http_method not in ("POST", "GET", "DELETE"):
             raise Denied(Denial.METHOD_NOT_ALLOWED, "http_method_not_allowed")
-        call.method = http_method
-        call.principal = principal = await self._auth.authenticate(wire.all_values(scope, b"authorization"))
         policy = self._policies.get(principal.tenant)
-        call.header_names = sorted(n.title() for n in headers if n.startswith(PARAM_PREFIX))
+        call.header_names = sorted(
+            {_KNOWN_PARAM_HEADERS.get(n, "other") for n in headers if n.startswith(PARAM_PREFIX)}
+        )
 
         msg: rpc.RpcMessage | None = None
         body = b""

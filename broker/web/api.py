@@ -48,6 +48,7 @@ from broker.approvals.store import ApprovalStore, DecisionError, Position
 from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
+from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.policy import Policies, TenantLimiter
 from broker.types import ApprovalState, Outcome, Principal
@@ -85,6 +86,7 @@ class Reply:
     approval_id: str | None = None  # only ids of records the principal's tenant holds
     decision: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    counted: bool = False  # audited on the interval's counted auth.denied line instead
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -120,18 +122,19 @@ class ApprovalsApi:
         request_id = secrets.token_hex(16)
         try:
             reply, principal = await self._answer(request)
-            await self._audit(
-                reply.event,
-                request_id=request_id,
-                tenant=principal.tenant if principal else None,
-                subject=principal.subject if principal else None,
-                method="approvals",
-                outcome=reply.outcome,
-                reason=reply.reason,
-                status=reply.status,
-                approval_id=reply.approval_id,
-                decision=reply.decision,
-            )
+            if not reply.counted:
+                await self._audit(
+                    reply.event,
+                    request_id=request_id,
+                    tenant=principal.tenant if principal else None,
+                    subject=principal.subject if principal else None,
+                    method="approvals",
+                    outcome=reply.outcome,
+                    reason=reply.reason,
+                    status=reply.status,
+                    approval_id=reply.approval_id,
+                    decision=reply.decision,
+                )
         except AuditSinkError:
             # As /mcp does: refuse, never answer unaudited, never a bare 500.
             response = JSONResponse({"error": "audit_unavailable"}, 503, headers=HEADERS)
@@ -142,11 +145,13 @@ class ApprovalsApi:
     async def _answer(self, request: Request) -> tuple[Reply, Principal | None]:
         route = _route(request.method, request.scope["path"])
         try:
-            principal = await self._auth.approver(request.headers.getlist("authorization"))
+            authorization = request.headers.getlist("authorization")
+            principal = await self._auth.approver(authorization, client_address(request.scope))
         except AuthError as exc:
-            error = "unauthorized" if exc.status == 401 else "forbidden"
+            error = {401: "unauthorized", 429: "too_many_requests"}.get(exc.status, "forbidden")
             reply = _refused(exc.status, error, AuditEvent.AUTH_DENIED, exc.reason.value)
             reply.headers = self._auth.challenge(exc)
+            reply.counted = exc.counted  # the pre-auth limiter's counted line stands for it
             return reply, None
 
         # REST calls spend the tenant's own budget, like /mcp calls: an approver's token can
