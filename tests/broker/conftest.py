@@ -21,12 +21,11 @@ for path in (HERE, HERE.parents[1]):
         sys.path.insert(0, str(path))
 
 from harness import Broker, make_broker  # noqa: E402
-from support import CALL_TIMEOUT_SECONDS  # noqa: E402
+from support import CALL_TIMEOUT_SECONDS, UNLIMITED, write_policies  # noqa: E402
 
 # Tenants of the shared broker, each with the policy its tests need. "acme" and "globex" are
 # the harness's; their files are rewritten here so that the many approvals the suite opens
 # never hit the per-tenant cap of pending approvals.
-UNLIMITED = "[limits]\nrate_per_minute = 100000\nburst = 10000\n"
 TENANT_POLICIES = {
     "acme": UNLIMITED + "[approvals]\nmax_pending = 10000\n",
     "globex": UNLIMITED + "[approvals]\nmax_pending = 10000\n",
@@ -38,12 +37,6 @@ TENANT_POLICIES = {
     "strict": UNLIMITED + "[approvals]\nrequire_distinct_approver = true\nmax_pending = 10000\n",
     "crashy": UNLIMITED,
 }
-
-
-def write_policies(broker: Broker, policies: dict[str, str]) -> None:
-    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"]) / "tenants"
-    for tenant, text in policies.items():
-        (folder / f"{tenant}.toml").write_text(text)
 
 
 @pytest.fixture(scope="session")

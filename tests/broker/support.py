@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -66,6 +67,16 @@ async def open_mcp(
 def unique(prefix: str = "r") -> str:
     """A fresh report name: every test writes its own files into a shared broker."""
     return f"{prefix}-{secrets.token_hex(4)}.md"
+
+
+UNLIMITED = "[limits]\nrate_per_minute = 100000\nburst = 10000\n"
+
+
+def write_policies(broker: Broker, policies: dict[str, str]) -> None:
+    """Rewrite tenants' policy files (read when the broker starts)."""
+    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"]) / "tenants"
+    for tenant, text in policies.items():
+        (folder / f"{tenant}.toml").write_text(text)
 
 
 # -- raw JSON-RPC -------------------------------------------------------------------------------

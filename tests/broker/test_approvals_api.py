@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import UNLIMITED, write_policies
 from harness import Broker, make_broker
 from support import (
     APPROVER_SCOPE,
+    UNLIMITED,
     WRITE_SCOPE,
     call_modern,
     events_since,
@@ -35,6 +35,7 @@ from support import (
     rpc_reply,
     tool_status,
     unique,
+    write_policies,
 )
 
 PENDING_CAP = 50
