@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from broker.approvals.flow import ApprovalFlow
-from broker.approvals.reports import ReportStore
+from broker.approvals.reports import ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
 from broker.approvals.secrets import load_master_key, sealing_key
 from broker.approvals.store import ApprovalStore
@@ -100,8 +100,13 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
     metrics = Metrics(runtime.running_count, store.pending_count)
 
+    stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
+
     def reports_for(tenant: str) -> ReportStore:
-        return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
+        store = stores.get(tenant)
+        if store is None:
+            store = stores[tenant] = ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
+        return store
 
     approvals = ApprovalFlow(
         store=store,
@@ -160,6 +165,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await sweep_dropboxes(tenants.provisioned(), reports_for, audit.emit)
         await runtime.start()
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:

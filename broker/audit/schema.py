@@ -36,6 +36,7 @@ class AuditEvent(StrEnum):
     SANDBOX_FAILED = "sandbox.failed"
     TOOLS_REJECTED = "tools.rejected"  # descriptor admission: a sandbox advertised tools we refuse
     CONTRACT_CHANGED = "contract.changed"  # descriptor admission: a tool's schema changed
+    REPORTS_QUARANTINED = "reports.quarantined"  # drop-box sweep: what it moved out, by count
 
 
 class Invalid:
@@ -161,6 +162,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "limits_enforced": _flag,
     "protocol": _pattern(_PROTOCOL),
     "status": _count(100, 599),
+    "count": _count(0, MAX_COUNT),  # how many of something an aggregate event stands for
 }
 
 
