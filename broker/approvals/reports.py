@@ -200,12 +200,22 @@ class ReportStore:
         except OSError:
             return Accepted.IO_ERROR
         try:
-            os.write(out, data)
+            written = os.write(out, data)
             os.fsync(out)
+        except OSError as exc:
+            _warn("could not write an accepted report", exc)
+            written = -1
         finally:
             os.close(out)
+        if written != len(data):  # no partial report in the store; the drop is swept after
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=reports_fd)
+            return Accepted.IO_ERROR
         os.fsync(reports_fd)
-        os.unlink(name, dir_fd=drop_fd)
+        try:
+            os.unlink(name, dir_fd=drop_fd)
+        except OSError as exc:  # the report is in the store; the sweep after the save retries
+            _warn("could not remove an accepted drop", exc)
         return Accepted.OK
 
     def _quarantine(self, drop_fd: int, name: str) -> bool:

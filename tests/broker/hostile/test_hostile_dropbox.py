@@ -113,6 +113,32 @@ def test_a_sandbox_saying_exists_without_such_a_report_is_not_believed(hostile: 
     assert not (hostile.reports(TENANT) / name).exists()
 
 
+def test_concurrent_saves_of_one_tenant_take_turns_with_the_sweeps(hostile: Broker) -> None:
+    """A save's sweep must never take another save's file still in flight: both are accepted."""
+    rpc = Rpc(hostile, TENANT)
+    names = [unique("pause") for _ in range(3)]
+    for name in names:  # approved first, so the three writes can overlap
+        first = rpc.call("save_report", {"filename": name, "content": f"{name}\n"})
+        with hostile.http(rpc.token) as http:
+            approve = http.post(f"/v1/approvals/{first.structured['data']['approval_id']}/approve")
+            assert approve.status_code == 200
+    replies: dict[str, Any] = {}
+
+    def save(name: str) -> None:
+        replies[name] = rpc.call("save_report", {"filename": name, "content": f"{name}\n"})
+
+    threads = [threading.Thread(target=save, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    for name in names:
+        saved(replies[name], name, f"{name}\n")
+        assert (hostile.reports(TENANT) / name).read_text() == f"{name}\n"
+        assert name not in quarantined(hostile)
+    assert os.listdir(dropbox(hostile)) == []
+
+
 def _sandbox_pids(broker: Broker) -> list[int]:
     pattern = f"--socket {broker.data_dir}/run/{TENANT}/mcp.sock"
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False).stdout
