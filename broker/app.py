@@ -7,6 +7,7 @@ gateway → audit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -19,22 +20,29 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from broker.approvals import retention
 from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
-from broker.approvals.secrets import load_master_key, sealing_key
+from broker.approvals.secrets import load_master_key, sealing_key, session_key
+from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import ApprovalStore
 from broker.audit.log import AuditLog
+from broker.auth.preauth import PreAuthLimiter, client_address, write_counts
 from broker.auth.service import AuthService
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins
 from broker.gateway.handler import McpGateway
-from broker.gateway.sessions import SessionBindings
+from broker.gateway.sessions import SessionSealer
 from broker.gateway.upstream import Upstreams
 from broker.metrics import Metrics
+from broker.origin import REASON as ORIGIN_REFUSED
+from broker.origin import Origins
+from broker.origin import refusal as origin_refusal
+from broker.origin import surface as origin_surface
 from broker.policy import Policies, TenantLimiter
 from broker.runtime.base import Runtime, SandboxBackend
-from broker.settings import Settings
+from broker.settings import Settings, origin_of
 from broker.tenants import Tenants
 from broker.web import page
 from broker.web.api import ApprovalsApi
@@ -73,8 +81,11 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     master_key = load_master_key(settings.master_key_file)
     policies = Policies.load(settings.policies_dir)
     tenants = Tenants(settings, master_key)
-    auth = AuthService(settings.auth, known_tenant=policies.known, public_url=settings.public_url)
-    store = ApprovalStore(settings.approvals_db)
+    preauth = PreAuthLimiter(settings.preauth)
+    auth = AuthService(
+        settings.auth, known_tenant=policies.known, public_url=settings.public_url, preauth=preauth
+    )
+    store: ApprovalStore = SqliteApprovalStore(settings.approvals_db)
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
         fields = {
@@ -99,6 +110,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     )
     upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
     metrics = Metrics(runtime.running_count, store.pending_count)
+    limiter = TenantLimiter(policies)  # one budget per tenant, for /mcp and REST alike
 
     stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
 
@@ -120,10 +132,10 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     gateway = McpGateway(
         auth=auth,
         policies=policies,
-        limiter=TenantLimiter(policies),
+        limiter=limiter,
         runtime=runtime,
         upstreams=upstreams,
-        sessions=SessionBindings(),
+        sessions=SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds),
         approvals=approvals,
         reports_for=reports_for,
         audit=audit,
@@ -139,6 +151,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
         auth=auth,
         store=store,
         policies=policies,
+        limiter=limiter,
         audit=audit.emit,
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
@@ -163,17 +176,44 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     async def resource_metadata(_: Request) -> Response:
         return JSONResponse(auth.resource_metadata(), headers={"cache-control": "public, max-age=3600"})
 
+    async def write_denial_counts() -> None:
+        try:
+            await write_counts(preauth, audit.emit)
+        except Exception:
+            log.error("audit write failed; pre-auth denial counts kept for the next interval")
+
+    async def denial_counts_every_interval() -> None:
+        while True:
+            await asyncio.sleep(settings.preauth.interval_seconds)
+            await write_denial_counts()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await sweep_dropboxes(tenants.provisioned(), reports_for, audit.emit)
         await runtime.start()
+        purger = asyncio.create_task(
+            retention.purge_forever(
+                store,
+                retention_seconds=settings.approvals.retention_seconds,
+                audit=audit.emit,
+                audit_ready=audit.check,
+            )
+        )
+        counts = asyncio.create_task(denial_counts_every_interval())
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
         finally:
+            purger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purger
+            counts.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await counts
+            await write_denial_counts()  # the last interval's counts, before the log closes
             await runtime.close()
             await upstreams.close()
-            store.close()
+            await store.close()
 
     routes = [
         Route("/mcp", gateway),  # every HTTP method reaches the gateway, so even a 405 is audited
@@ -186,19 +226,32 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.components = parts
-    return McpFirst(app, gateway)
+    origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
+    return McpFirst(app, gateway, origins=origins, preauth=preauth, audit=audit)
 
 
 class McpFirst:
-    """Sends `/mcp` straight to the gateway, everything else through Starlette.
+    """Refuses a disallowed `Origin` on every surface, then sends `/mcp` straight to the
+    gateway and everything else through Starlette.
 
     The gateway handles its own errors and is on the path of every call; Starlette's
     middleware stack and router would add work to each one and give nothing there.
     """
 
-    def __init__(self, app: Starlette, gateway: McpGateway) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        gateway: McpGateway,
+        *,
+        origins: Origins,
+        preauth: PreAuthLimiter,
+        audit: AuditLog,
+    ) -> None:
         self.app = app
         self._gateway = gateway
+        self._origins = origins
+        self._preauth = preauth
+        self._audit = audit
 
     @property
     def components(self) -> Components:
@@ -206,7 +259,30 @@ class McpFirst:
         return components
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/mcp":
-            await self._gateway(scope, receive, send)
+        if scope["type"] == "http":
+            if self._origins.refused(scope["headers"]):
+                await self._refuse_origin(scope, send)
+            elif scope["path"] == "/mcp":
+                await self._gateway(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    async def _refuse_origin(self, scope: Scope, send: Send) -> None:
+        """403 before anything else runs; audited like a failed authentication (and counted
+        against the client address), so a flood of them cannot fill the audit disk either."""
+        path = scope["path"]
+        if self._preauth.failed(client_address(scope), ORIGIN_REFUSED):
+            # Refused either way: a log that cannot be written changes nothing about the answer.
+            with contextlib.suppress(Exception):
+                await self._audit.emit(
+                    "auth.denied",
+                    outcome="denied",
+                    reason=ORIGIN_REFUSED,
+                    method=origin_surface(path),
+                    status=403,
+                )
+        body, headers = origin_refusal(path)
+        await send({"type": "http.response.start", "status": 403, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -15,6 +15,15 @@ memory (200 MB of one header took the broker from 77 to 265 MiB). Here:
   timeout, not a disconnect.
 - **Head cap.** The request line and headers together may be at most `max_head_bytes`:
   `431 Request Header Fields Too Large`, connection closed, before a handler runs for it.
+- **Trailers.** httptools reports a chunked body's trailer fields through the same `on_header`
+  as the head's, after the head is complete, and uvicorn appends them to the scope's headers:
+  a token sent only in a trailer authenticated, and endless trailer lines were buffered (20 MiB
+  of them grew the broker by 480 MiB). Trailer fields are discarded (RFC 9110 §6.5.1 lets a
+  recipient do so; nothing the broker serves uses them, and uvicorn's h11 protocol drops them
+  too), and everything of a request after its head that is not body data (chunk sizes, chunk
+  extensions, trailers) again may be at most `max_head_bytes`: past it, 431 and the connection
+  is closed. Refusing every trailer outright would instead break clients that send a harmless
+  checksum trailer, and would buy nothing once trailers are neither believed nor buffered.
 
 Either answer is written only when no handler's answer can be going out at the same time;
 otherwise the connection is only closed.
@@ -52,6 +61,23 @@ _HEAD_TOO_LARGE = _refusal(
     b"headers_too_large",
     b"the request line and headers are too large",
 )
+_TRAILERS_TOO_LARGE = _refusal(
+    b"431 Request Header Fields Too Large",
+    b"trailers_too_large",
+    b"the request's chunk framing and trailers are too large",
+)
+
+
+class _Discarded(list[tuple[bytes, bytes]]):
+    """Where uvicorn's `on_header` appends once a head is complete: trailer fields go nowhere.
+
+    One shared instance, always empty: no allocation per request, and nothing to iterate."""
+
+    def append(self, item: tuple[bytes, bytes]) -> None:
+        pass
+
+
+_DISCARDED = _Discarded()
 
 
 class EdgeProtocol(OneWriteHttpToolsProtocol):
@@ -64,7 +90,8 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
     _timer: asyncio.TimerHandle | None = None
     _in_head = True  # the next bytes belong to a request's head (none read yet, or part of it)
     _head_read = False  # this request's head is complete: a handler runs for it
-    _head_bytes = 0
+    _head_bytes = 0  # in the head: its bytes; after it: the request's non-body bytes since
+    _body_bytes = 0  # body data the parser has handed over on this connection
     _heads_read = 0  # heads completed on this connection
     _refused = False  # a limit was broken: the connection is closing, nothing more is parsed
 
@@ -86,7 +113,7 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
         if self._refused:
             return
         if not self._in_head:
-            super().data_received(data)
+            self._after_head(data)
             return
         room = self.limits.max_head_bytes - self._head_bytes
         if len(data) <= room:
@@ -95,7 +122,7 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
             return
         # Parse only what may still be head; if no head is completed within it, the one being
         # read is too large. Otherwise the rest of this read (a body, a pipelined request) is
-        # parsed as usual.
+        # parsed and counted as what it is.
         heads = self._heads_read
         super().data_received(data[:room])
         if self._refused or self.transport.is_closing():
@@ -103,7 +130,30 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
         if self._heads_read == heads:
             self._refuse("head_too_large", _HEAD_TOO_LARGE if self._nobody_writing() else None)
             return
-        super().data_received(data[room:])
+        self.data_received(data[room:])  # a body, or the next request's head: counted as such
+
+    def _after_head(self, data: bytes) -> None:
+        """Parse bytes read after a head; those that are not body data count against the cap.
+
+        Fed in pieces no larger than the room left, so the count never passes the cap and
+        what the parser buffers meanwhile (an unfinished trailer line) stays within it. A
+        content-length body is all body data: one piece per read, nothing counted."""
+        while data:
+            room = self.limits.max_head_bytes - self._head_bytes
+            if room <= 0:
+                self._refuse("trailers_too_large", _TRAILERS_TOO_LARGE if self._nobody_writing() else None)
+                return
+            piece = data if len(data) <= room else data[:room]
+            heads, body = self._heads_read, self._body_bytes
+            super().data_received(piece)
+            if self._refused or self.transport.is_closing():
+                return
+            data = data[len(piece) :]
+            if self._in_head or self._heads_read != heads:
+                # The request ended within the piece; the rest belongs to the next one.
+                self.data_received(data)
+                return
+            self._head_bytes += len(piece) - (self._body_bytes - body)
 
     # -- the parser's callbacks -----------------------------------------------------------------
 
@@ -116,7 +166,15 @@ class EdgeProtocol(OneWriteHttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head, self._head_read = False, True
         self._heads_read += 1
+        self._head_bytes = 0  # from here on: the non-body bytes after the head
         super().on_headers_complete()
+        # uvicorn's `on_header` appends to `self.headers`, the list the scope holds: a trailer
+        # field must never land there (until the next request's `on_message_begin` resets it).
+        self.headers = _DISCARDED
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._due = None
@@ -173,6 +231,7 @@ def edge_protocol(
     limits: EdgeSettings, on_cut: Callable[[str], object] = lambda reason: None
 ) -> type[EdgeProtocol]:
     """The protocol class for uvicorn's `http=`: this server's limits, and what to call with
-    the reason (`read_timeout`, `head_too_large`) each time a connection is cut (a metric)."""
+    the reason (`read_timeout`, `head_too_large`, `trailers_too_large`) each time a connection
+    is cut (a metric)."""
     namespace: dict[str, Any] = {"limits": limits, "on_cut": staticmethod(on_cut), "__module__": __name__}
     return type("EdgeHttpProtocol", (EdgeProtocol,), namespace)

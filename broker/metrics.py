@@ -32,7 +32,8 @@ class Metrics:
         # is what a slowloris or a header flood looks like from here.
         self.connections_cut = Counter(
             "docbroker_connections_cut",
-            "Client connections closed at the edge, by reason (read_timeout, head_too_large)",
+            "Client connections closed at the edge, by reason "
+            "(read_timeout, head_too_large, trailers_too_large)",
             ("reason",),
             registry=self.registry,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -109,6 +110,9 @@ class ApprovalSettings:
     ttl_seconds: int = 900  # how long a pending approval stays open for a human
     token_ttl_seconds: int = 120  # lifetime of a minted token (server accepts at most 300)
     require_distinct_approver: bool = False
+    # How long a closed record (expired, denied past its expiry, consumed) is kept for the
+    # operators' history before the periodic purge deletes it; open ones are never purged.
+    retention_seconds: int = 30 * 86_400
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,21 @@ class EdgeSettings:
     read_timeout_seconds: float = 15.0  # a request's head and body must arrive within this
     max_head_bytes: int = 65_536  # request line and headers together; past it, 431
     max_connections: int = 1000  # open client connections; past it, requests get 503
+
+
+@dataclass(frozen=True)
+class PreAuthSettings:
+    """How often a client address may fail authentication (`broker.auth.preauth`).
+
+    Each address has a bucket of `burst` failures, refilled at `rate` per second; an empty
+    bucket means 429 before any token work. Broker-wide, the first `burst` failures of each
+    `interval_seconds` are audited one line each; the others, and every 429, are counted and
+    written as one `auth.denied` line per reason at the end of the interval."""
+
+    rate: float = 1.0  # failures per second an address earns back
+    burst: int = 20
+    interval_seconds: float = 60.0
+    max_addresses: int = 4096  # addresses tracked; past it, the others share one bucket
 
 
 @dataclass(frozen=True)
@@ -135,6 +154,10 @@ class Settings:
     max_body_bytes: int = 256 * 1024
     max_response_bytes: int = 32_000
     edge: EdgeSettings = field(default_factory=EdgeSettings)
+    session_ttl_seconds: int = 86_400  # a legacy session id's lifetime from its initialize
+    preauth: PreAuthSettings = field(default_factory=PreAuthSettings)
+    # Origins a request may carry (DNS rebinding): the public URL's own and any listed.
+    allowed_origins: tuple[str, ...] = ()
 
     @property
     def tenants_dir(self) -> Path:
@@ -224,11 +247,15 @@ class Settings:
                 f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
                 f"set {PREFIX}ALLOW_INSECURE_LOCAL_RUNTIME=1 to accept that (development and tests only)"
             )
+        public_url = r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/")
+        own_origin = origin_of(public_url)
+        if own_origin is None:
+            raise SettingsError(f"{PREFIX}PUBLIC_URL must be an http(s) URL")
         return cls(
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
             master_key_file=Path(r.text("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute(),
-            public_url=r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/"),
+            public_url=public_url,
             host=host,
             port=port,
             auth=auth,
@@ -242,11 +269,37 @@ class Settings:
                 ttl_seconds=r.integer("APPROVAL_TTL", 900, low=30, high=7 * 86_400),
                 token_ttl_seconds=r.integer("APPROVAL_TOKEN_TTL", 120, low=10, high=300),
                 require_distinct_approver=r.flag("APPROVAL_REQUIRE_DISTINCT_APPROVER", False),
+                retention_seconds=r.integer("APPROVAL_RETENTION", 30 * 86_400, low=60, high=3650 * 86_400),
             ),
             max_body_bytes=r.integer("MAX_BODY_BYTES", 256 * 1024, low=16 * 1024, high=16 * 1024 * 1024),
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
             edge=edge,
+            session_ttl_seconds=r.integer("SESSION_TTL", 86_400, low=1, high=30 * 86_400),
+            preauth=PreAuthSettings(
+                rate=r.number("PREAUTH_RATE", 1.0, low=0.01, high=10_000),
+                burst=r.integer("PREAUTH_BURST", 20, low=1, high=1_000_000),
+                interval_seconds=r.number("PREAUTH_INTERVAL", 60.0, low=0.5, high=3600),
+                max_addresses=r.integer("PREAUTH_MAX_ADDRESSES", 4096, low=16, high=1_000_000),
+            ),
+            allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
         )
+
+
+def origin_of(url: str) -> str | None:
+    """The origin of an http(s) URL as a browser serialises it in `Origin` (RFC 6454): the
+    scheme and host in lower case, the port only when it is not the scheme's default."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "")
+    if scheme not in ("http", "https") or not host or "@" in parts.netloc:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    default = 80 if scheme == "http" else 443
+    return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
 
 
 class _Reader:
@@ -311,6 +364,21 @@ class _Reader:
         if value not in choices:
             raise SettingsError(f"{PREFIX}{name} must be one of {', '.join(choices)}")
         return value
+
+    def origins(self, name: str, default: str) -> tuple[str, ...]:
+        """`default` and a comma-separated list of origins (`scheme://host[:port]`), normalised."""
+        raw = self.optional(name)
+        origins = [default]  # the broker's own page is served from there: always allowed
+        if raw is None:
+            return (default,)
+        for item in (x.strip() for x in raw.split(",")):
+            origin = origin_of(item) if item else None
+            # An origin has no path, query or fragment: one that does is a URL pasted by mistake.
+            url_only = urllib.parse.urlsplit(item).path not in ("", "/") or "?" in item or "#" in item
+            if origin is None or url_only:
+                raise SettingsError(f"{PREFIX}{name} must list origins (https://host[:port]), by commas")
+            origins.append(origin)
+        return tuple(dict.fromkeys(origins))
 
     def algorithms(self, name: str) -> tuple[str, ...]:
         raw = self.optional(name)

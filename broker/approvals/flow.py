@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from broker.approvals import visible
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import ApprovalState as SealedApproval
 from broker.approvals.sealing import StateSealer
@@ -38,6 +39,9 @@ from server.approval import content_sha256, mint_token
 MODERN_PROTOCOL = "2026-07-28"
 INPUT_KEY = "approval"
 DENIED_MESSAGE = "the report was not approved"
+TOO_MANY_MESSAGE = "too many reports are waiting for approval"
+NO_APPROVE_SCOPE_MESSAGE = "answering an approval needs the reports:approve scope"
+SAME_PERSON_MESSAGE = "this report must be approved by someone other than its requester"
 
 # event name, fields (names and ids only)
 AuditFn = Callable[..., Awaitable[None]]
@@ -117,33 +121,34 @@ class ApprovalFlow:
 
         state = msg.params.get("requestState")
         if state is not None:
-            return await self._answered_in_band(draft, state, msg.params.get("inputResponses"), ids)
+            responses = msg.params.get("inputResponses")
+            return await self._answered_in_band(principal, policy, draft, state, responses, ids)
 
-        approved = self._store.consume(
+        approved = await self._store.consume(
             tenant=draft.tenant, requester=draft.requester, filename=draft.filename, sha256=draft.sha256
         )
         if approved is not None:
             await self._audit("approval.consumed", approval_id=approved.id, outcome="ok", **ids)
             return self._forward(draft, approved.id)
 
-        refused = self._store.denied(draft)
+        refused = await self._store.denied(draft)
         if refused is not None:
             result = broker_result(c.Status.REJECTED, DENIED_MESSAGE)
             return Answer(result, Outcome.REJECTED, "approval_denied", refused.id)
 
         if self._in_band_possible(principal, policy, msg):
-            return await self._ask_in_band(draft, ids)
+            return await self._ask_in_band(draft, policy, ids)
         return await self._wait_out_of_band(draft, policy, ids)
 
     # -- out-of-band ------------------------------------------------------------------------
 
     async def _wait_out_of_band(self, draft: Draft, policy: TenantPolicy, ids: dict[str, str]) -> Answer:
         try:
-            record, created = self._store.request(
+            record, created = await self._store.request(
                 draft, ttl=self._settings.ttl_seconds, max_pending=policy.max_pending_approvals
             )
         except TooManyPending:
-            return _rejected("too many reports are waiting for approval", "too_many_pending_approvals")
+            return _rejected(TOO_MANY_MESSAGE, "too_many_pending_approvals")
         if created:
             await self._audit("approval.requested", approval_id=record.id, outcome="waiting_approval", **ids)
         data = c.PendingApprovalData(
@@ -163,14 +168,22 @@ class ApprovalFlow:
         # tenant does not demand a second person.
         if msg.protocol_version != MODERN_PROTOCOL or "elicitation" not in msg.client_capabilities():
             return False
-        if policy.require_distinct_approver or self._settings.require_distinct_approver:
+        if self._distinct_approver(policy):
             return False
         return principal.has(Scope.REPORTS_APPROVE)
 
-    async def _ask_in_band(self, draft: Draft, ids: dict[str, str]) -> Answer:
+    def _distinct_approver(self, policy: TenantPolicy) -> bool:
+        return policy.require_distinct_approver or self._settings.require_distinct_approver
+
+    async def _ask_in_band(self, draft: Draft, policy: TenantPolicy, ids: dict[str, str]) -> Answer:
         approval_id = secrets.token_hex(16)
         ttl = min(self._settings.ttl_seconds, 600)
-        self._store.record_in_band(approval_id, draft, ttl=ttl)
+        try:  # the same cap as out-of-band: an unanswered question holds a pending record too
+            await self._store.record_in_band(
+                approval_id, draft, ttl=ttl, max_pending=policy.max_pending_approvals
+            )
+        except TooManyPending:
+            return _rejected(TOO_MANY_MESSAGE, "too_many_pending_approvals")
         sealed = self._sealer.seal(
             SealedApproval(
                 approval_id=approval_id,
@@ -181,6 +194,10 @@ class ApprovalFlow:
                 expires=int(self._clock() + ttl),
             )
         )
+        # The client shows this text to the human deciding: nothing in it may hide, reorder
+        # or drive the display (bidi controls, zero-width, ESC, …); such characters are marks.
+        shown = visible.marked(draft.content)
+        notice = visible.notice(shown)
         question = {
             "method": "elicitation/create",
             "params": {
@@ -188,7 +205,7 @@ class ApprovalFlow:
                 "message": (
                     "Approve writing this report?\n\n"
                     f"File: {draft.filename}\nSize: {draft.size} bytes\nSHA-256: {draft.sha256}\n\n"
-                    f"--- content ---\n{draft.content}\n--- end ---"
+                    f"{notice}--- content ---\n{shown.text}\n--- end ---"
                 ),
                 "requestedSchema": {
                     "type": "object",
@@ -208,7 +225,13 @@ class ApprovalFlow:
         return Answer(result, Outcome.WAITING_APPROVAL, "approval_in_band", approval_id)
 
     async def _answered_in_band(
-        self, draft: Draft, state: Any, responses: Any, ids: dict[str, str]
+        self,
+        principal: Principal,
+        policy: TenantPolicy,
+        draft: Draft,
+        state: Any,
+        responses: Any,
+        ids: dict[str, str],
     ) -> Answer | Forward:
         opened = self._sealer.open(state)
         if opened is None or (opened.tenant, opened.subject, opened.filename, opened.sha256) != (
@@ -218,6 +241,14 @@ class ApprovalFlow:
             draft.sha256,
         ):
             return _rejected(c.Message.APPROVAL_INVALID.value, "request_state_invalid")
+        # The sealed state says which question this answers, not who may answer it: the
+        # answering request's own principal must be an approver now (its token may differ from
+        # the one that asked), and a rule requiring a second person holds here as on REST. The
+        # record stays pending: a rightful answer can still come.
+        if not principal.has(Scope.REPORTS_APPROVE):
+            return _rejected(NO_APPROVE_SCOPE_MESSAGE, "approver_lacks_scope")
+        if self._distinct_approver(policy):
+            return _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")
         answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
         approve = (
             isinstance(answer, dict)
@@ -225,7 +256,7 @@ class ApprovalFlow:
             and isinstance(answer.get("content"), dict)
             and answer["content"].get("decision") == "approve"
         )
-        record = self._store.answer_in_band(
+        record = await self._store.answer_in_band(
             opened.approval_id, tenant=draft.tenant, approver=draft.requester, approve=approve
         )
         if record is None:  # answered before: a replayed state
@@ -241,6 +272,13 @@ class ApprovalFlow:
             )
         await self._audit("approval.consumed", approval_id=record.id, outcome="ok", **ids)
         return self._forward(draft, record.id)
+
+    async def release(self, forward: Forward, ids: dict[str, str]) -> None:
+        """The consumed approval goes back to approved: its write was never sent (DESIGN §4:
+        no approval is used up by a call that did not reach the sandbox)."""
+        if await self._store.release(forward.approval_id, ids["tenant"]):
+            await self._audit("approval.released", approval_id=forward.approval_id, outcome="ok",
+                              reason="not_forwarded", **ids)  # fmt: skip
 
     # -- forwarding -------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 One master key (≥ 32 random bytes, hex in a file) on the broker. Each tenant's approval
 secret is derived from it, so only that tenant's sandbox can verify tokens minted for it,
-and the key that seals in-band request state is derived under its own label.
+and the keys that seal in-band request state and legacy session ids are derived under labels
+of their own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 MIN_MASTER_KEY_BYTES = 32
 _APPROVAL_LABEL = b"docbroker/approval/v1/"
 _SEAL_LABEL = b"docbroker/request-state/v1"
+_SESSION_LABEL = b"docbroker/mcp-session/v1"
 
 
 class KeyError_(Exception):
@@ -29,6 +31,11 @@ def tenant_secret(master_key: bytes, tenant: str) -> str:
 
 def sealing_key(master_key: bytes) -> bytes:
     return hmac.new(master_key, _SEAL_LABEL, hashlib.sha256).digest()
+
+
+def session_key(master_key: bytes) -> bytes:
+    """Seals legacy session ids (broker/gateway/sessions.py): any replica can open them."""
+    return hmac.new(master_key, _SESSION_LABEL, hashlib.sha256).digest()
 
 
 def load_master_key(path: Path) -> bytes:

@@ -1,40 +1,21 @@
-"""Approval records in SQLite: they survive a broker restart (DESIGN §4).
+"""Approval records: what they hold and what a store of them must do (DESIGN §4).
 
-Every state change is one conditional UPDATE (`... WHERE state = 'pending'`), so two
+`ApprovalStore` is the interface the approval flow, the REST API and the retention purge
+use; `broker.approvals.sqlite_store` is the embedded implementation. Its methods are
+coroutines, so an implementation never makes the event loop wait on its database.
+
+Every state change is one conditional transition (`... WHERE state = 'pending'`), so two
 humans clicking at once, or two retries racing, cannot both win: exactly one transition
 happens and the loser sees the record as it now is.
 """
 
 from __future__ import annotations
 
-import secrets
-import sqlite3
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from pathlib import Path
+from typing import Protocol
 
 from broker.types import ApprovalState
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS approvals (
-    id          TEXT PRIMARY KEY,
-    tenant      TEXT NOT NULL,
-    requester   TEXT NOT NULL,
-    filename    TEXT NOT NULL,
-    sha256      TEXT NOT NULL,
-    bytes       INTEGER NOT NULL,
-    content     TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    expires_at  REAL NOT NULL,
-    decided_by  TEXT,
-    decided_at  REAL,
-    consumed_at REAL
-);
-CREATE INDEX IF NOT EXISTS approvals_lookup ON approvals (tenant, requester, filename, sha256, state);
-"""
 
 
 class DecisionError(StrEnum):
@@ -47,7 +28,7 @@ class DecisionError(StrEnum):
 
 
 class TooManyPending(Exception):
-    """The tenant has reached its cap of open approvals."""
+    """The tenant has reached its cap of open approvals (in-band and out-of-band together)."""
 
 
 @dataclass(frozen=True)
@@ -64,13 +45,14 @@ class Draft:
 
 @dataclass(frozen=True)
 class Approval:
+    """One record's metadata: everything but the report's content."""
+
     id: str
     tenant: str
     requester: str
     filename: str
     sha256: str
     bytes: int
-    content: str  # shown to the approver; the tenant's data, kept in the broker's private data dir
     state: ApprovalState
     created_at: float
     expires_at: float
@@ -90,176 +72,102 @@ class Approval:
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "decided_by": self.decided_by,
+            "decided_at": self.decided_at,
+            "consumed_at": self.consumed_at,
         }
 
-    def detail(self) -> dict[str, object]:
-        """The record with the full content, for the human deciding on it."""
-        return {**self.public(), "content": self.content}
+    def as_of(self, now: float) -> Approval:
+        """An open record past its expiry reads as expired (nothing rewrites it on disk)."""
+        if self.state in (ApprovalState.PENDING, ApprovalState.APPROVED) and self.expires_at <= now:
+            return replace(self, state=ApprovalState.EXPIRED)
+        return self
 
 
-class ApprovalStore:
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a decision that was shown as made must persist
-        self._db.executescript(_SCHEMA)
-        path.chmod(0o600)
-        self._clock = clock
+@dataclass(frozen=True)
+class ApprovalDetail:
+    """A record with the report's content, for the human deciding on it."""
 
-    def close(self) -> None:
-        self._db.close()
+    approval: Approval
+    content: str  # the tenant's data, kept in the broker's private data dir
 
-    # -- reads ------------------------------------------------------------------------------
+    def public(self) -> dict[str, object]:
+        return {**self.approval.public(), "content": self.content}
 
-    def get(self, approval_id: str, tenant: str) -> Approval | None:
-        row = self._db.execute(
-            "SELECT * FROM approvals WHERE id = ? AND tenant = ?", (approval_id, tenant)
-        ).fetchone()
-        return self._expired_view(_row(row)) if row else None
 
-    def list(self, tenant: str, state: ApprovalState | None = None, limit: int = 200) -> list[Approval]:
-        rows = self._db.execute(
-            "SELECT * FROM approvals WHERE tenant = ? ORDER BY created_at DESC LIMIT ?", (tenant, limit)
-        ).fetchall()
-        items = [self._expired_view(_row(r)) for r in rows]
-        return [a for a in items if state is None or a.state is state]
+@dataclass(frozen=True)
+class Position:
+    """Where a listing page ended: the last record's (created_at, id), newest first."""
+
+    created_at: float
+    id: str
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Approval]
+    next: Position | None  # None: this was the last page
+
+
+class ApprovalStore(Protocol):
+    """Approval records of every tenant. Every read and change names the tenant it is for."""
+
+    async def get(self, approval_id: str, tenant: str) -> Approval | None: ...
+
+    async def detail(self, approval_id: str, tenant: str) -> ApprovalDetail | None: ...
+
+    async def page(
+        self, tenant: str, state: ApprovalState | None, *, limit: int, after: Position | None
+    ) -> Page:
+        """Records in `state` (None: any), newest first, filtered by the store, `limit` at most."""
+        ...
 
     def pending_count(self) -> int:
-        row = self._db.execute(
-            "SELECT COUNT(*) FROM approvals WHERE state = 'pending' AND expires_at > ?", (self._clock(),)
-        ).fetchone()
-        return int(row[0])
+        """Open approvals of all tenants, for the metrics gauge (called on the event loop: cheap)."""
+        ...
 
-    # -- transitions ------------------------------------------------------------------------
+    async def request(self, draft: Draft, *, ttl: float, max_pending: int) -> tuple[Approval, bool]:
+        """The open approval for exactly this report, or a new pending one: (record, created).
 
-    def request(self, draft: Draft, *, ttl: float, max_pending: int) -> tuple[Approval, bool]:
-        """The open approval for exactly this report, or a new pending one. Returns (record, created)."""
-        now = self._clock()
-        row = self._db.execute(
-            "SELECT * FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
-            "AND state IN ('pending', 'approved') AND expires_at > ? ORDER BY created_at DESC LIMIT 1",
-            (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
-        ).fetchone()
-        if row:
-            return _row(row), False
-        open_count = self._db.execute(
-            "SELECT COUNT(*) FROM approvals WHERE tenant = ? AND state = 'pending' AND expires_at > ?",
-            (draft.tenant, now),
-        ).fetchone()[0]
-        if open_count >= max_pending:
-            raise TooManyPending
-        approval_id = secrets.token_hex(16)
-        self._insert_pending(approval_id, draft, now + ttl)
-        created = self.get(approval_id, draft.tenant)
-        assert created is not None
-        return created, True
+        Raises TooManyPending when a new one would pass the tenant's cap.
+        """
+        ...
 
-    def decide(
+    async def decide(
         self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
-    ) -> Approval | DecisionError:
-        current = self.get(approval_id, tenant)
-        if current is None:
-            return DecisionError.NOT_FOUND
-        if current.state is ApprovalState.EXPIRED:
-            return DecisionError.EXPIRED
-        if current.state is not ApprovalState.PENDING:
-            return DecisionError.NOT_PENDING
-        if require_distinct and approver == current.requester:
-            return DecisionError.SAME_PERSON
-        new_state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
-        cur = self._db.execute(
-            "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ? "
-            "WHERE id = ? AND tenant = ? AND state = 'pending' AND expires_at > ?",
-            (new_state.value, approver, self._clock(), approval_id, tenant, self._clock()),
-        )
-        if cur.rowcount != 1:
-            return DecisionError.NOT_PENDING
-        decided = self.get(approval_id, tenant)
-        assert decided is not None
-        return decided
+    ) -> Approval | DecisionError: ...
 
-    def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
+    async def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
         """Take the approved record for exactly this report, once. None if there is none."""
-        now = self._clock()
-        row = self._db.execute(
-            "SELECT id FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
-            "AND state = 'approved' AND expires_at > ? ORDER BY created_at LIMIT 1",
-            (tenant, requester, filename, sha256, now),
-        ).fetchone()
-        if row is None:
-            return None
-        cur = self._db.execute(
-            "UPDATE approvals SET state = 'consumed', consumed_at = ? WHERE id = ? AND state = 'approved'",
-            (now, row["id"]),
-        )
-        if cur.rowcount != 1:
-            return None  # a concurrent retry won the race
-        return self.get(row["id"], tenant)
+        ...
 
-    def denied(self, draft: Draft) -> Approval | None:
+    async def release(self, approval_id: str, tenant: str) -> bool:
+        """Give back a consumed approval whose write never reached the sandbox (refused or
+        failed before it was sent): the human's decision stands for the client's retry. One
+        conditional transition (consumed → approved), so only a consumption is undone, once."""
+        ...
+
+    async def denied(self, draft: Draft) -> Approval | None:
         """A human's unexpired "no" to exactly this report: asking again must not reopen it."""
-        row = self._db.execute(
-            "SELECT * FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
-            "AND state = 'denied' AND expires_at > ? ORDER BY decided_at DESC LIMIT 1",
-            (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
-        ).fetchone()
-        return _row(row) if row else None
+        ...
 
-    def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float) -> None:
-        """An in-band question was asked: remember it as pending so its answer counts once."""
-        self._insert_pending(approval_id, draft, self._clock() + ttl)
+    async def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float, max_pending: int) -> None:
+        """An in-band question is asked: a pending record under the same cap as out-of-band ones.
 
-    def answer_in_band(
+        Raises TooManyPending when the tenant's cap is reached.
+        """
+        ...
+
+    async def answer_in_band(
         self, approval_id: str, *, tenant: str, approver: str, approve: bool
     ) -> Approval | None:
         """Record the in-band answer and, on approve, consume at once. None if already answered."""
-        now = self._clock()
-        new_state = ApprovalState.CONSUMED if approve else ApprovalState.DENIED
-        cur = self._db.execute(
-            "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, consumed_at = ? "
-            "WHERE id = ? AND tenant = ? AND state = 'pending' AND expires_at > ?",
-            (new_state.value, approver, now, now if approve else None, approval_id, tenant, now),
-        )
-        return self.get(approval_id, tenant) if cur.rowcount == 1 else None
+        ...
 
-    def _insert_pending(self, approval_id: str, draft: Draft, expires_at: float) -> None:
-        self._db.execute(
-            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
-            "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-            (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
-             draft.content, self._clock(), expires_at),
-        )  # fmt: skip
+    async def purge(self, *, closed_before: float) -> int:
+        """Delete records that closed (expired, or consumed) before this time; how many went.
 
-    def _expired_view(self, approval: Approval) -> Approval:
-        if (
-            approval.state in (ApprovalState.PENDING, ApprovalState.APPROVED)
-            and approval.expires_at <= self._clock()
-        ):
-            return _replace_state(approval, ApprovalState.EXPIRED)
-        return approval
+        Open records are never purged: a pending or approved one is open until it expires.
+        """
+        ...
 
-
-def _row(row: sqlite3.Row) -> Approval:
-    return Approval(
-        id=row["id"],
-        tenant=row["tenant"],
-        requester=row["requester"],
-        filename=row["filename"],
-        sha256=row["sha256"],
-        bytes=row["bytes"],
-        content=row["content"],
-        state=ApprovalState(row["state"]),
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        decided_by=row["decided_by"],
-        decided_at=row["decided_at"],
-        consumed_at=row["consumed_at"],
-    )
-
-
-def _replace_state(approval: Approval, state: ApprovalState) -> Approval:
-    from dataclasses import replace
-
-    return replace(approval, state=state)
+    async def close(self) -> None: ...

@@ -30,7 +30,9 @@ class AuditEvent(StrEnum):
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_CONSUMED = "approval.consumed"
+    APPROVAL_RELEASED = "approval.released"  # a consumed approval given back: its write was never sent
     APPROVAL_VIEWED = "approval.viewed"  # an approver read pending reports (their content) over REST
+    APPROVAL_PURGED = "approval.purged"  # retention deleted closed records (`count` of them)
     SANDBOX_STARTED = "sandbox.started"
     SANDBOX_STOPPED = "sandbox.stopped"
     SANDBOX_FAILED = "sandbox.failed"
@@ -162,7 +164,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "limits_enforced": _flag,
     "protocol": _pattern(_PROTOCOL),
     "status": _count(100, 599),
-    "count": _count(0, MAX_COUNT),  # how many of something an aggregate event stands for
+    "count": _count(1, MAX_COUNT),  # how many things one line stands for (purged records, denied requests)
 }
 
 

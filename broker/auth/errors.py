@@ -41,12 +41,14 @@ class AuthReason(StrEnum):
     UNKNOWN_TENANT = "unknown_tenant"
     INSUFFICIENT_SCOPE = "insufficient_scope"
     KEYS_UNAVAILABLE = "keys_unavailable"
+    PREAUTH_LIMITED = "preauth_limited"  # the client address failed too often (broker.auth.preauth)
 
 
 STATUS: dict[AuthReason, int] = {reason: 401 for reason in AuthReason} | {
     AuthReason.UNKNOWN_TENANT: 403,
     AuthReason.INSUFFICIENT_SCOPE: 403,
     AuthReason.KEYS_UNAVAILABLE: 503,
+    AuthReason.PREAUTH_LIMITED: 429,
 }
 
 
@@ -54,12 +56,21 @@ class AuthError(Exception):
     """A request was refused by authentication. `str()` and `repr()` show status and code only."""
 
     def __init__(
-        self, status: int, reason: AuthReason | str, *, required_scopes: Iterable[Scope] = ()
+        self,
+        status: int,
+        reason: AuthReason | str,
+        *,
+        required_scopes: Iterable[Scope] = (),
+        retry_after: int = 0,
     ) -> None:
         # AuthReason(...) refuses free text, so no caller can smuggle a value into a reason.
         self.reason = AuthReason(reason)
         self.status = status
         self.required_scopes = frozenset(required_scopes)
+        self.retry_after = retry_after  # seconds, for a 429
+        # Set by `AuthService` when the pre-auth limiter counts this refusal for an interval's
+        # aggregated `auth.denied` line: the caller then writes no line of its own.
+        self.counted = False
         super().__init__(f"{status} {self.reason.value}")
 
     @classmethod

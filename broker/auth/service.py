@@ -11,33 +11,62 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker.auth.challenge import protected_resource_metadata, resource_metadata_url, www_authenticate
-from broker.auth.errors import AuthError, insufficient_scope
+from broker.auth.errors import AuthError, AuthReason, insufficient_scope
 from broker.auth.jwt import Authenticator, authorization_header
 from broker.auth.keys import key_source
-from broker.settings import AuthSettings
+from broker.auth.preauth import PreAuthLimiter
+from broker.settings import AuthSettings, PreAuthSettings
 from broker.types import Principal, Scope
 
 
 class AuthService:
     def __init__(
-        self, settings: AuthSettings, *, known_tenant: Callable[[str], bool], public_url: str
+        self,
+        settings: AuthSettings,
+        *,
+        known_tenant: Callable[[str], bool],
+        public_url: str,
+        preauth: PreAuthLimiter | None = None,
     ) -> None:
         self._keys = key_source(settings)
         self._authenticator = Authenticator(settings, known_tenant, self._keys)
         self._metadata_url = resource_metadata_url(public_url)
         self._metadata = protected_resource_metadata(public_url, settings.issuer)
+        self.preauth = preauth if preauth is not None else PreAuthLimiter(PreAuthSettings())
 
-    async def authenticate(self, authorization: Sequence[str]) -> Principal:
-        """The principal for the request's Authorization header values. Raises AuthError."""
-        return await self._authenticator.authenticate(authorization_header(list(authorization)))
+    async def authenticate(self, authorization: Sequence[str], address: str = "") -> Principal:
+        """The principal for the request's Authorization header values. Raises AuthError.
 
-    async def approver(self, authorization: Sequence[str]) -> Principal:
-        principal = await self.authenticate(authorization)
+        `address` is the client's (`preauth.client_address`): an address that failed too
+        often gets a 429 AuthError before any token work, unless its token was verified
+        before. A refusal the limiter counts for its interval line has `counted` set."""
+        wait = self.preauth.retry_after(address)
+        if wait:
+            principal = await self._authenticator.reuse(authorization[0] if len(authorization) == 1 else None)
+            if principal is not None:
+                return principal
+            self.preauth.limited()
+            error = AuthError.of(AuthReason.PREAUTH_LIMITED)
+            error.retry_after, error.counted = wait, True
+            raise error
+        try:
+            return await self._authenticator.authenticate(authorization_header(list(authorization)))
+        except AuthError as exc:
+            # The identity provider's keys being unavailable is not the client's doing.
+            charge = exc.reason is not AuthReason.KEYS_UNAVAILABLE
+            exc.counted = not self.preauth.failed(address, exc.reason.value, charge=charge)
+            raise
+
+    async def approver(self, authorization: Sequence[str], address: str = "") -> Principal:
+        principal = await self.authenticate(authorization, address)
         if not principal.has(Scope.REPORTS_APPROVE):
             raise insufficient_scope(Scope.REPORTS_APPROVE)
         return principal
 
     def challenge(self, error: AuthError) -> dict[str, str]:
+        """The headers of a refusal: the WWW-Authenticate challenge, or a 429's Retry-After."""
+        if error.retry_after:
+            return {"retry-after": str(error.retry_after)}
         value = www_authenticate(error, self._metadata_url)
         return {"www-authenticate": value} if value else {}
 

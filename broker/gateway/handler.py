@@ -32,6 +32,7 @@ from broker.approvals.flow import Answer, ApprovalFlow
 from broker.approvals.reports import Accepted, ReportStore, audit_sweep
 from broker.audit import AuditSinkError
 from broker.auth import AuthError
+from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.errors import Denial, Denied
 from broker.gateway import jsonrpc as rpc
@@ -42,7 +43,7 @@ from broker.gateway.contract import ContractPins, Pin
 from broker.gateway.deadlines import Deadlines
 from broker.gateway.methods import audit_method, client_may_send, sandbox_may_send
 from broker.gateway.responder import CallRecord, Responder
-from broker.gateway.sessions import SessionBindings
+from broker.gateway.sessions import SessionSealer
 from broker.gateway.tools_filter import may_call, visible_tools
 from broker.gateway.upstream import (
     PARAM_PREFIX,
@@ -63,8 +64,17 @@ from server import contracts as c
 log = logging.getLogger("docbroker.gateway")
 
 MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
+LEGACY_PROTOCOL = "2025-11-25"
 _RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
 _OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x) is ~10x slower
+# The `Mcp-Param-*` names the tools' contract declares (`x-mcp-header`): any other such name is
+# the client's own invention, a value (`Mcp-Param-Secret-Q3-Layoffs-Plan.Md`), audited as "other".
+_KNOWN_PARAM_HEADERS = {
+    f"{PARAM_PREFIX}{header}".lower(): f"{PARAM_PREFIX}{header}".title()
+    for tool in c.TOOL_NAMES
+    for prop in c.input_schema(tool).get("properties", {}).values()
+    if isinstance(header := prop.get("x-mcp-header"), str)
+}
 _KNOWN_METHODS = frozenset(
     {"initialize", "notifications/initialized", "ping", "server/discover", "tools/list", "tools/call",
      "notifications/cancelled", "GET", "DELETE"}
@@ -100,6 +110,7 @@ class _Turn:
     principal: Principal
     out: Responder
     call: CallRecord
+    sealed_session: str | None  # the session id as the client holds it
 
 
 class McpGateway:
@@ -111,7 +122,7 @@ class McpGateway:
         limiter: TenantLimiter,
         runtime: Runtime,
         upstreams: Upstreams,
-        sessions: SessionBindings,
+        sessions: SessionSealer,
         approvals: ApprovalFlow,
         reports_for: Callable[[str], ReportStore],
         audit: AuditLike,
@@ -141,9 +152,13 @@ class McpGateway:
         call = CallRecord(request_id=secrets.token_hex(16), started=time.perf_counter())
         out = Responder(send, call)
         try:
-            await self._serve(scope, receive, out, call)
+            try:
+                await self._serve(scope, receive, out, call)
+            finally:
+                await self._keep_unsent_approval(call)
         except AuthError as exc:
             call.event, call.outcome, call.reason = "auth.denied", Outcome.DENIED, exc.reason.value
+            call.audited = exc.counted  # on the pre-auth limiter's counted line for the interval
             await self._finish_json(
                 out, call, exc.status, wire.auth_error_body(exc), self._auth.challenge(exc)
             )
@@ -181,12 +196,18 @@ class McpGateway:
     async def _serve(self, scope: Scope, receive: Receive, out: Responder, call: CallRecord) -> None:
         http_method = scope["method"]
         headers = wire.headers_of(scope)
+        call.method = http_method
+        # Authentication first: a refusal before it would be one audit line per request that
+        # no pre-auth limit counts (an unauthenticated flood of PUTs would fill the disk).
+        call.principal = principal = await self._auth.authenticate(
+            wire.all_values(scope, b"authorization"), client_address(scope)
+        )
         if http_method not in ("POST", "GET", "DELETE"):
             raise Denied(Denial.METHOD_NOT_ALLOWED, "http_method_not_allowed")
-        call.method = http_method
-        call.principal = principal = await self._auth.authenticate(wire.all_values(scope, b"authorization"))
         policy = self._policies.get(principal.tenant)
-        call.header_names = sorted(n.title() for n in headers if n.startswith(PARAM_PREFIX))
+        call.header_names = sorted(
+            {_KNOWN_PARAM_HEADERS.get(n, "other") for n in headers if n.startswith(PARAM_PREFIX)}
+        )
 
         msg: rpc.RpcMessage | None = None
         body = b""
@@ -215,10 +236,13 @@ class McpGateway:
             raise Denied(Denial.TOO_MANY_CONCURRENT, "concurrency_limited", retry_after=1)
         call.limited_tenant = principal.tenant
 
-        session_id = headers.get("mcp-session-id")
-        if session_id is not None and not self._sessions.owned_by(session_id, principal):
-            raise Denied(Denial.SESSION_NOT_FOUND, "session_not_owned")
-        if http_method in ("GET", "DELETE") and session_id is None:
+        sealed_session = headers.get("mcp-session-id")
+        if sealed_session is not None:
+            session_id = self._sessions.open(sealed_session, principal)
+            if session_id is None:
+                raise Denied(Denial.SESSION_NOT_FOUND, "session_not_owned")
+            headers["mcp-session-id"] = session_id  # forwarded as the sandbox issued it
+        elif http_method in ("GET", "DELETE"):
             raise Denied(Denial.BAD_REQUEST, "session_required")
         # Before the approval gate too: a broken audit log must not consume or open approvals.
         self._audit_ready()
@@ -244,7 +268,7 @@ class McpGateway:
                 call.save, call.approval_id = decision, decision.approval_id
                 body = wire.forward_body(msg, decision.arguments)
 
-        turn = _Turn(http_method, headers, body, msg, principal, out, call)
+        turn = _Turn(http_method, headers, body, msg, principal, out, call, sealed_session)
         if call.save is not None:
             # The drop-box is emptied before and after the approved write, whatever its outcome.
             ids = {"tenant": principal.tenant, "subject": principal.subject, "request_id": call.request_id}
@@ -330,7 +354,7 @@ class McpGateway:
                 await self._emit_terminal(call)
             await out.end()
             return
-        if call.save is not None and msg is not None:
+        if call.save is not None and msg is not None and call.forwarded:
             # The approved write was sent: it may or may not have happened.
             call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
             unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
@@ -372,6 +396,10 @@ class McpGateway:
     ) -> None:
         """Answer from the pin, after a fresh listing shows the sandbox still offers the same."""
         principal, call = turn.principal, turn.call
+        if turn.sealed_session is not None:
+            protocol = turn.headers.get("mcp-protocol-version", LEGACY_PROTOCOL)
+            if not await listing.session_alive(client, turn.headers["mcp-session-id"], protocol):
+                raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
         fresh = await self._list_and_admit(client, sandbox)
         if not self._pins.matches(pin, fresh):
             await self._audit.emit(
@@ -406,13 +434,10 @@ class McpGateway:
     async def _relay(
         self, turn: _Turn, response: UpstreamResponse, descriptor: dict[str, Any] | None
     ) -> None:
-        msg, principal, out, call = turn.msg, turn.principal, turn.out, turn.call
-        session_id = response.headers.get("mcp-session-id")
-        if session_id and msg is not None and msg.method == "initialize" and response.status_code == 200:
-            self._sessions.bind(session_id, principal)
-        if call.method == "DELETE" and response.status_code < 300 and session_id:
-            self._sessions.forget(session_id, principal)
+        msg, out, call = turn.msg, turn.out, turn.call
         passed = response_headers(response.headers.items())
+        if response.headers.get("mcp-session-id") is not None:
+            passed = self._client_session(turn, response, passed)
         ours = msg if msg is not None and msg.id is not None else None  # a request: it needs an answer
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -461,6 +486,17 @@ class McpGateway:
         else:
             reply = await self._consume(turn, parsed, len(raw), ours, descriptor)
         await self._finish_json(out, call, status, reply, dict(wire.str_headers(passed)))
+
+    def _client_session(
+        self, turn: _Turn, response: UpstreamResponse, passed: list[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
+        """The sandbox's session id never reaches the client: a new session's is sealed to the
+        principal; otherwise the client's own sealed id goes back, or none at all."""
+        client_id = turn.sealed_session
+        if turn.msg is not None and turn.msg.method == "initialize" and response.status_code == 200:
+            client_id = self._sessions.seal(response.headers["mcp-session-id"], turn.principal)
+        kept = [(n, v) for n, v in passed if n.lower() != b"mcp-session-id"]
+        return kept if client_id is None else [*kept, (b"mcp-session-id", client_id.encode("ascii"))]
 
     async def _answer_in_stream(self, out: Responder, call: CallRecord, framed: bytes) -> None:
         call.bytes_out += len(framed)
@@ -515,6 +551,19 @@ class McpGateway:
         )
 
     # -- endings ----------------------------------------------------------------------------
+
+    async def _keep_unsent_approval(self, call: CallRecord) -> None:
+        """A save refused or failed before its bytes reached the sandbox gives its approval
+        back, before the client is answered (so its retry finds it approved)."""
+        if call.save is None or call.forwarded or call.principal is None:
+            return
+        save, call.save = call.save, None
+        ids = {"request_id": call.request_id, "tenant": call.principal.tenant,
+               "subject": call.principal.subject}  # fmt: skip
+        try:
+            await self._approvals.release(save, ids)
+        except AuditSinkError:
+            log.error("audit write failed while keeping an unsent approval")
 
     def _audit_ready(self) -> None:
         try:

@@ -7,6 +7,7 @@ forwarded as received unless the broker must change it (an approval token inject
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -106,17 +107,38 @@ def parse(raw: bytes) -> RpcMessage:
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
+class _Unencodable(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _Unencodable("NaN and Infinity are not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a number the broker could not write back as JSON
+        raise _Unencodable("number out of range")
+    return value
+
+
 def _loads(raw: bytes) -> Any:
-    """`json.loads`, exactly, ~5x faster on the usual body. orjson reads what both accept the
-    same way, except an integer past 64 bits (it makes a float): a body with a run of 19
-    digits takes the standard library, and so does what orjson refuses (NaN, infinities, lone
-    surrogates, a BOM, deep nesting)."""
+    """Strict RFC 8259 JSON in UTF-8, and only what the broker can write back unchanged.
+
+    Anything the broker reads it must also be able to encode (an answer carries the request's
+    id; a forwarded body may be rebuilt), and read the way the sandbox will: a value accepted
+    here but not encodable (a lone surrogate) failed only after the call had run. So NaN,
+    infinities, lone surrogates, a BOM and other encodings are refused, as orjson refuses
+    them. The standard library only reads what orjson reads differently: an integer past
+    64 bits (orjson makes it a float), held in a run of 19 digits."""
     if _LONG_DIGITS.search(raw) is None:
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(raw)
+        return orjson.loads(raw)
+    body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite)
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be
+    except UnicodeEncodeError:
+        raise _Unencodable("lone surrogate") from None
+    return body
 
 
 def encode(body: dict[str, Any]) -> bytes:

@@ -60,6 +60,22 @@ async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
         return _result(message)
 
 
+async def session_alive(client: Upstream, session_id: str, protocol: str) -> bool:
+    """Whether the sandbox still holds this legacy session. It alone knows: sessions are not
+    kept by the broker (broker.gateway.sessions), and a DELETE through any replica ends one.
+    Asked only where the broker answers a session's request itself (`tools/list`)."""
+    body = {"jsonrpc": "2.0", "id": f"broker-{next(_ids)}", "method": "ping"}
+    headers = {
+        "host": "localhost",
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": protocol,
+        "mcp-session-id": session_id,
+    }
+    async with client.stream("POST", headers, json.dumps(body).encode()) as response:
+        return response.status_code != 404
+
+
 async def list_all_tools(client: Upstream) -> tuple[list[Any], list[str]]:
     """All descriptors across pages, and the reasons (if any) the listing was cut short."""
     tools: list[Any] = []

@@ -41,6 +41,7 @@ class CallRecord:
     audited: bool = False
     limited_tenant: str | None = None  # set when a concurrency slot was taken
     request_fields: dict[str, Any] | None = None  # describe_request(), once forwarded
+    forwarded: bool = False  # the request's bytes went to the sandbox: a write may have happened
 
     def audit_fields(self) -> dict[str, Any]:
         fields = self.request_fields if self.request_fields is not None else self.describe_request()
@@ -58,6 +59,7 @@ class CallRecord:
     def fix_request(self) -> None:
         """Describe the request now, once it is forwarded and nothing about it changes any more:
         the gateway calls this while the sandbox works, so the answer's path is shorter."""
+        self.forwarded = True
         self.request_fields = self.describe_request()
 
     def describe_request(self) -> dict[str, Any]:

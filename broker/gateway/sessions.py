@@ -1,49 +1,73 @@
-"""Legacy (2025-11-25) session ids, bound to the principal that created them.
+"""Legacy (2025-11-25) session ids, sealed to the principal that created them (DESIGN §9).
 
-The sandbox issues `Mcp-Session-Id`; the broker remembers which tenant and subject it was
-issued to. Anyone else presenting it gets 404, exactly as if it did not exist, so a leaked
-id is useless to another subject or tenant.
-
-Bounded per tenant: a tenant's oldest bindings are forgotten first, and only its own, so a
-tenant that opens sessions without end never pushes another tenant's out. (The tenants are
-the policies' known ones, so the number of tables is bounded too.) Each tenant's sandbox
-issues its own ids, so the same id from two sandboxes stays bound to each.
+The sandbox issues `Mcp-Session-Id`; the client never sees it. It sees a sealed id instead:
+the sandbox's id and an expiry, encrypted with AES-GCM under a key derived from the master
+key, with the tenant and subject as associated data. Any broker replica holding the master
+key opens it, so a session created through one replica continues through another, and the
+broker keeps no table that could be filled or lost in a restart. An id presented by another
+subject or tenant, altered, forged or expired opens to nothing: 404, exactly as if it did
+not exist, so a leaked id is useless to anyone else.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import base64
+import binascii
+import os
+import re
+import struct
+import time
+from collections.abc import Callable
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from broker.types import Principal
 
-MAX_SESSIONS_PER_TENANT = 1_000
-MAX_SESSION_ID_CHARS = 128
+MAX_SESSION_ID_CHARS = 128  # the sandbox's own id: its answer is not trusted to be short
+MAX_SEALED_CHARS = 512
+DEFAULT_TTL_SECONDS = 86_400
+_PREFIX = "dbm1."
+_AAD = b"docbroker/mcp-session/v1\0"
+# MCP: a session id holds visible ASCII only (0x21-0x7E); it travels in a header both ways.
+_VISIBLE = re.compile(rf"[\x21-\x7e]{{1,{MAX_SESSION_ID_CHARS}}}")
+_EXPIRY = struct.Struct(">Q")
 
 
-class SessionBindings:
-    def __init__(self, max_per_tenant: int = MAX_SESSIONS_PER_TENANT) -> None:
-        self._subjects: dict[str, OrderedDict[str, str]] = {}  # tenant → session id → subject
-        self._max = max_per_tenant
+class SessionSealer:
+    def __init__(
+        self, key: bytes, *, ttl_seconds: float = DEFAULT_TTL_SECONDS, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._aead = AESGCM(key)
+        self._ttl = ttl_seconds
+        self._clock = clock
 
-    def bind(self, session_id: str, principal: Principal) -> None:
-        subjects = self._subjects.setdefault(principal.tenant, OrderedDict())
-        subjects[session_id] = principal.subject
-        subjects.move_to_end(session_id)
-        while len(subjects) > self._max:
-            subjects.popitem(last=False)
+    def seal(self, session_id: str, principal: Principal) -> str | None:
+        """The id the client sees for the sandbox's `session_id`; None if that id is unusable."""
+        if not _VISIBLE.fullmatch(session_id):
+            return None
+        nonce = os.urandom(12)
+        plain = _EXPIRY.pack(int(self._clock() + self._ttl)) + session_id.encode("ascii")
+        sealed = nonce + self._aead.encrypt(nonce, plain, _aad(principal))
+        return _PREFIX + base64.urlsafe_b64encode(sealed).decode("ascii").rstrip("=")
 
-    def owned_by(self, session_id: str, principal: Principal) -> bool:
-        if len(session_id) > MAX_SESSION_ID_CHARS:
-            return False
-        subjects = self._subjects.get(principal.tenant)
-        return subjects is not None and subjects.get(session_id) == principal.subject
+    def open(self, sealed: str, principal: Principal) -> str | None:
+        """The sandbox's session id, if `sealed` was made for this principal and is unexpired."""
+        if len(sealed) > MAX_SEALED_CHARS or not sealed.startswith(_PREFIX):
+            return None
+        body = sealed.removeprefix(_PREFIX)
+        try:
+            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            plain = self._aead.decrypt(raw[:12], raw[12:], _aad(principal))
+        except (binascii.Error, ValueError, InvalidTag):
+            return None
+        (expires,) = _EXPIRY.unpack_from(plain)
+        if expires <= self._clock():
+            return None
+        return plain[_EXPIRY.size :].decode("ascii")
 
-    def forget(self, session_id: str, principal: Principal) -> None:
-        subjects = self._subjects.get(principal.tenant)
-        if subjects is not None:
-            subjects.pop(session_id, None)
-            if not subjects:
-                del self._subjects[principal.tenant]
 
-    def __len__(self) -> int:
-        return sum(len(subjects) for subjects in self._subjects.values())
+def _aad(principal: Principal) -> bytes:
+    # A tenant is a DNS label and cannot hold NUL: the two fields cannot be shifted into each other.
+    subject = principal.subject.encode("utf-8", "surrogatepass")
+    return _AAD + principal.tenant.encode("ascii") + b"\0" + subject

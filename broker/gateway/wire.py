@@ -130,5 +130,6 @@ def plain_outcome(status: int) -> tuple[Outcome, str]:
 
 
 def auth_error_body(exc: AuthError) -> dict[str, Any]:
-    text = {401: "Unauthorized", 403: "Forbidden"}.get(exc.status, "Service unavailable")
-    return rpc.error(None, rpc.FORBIDDEN if exc.status == 403 else rpc.INVALID_REQUEST, text)
+    text = {401: "Unauthorized", 403: "Forbidden", 429: "Too many requests"}.get(exc.status)
+    code = {403: rpc.FORBIDDEN, 429: rpc.RATE_LIMITED}.get(exc.status, rpc.INVALID_REQUEST)
+    return rpc.error(None, code, text or "Service unavailable")

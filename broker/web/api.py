@@ -2,44 +2,109 @@
 
 Only principals with `reports:approve` may use it, and only for their own tenant: another
 tenant's approval id answers 404, exactly like an id that does not exist.
+
+    GET  /v1/approvals?state=pending&limit=50&cursor=OPAQUE
+         -> {"approvals": [metadata, ...], "next_cursor": "OPAQUE" | null}
+         state: pending (default) | approved | denied | consumed | expired | all
+         limit: 1..100 (default 50); newest first; follow `next_cursor` until it is null
+    GET  /v1/approvals/{id}          -> metadata + {"content": "..."} (the only place with content)
+    POST /v1/approvals/{id}/approve  -> metadata
+    POST /v1/approvals/{id}/deny     -> metadata
+
+    metadata = {"approval_id", "state", "requester", "filename", "sha256", "bytes",
+                "created_at", "expires_at", "decided_by", "decided_at", "consumed_at"}
+               (times are Unix seconds, floats; the decided/consumed ones may be null)
+
+The cursor is opaque to clients: it holds a position in the listing and the state it was
+made for, never a tenant (the tenant is always the principal's). A page for one approval
+(`/approvals?id=X`) should fetch `GET /v1/approvals/X` itself, not search the listing.
+
+Errors are `{"error": CODE}`: 400 unknown_state | bad_limit | bad_cursor, 401/403 (with a
+`WWW-Authenticate` challenge), 404 not_found (also another tenant's id, or a malformed one),
+409 not_pending, 410 expired, 403 approver_is_requester, 429 rate_limited | concurrency_limited
+(with `Retry-After`; REST calls count against the tenant's limits like /mcp calls), 503
+audit_unavailable. Every response carries `Cache-Control: no-store` and
+`X-Content-Type-Options: nosniff`, and every request leaves exactly one audit event.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import logging
+import math
 import re
+import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from broker.approvals.store import ApprovalStore, DecisionError
+from broker.approvals.store import ApprovalStore, DecisionError, Position
 from broker.audit import AuditSinkError
+from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
+from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
-from broker.policy import Policies
-from broker.types import ApprovalState, Principal
+from broker.policy import Policies, TenantLimiter
+from broker.types import ApprovalState, Outcome, Principal
 
+log = logging.getLogger("docbroker")
+
+PREFIX = "/v1/approvals"
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 100
 _ID_RE = re.compile(r"[0-9a-f]{32}")
+_CURSOR_RE = re.compile(r"[A-Za-z0-9_-]{1,200}")
+_STATES = {s.value: s for s in ApprovalState}
 _DECISION_STATUS = {
     DecisionError.NOT_FOUND: 404,
     DecisionError.NOT_PENDING: 409,
     DecisionError.EXPIRED: 410,
     DecisionError.SAME_PERSON: 403,
 }
+# Report contents (and the metadata of other people's drafts) must not stay in a browser's
+# or a proxy's cache, nor be sniffed into something other than JSON.
+HEADERS = {"cache-control": "no-store", "x-content-type-options": "nosniff"}
 
 Audit = Callable[..., Awaitable[None]]
-Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class Reply:
+    """One answer and the one audit event that records it."""
+
+    status: int
+    body: dict[str, object]
+    event: AuditEvent
+    outcome: Outcome
+    reason: str
+    approval_id: str | None = None  # only ids of records the principal's tenant holds
+    decision: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    counted: bool = False  # audited on the interval's counted auth.denied line instead
+
+
+def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
+    outcome = Outcome.DENIED if status in (401, 403, 429) else Outcome.REJECTED
+    return Reply(status, {"error": error}, event, outcome, reason or error)
 
 
 class ApprovalsApi:
+    """An ASGI app for everything under /v1/approvals, so even an unknown path or method is
+    answered here, with its audit event, rather than by the router."""
+
     def __init__(
         self,
         *,
         auth: AuthService,
         store: ApprovalStore,
         policies: Policies,
+        limiter: TenantLimiter,
         audit: Audit,
         audit_ready: Callable[[], None],
         require_distinct_approver: bool,
@@ -47,98 +112,197 @@ class ApprovalsApi:
         self._auth = auth
         self._store = store
         self._policies = policies
+        self._limiter = limiter
         self._audit = audit
         self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
         self._require_distinct = require_distinct_approver
 
-    def routes(self) -> list[Route]:
-        return [
-            Route("/v1/approvals", _fail_closed(self.list), methods=["GET"]),
-            Route("/v1/approvals/{approval_id}", _fail_closed(self.show), methods=["GET"]),
-            Route("/v1/approvals/{approval_id}/approve", _fail_closed(self.approve), methods=["POST"]),
-            Route("/v1/approvals/{approval_id}/deny", _fail_closed(self.deny), methods=["POST"]),
-        ]
-
-    async def _approver(self, request: Request) -> Principal | Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        request_id = secrets.token_hex(16)
         try:
-            return await self._auth.approver(request.headers.getlist("authorization"))
+            reply, principal = await self._answer(request)
+            if not reply.counted:
+                await self._audit(
+                    reply.event,
+                    request_id=request_id,
+                    tenant=principal.tenant if principal else None,
+                    subject=principal.subject if principal else None,
+                    method="approvals",
+                    outcome=reply.outcome,
+                    reason=reply.reason,
+                    status=reply.status,
+                    approval_id=reply.approval_id,
+                    decision=reply.decision,
+                )
+        except AuditSinkError:
+            # As /mcp does: refuse, never answer unaudited, never a bare 500.
+            response = JSONResponse({"error": "audit_unavailable"}, 503, headers=HEADERS)
+        else:
+            response = JSONResponse(reply.body, reply.status, headers={**reply.headers, **HEADERS})
+        await response(scope, receive, send)
+
+    async def _answer(self, request: Request) -> tuple[Reply, Principal | None]:
+        route = _route(request.method, request.scope["path"])
+        try:
+            authorization = request.headers.getlist("authorization")
+            principal = await self._auth.approver(authorization, client_address(request.scope))
         except AuthError as exc:
-            await self._audit("auth.denied", outcome="denied", reason=exc.reason.value, method="approvals")
-            return JSONResponse({"error": "unauthorized" if exc.status == 401 else "forbidden"}, exc.status,
-                                headers=self._auth.challenge(exc))  # fmt: skip
+            error = {401: "unauthorized", 429: "too_many_requests"}.get(exc.status, "forbidden")
+            reply = _refused(exc.status, error, AuditEvent.AUTH_DENIED, exc.reason.value)
+            reply.headers = self._auth.challenge(exc)
+            reply.counted = exc.counted  # the pre-auth limiter's counted line stands for it
+            return reply, None
 
-    async def list(self, request: Request) -> Response:
-        principal = await self._approver(request)
-        if isinstance(principal, Response):
-            return principal
-        state_name = request.query_params.get("state", "pending")
-        if state_name not in {s.value for s in ApprovalState} | {"all"}:
-            return JSONResponse({"error": "unknown_state"}, 400)
-        state = None if state_name == "all" else ApprovalState(state_name)
-        self._audit_ready()
-        items = [a.public() for a in self._store.list(principal.tenant, state)]
-        await self._audit("approval.viewed", outcome="ok", reason="listed", **_who(principal))
-        return JSONResponse({"approvals": items})
+        # REST calls spend the tenant's own budget, like /mcp calls: an approver's token can
+        # not be used to flood the broker (or starve the tenant's other callers) for free.
+        tenant = principal.tenant
+        wait = self._limiter.take(tenant)
+        if wait:
+            reply = _refused(429, "rate_limited", route.event)
+            reply.headers = {"retry-after": str(int(wait))}
+            return reply, principal
+        if not self._limiter.enter(tenant):
+            reply = _refused(429, "concurrency_limited", route.event)
+            reply.headers = {"retry-after": "1"}
+            return reply, principal
+        try:
+            if route.handler is None:
+                return _refused(route.status, route.error, route.event), principal
+            self._audit_ready()  # nothing is shown or decided while it cannot be recorded
+            return await route.handler(self, request, principal, route.approval_id), principal
+        except AuditSinkError:
+            raise
+        except Exception as exc:  # one audited answer, never a bare 500 from the router
+            log.error("approvals api failed", extra={"error": type(exc).__name__})
+            return Reply(500, {"error": "internal"}, route.event, Outcome.ERROR, "internal_error"), principal
+        finally:
+            self._limiter.leave(tenant)
 
-    async def show(self, request: Request) -> Response:
-        principal = await self._approver(request)
-        if isinstance(principal, Response):
-            return principal
-        approval_id = request.path_params["approval_id"]
-        record = self._store.get(approval_id, principal.tenant) if _ID_RE.fullmatch(approval_id) else None
+    def routes(self) -> list[Route]:
+        return [Route(PREFIX, self), Route(PREFIX + "/{rest:path}", self)]
+
+    # -- endpoints --------------------------------------------------------------------------
+
+    async def _list(self, request: Request, principal: Principal, _: str | None) -> Reply:
+        event = AuditEvent.APPROVAL_VIEWED
+        query = request.query_params
+        state_name = query.get("state", ApprovalState.PENDING.value)
+        if state_name != "all" and state_name not in _STATES:
+            return _refused(400, "unknown_state", event)
+        limit = _limit(query.get("limit"))
+        if limit is None:
+            return _refused(400, "bad_limit", event)
+        after = None
+        if "cursor" in query:
+            after = _read_cursor(query["cursor"], state_name)
+            if after is None:
+                return _refused(400, "bad_cursor", event)
+        page = await self._store.page(principal.tenant, _STATES.get(state_name), limit=limit, after=after)
+        body: dict[str, object] = {
+            "approvals": [a.public() for a in page.items],
+            "next_cursor": _write_cursor(page.next, state_name) if page.next else None,
+        }
+        return Reply(200, body, event, Outcome.OK, "listed")
+
+    async def _show(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
+        event = AuditEvent.APPROVAL_VIEWED
+        record = await self._store.detail(approval_id, principal.tenant) if approval_id else None
         if record is None:
-            return JSONResponse({"error": "not_found"}, 404)
-        self._audit_ready()
+            return _refused(404, "not_found", event, "not_found" if approval_id else "malformed_id")
         # The content of a report is shown here: who read it is worth a record.
-        await self._audit(
-            "approval.viewed", approval_id=record.id, outcome="ok", reason="shown", **_who(principal)
-        )
-        return JSONResponse(record.detail())
+        return Reply(200, record.public(), event, Outcome.OK, "shown", approval_id=record.approval.id)
 
-    async def approve(self, request: Request) -> Response:
-        return await self._decide(request, approve=True)
+    async def _approve(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
+        return await self._decide(principal, approval_id, approve=True)
 
-    async def deny(self, request: Request) -> Response:
-        return await self._decide(request, approve=False)
+    async def _deny(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
+        return await self._decide(principal, approval_id, approve=False)
 
-    async def _decide(self, request: Request, *, approve: bool) -> Response:
-        principal = await self._approver(request)
-        if isinstance(principal, Response):
-            return principal
-        approval_id = request.path_params["approval_id"]
-        if not _ID_RE.fullmatch(approval_id):
-            return JSONResponse({"error": "not_found"}, 404)
+    async def _decide(self, principal: Principal, approval_id: str | None, *, approve: bool) -> Reply:
+        event = AuditEvent.APPROVAL_DECIDED
+        if approval_id is None:
+            return _refused(404, "not_found", event, "malformed_id")
         policy = self._policies.get(principal.tenant)
-        self._audit_ready()  # a decision is recorded only while it can be audited
-        outcome = self._store.decide(
+        outcome = await self._store.decide(
             approval_id,
             tenant=principal.tenant,
             approver=principal.subject,
             approve=approve,
             require_distinct=self._require_distinct or policy.require_distinct_approver,
         )
-        fields = _who(principal)
         if isinstance(outcome, DecisionError):
-            await self._audit("approval.decided", outcome="rejected", reason=outcome.value, **fields)
-            return JSONResponse({"error": outcome.value}, _DECISION_STATUS[outcome])
-        decision = "approved" if approve else "denied"
-        await self._audit(
-            "approval.decided", approval_id=outcome.id, decision=decision, outcome="ok", **fields
-        )
-        return JSONResponse(outcome.public())
+            reply = _refused(_DECISION_STATUS[outcome], outcome.value, event)
+            if outcome is not DecisionError.NOT_FOUND:
+                reply.approval_id = approval_id  # the tenant's own record: not a probe's guess
+            return reply
+        decision = ApprovalState.APPROVED if approve else ApprovalState.DENIED
+        return Reply(200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value)
 
 
-def _who(principal: Principal) -> dict[str, Any]:
-    return {"tenant": principal.tenant, "subject": principal.subject, "method": "approvals"}
+Handler = Callable[[ApprovalsApi, Request, Principal, str | None], Awaitable[Reply]]
 
 
-def _fail_closed(endpoint: Endpoint) -> Endpoint:
-    """The audit log cannot be written: refuse with 503 (as /mcp does), never a bare 500."""
+@dataclass(frozen=True)
+class _Route:
+    event: AuditEvent
+    handler: Handler | None  # None: refused with `status` and `error`
+    approval_id: str | None = None  # None also when the id in the path is malformed
+    status: int = 404
+    error: str = "not_found"
 
-    async def guarded(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except AuditSinkError:
-            return JSONResponse({"error": "audit_unavailable"}, 503)
 
-    return guarded
+def _route(method: str, path: str) -> _Route:
+    """Which endpoint a request is for. Decided before authentication only to name the event."""
+    parts = path.removeprefix(PREFIX).strip("/").split("/") if path.rstrip("/") != PREFIX else []
+    viewed, decided = AuditEvent.APPROVAL_VIEWED, AuditEvent.APPROVAL_DECIDED
+    if len(parts) == 2 and parts[1] in ("approve", "deny"):
+        handler = ApprovalsApi._approve if parts[1] == "approve" else ApprovalsApi._deny
+        return _for_method(method, "POST", decided, handler, parts[0])
+    if len(parts) == 1:
+        return _for_method(method, "GET", viewed, ApprovalsApi._show, parts[0])
+    if not parts:
+        return _for_method(method, "GET", viewed, ApprovalsApi._list, None)
+    return _Route(viewed, None)
+
+
+def _for_method(method: str, wanted: str, event: AuditEvent, handler: Handler, raw_id: str | None) -> _Route:
+    if method != wanted:
+        return _Route(event, None, status=405, error="method_not_allowed")
+    approval_id = raw_id if raw_id is not None and _ID_RE.fullmatch(raw_id) else None
+    return _Route(event, handler, approval_id)
+
+
+def _limit(raw: str | None) -> int | None:
+    if raw is None:
+        return DEFAULT_LIMIT
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        return None
+    return int(raw)
+
+
+# -- the cursor: opaque to clients, a position and the state it was made for, never a tenant --
+
+
+def _write_cursor(position: Position, state_name: str) -> str:
+    raw = json.dumps([1, state_name, position.created_at, position.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _read_cursor(text: str, state_name: str) -> Position | None:
+    if not _CURSOR_RE.fullmatch(text):
+        return None
+    try:
+        value = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    if not isinstance(value, list) or len(value) != 4:
+        return None
+    version, state, created_at, approval_id = value
+    if version != 1 or state != state_name:
+        return None  # a cursor belongs to the listing it came from
+    if type(created_at) not in (int, float) or not math.isfinite(created_at):
+        return None
+    if not isinstance(approval_id, str) or not _ID_RE.fullmatch(approval_id):
+        return None
+    return Position(float(created_at), approval_id)

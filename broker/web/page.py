@@ -1,16 +1,23 @@
 """The approvals web page: a static page whose script calls the REST API with a bearer token.
 
 No cookies, so no CSRF; all text is inserted with `textContent`, and a strict CSP forbids
-inline script, so a report's content cannot run in the approver's browser.
+inline script, so a report's content cannot run in the approver's browser. The script shows
+invisible and control characters as marks by `broker.approvals.visible`'s classification,
+served as `marks.json`, so the page and the in-band question flag the same characters.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from importlib import resources
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from broker.approvals import visible
 
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -34,9 +41,22 @@ def _file(name: str, media_type: str) -> Route:
     return Route(f"/approvals{'' if name == 'index.html' else '/' + name}", serve, methods=["GET"])
 
 
+@functools.cache
+def _marks_json() -> bytes:
+    tables = {"marks": visible.table(), "right_to_left": visible.right_to_left_table()}
+    return json.dumps(tables, separators=(",", ":")).encode()
+
+
+async def _marks(_: Request) -> Response:
+    # Built on first use, off the event loop: it asks the classifier about every code point.
+    body = await anyio.to_thread.run_sync(_marks_json)
+    return Response(body, media_type="application/json", headers=_HEADERS)
+
+
 def routes() -> list[Route]:
     return [
         _file("index.html", "text/html; charset=utf-8"),
         _file("approvals.js", "text/javascript; charset=utf-8"),
         _file("approvals.css", "text/css; charset=utf-8"),
+        Route("/approvals/marks.json", _marks, methods=["GET"]),
     ]

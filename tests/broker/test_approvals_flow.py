@@ -179,11 +179,12 @@ async def answer(
     decision: str,
     subject: str = "alice",
     tenant: str = "acme",
+    scope: str = ALL_SCOPES,
 ) -> dict[str, Any]:
     responses = {"approval": mcp_types.ElicitResult(action="accept", content={"decision": decision})}
     async with open_mcp(
         broker,
-        broker.token(tenant=tenant, subject=subject),
+        broker.token(tenant=tenant, subject=subject, scope=scope),
         mode="auto",
         elicitation_callback=approve_in_band(),
     ) as c:
@@ -238,6 +239,28 @@ async def test_in_band_state_is_bound_to_content_filename_subject_tenant(broker:
     # the genuine answer still works: none of the attempts above used it up
     assert (await answer(broker, name, "approved words", state, "approve"))["status"] == "ok"
     assert landed(broker, "acme", name) == "approved words"
+
+
+async def test_in_band_answer_needs_the_approve_scope_on_the_answering_token(broker: Broker) -> None:
+    name, content = unique("inband-scope"), "approved by whoever holds the state?"
+    state = (await ask(broker, name, content)).request_state  # asked with reports:approve
+    assert state is not None
+    before = last_seq(broker)
+    # the same subject, its state, but a token that may only read and write
+    for decision in ("approve", "deny"):
+        refused = await answer(broker, name, content, state, decision, scope=WRITE_SCOPE)
+        assert (refused["status"], refused["message"]) == (
+            "rejected",
+            "answering an approval needs the reports:approve scope",
+        )
+    assert landed(broker, "acme", name) is None and name not in dropbox(broker, "acme")
+    events = events_since(broker, before)
+    assert not [e for e in events if e["event"] in ("approval.decided", "approval.consumed")]
+    saves = [e for e in events if e["event"] == "mcp.request" and e.get("tool") == "save_report"]
+    assert [e["reason"] for e in saves] == ["approver_lacks_scope"] * 2
+    # nothing was recorded: the question is still open for an answer from an approver
+    assert (await answer(broker, name, content, state, "approve"))["status"] == "ok"
+    assert landed(broker, "acme", name) == content
 
 
 async def test_in_band_expired_question_cannot_be_answered(broker: Broker) -> None:

@@ -1,12 +1,15 @@
 """Approvals live in the broker's SQLite store and survive a restart (DESIGN §4); the
 "approver must differ from requester" rule can also come from the environment
-(DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER=1), for every tenant at once.
+(DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER=1), for every tenant at once, and holds for an
+in-band answer too; closed records are purged after DOCBROKER_APPROVAL_RETENTION, audited.
 
 This module owns its broker: it stops and starts it.
 """
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import mcp_types
 import pytest
 from harness import Broker, make_broker, structured
-from support import approver, decide, open_mcp, unique
+from support import approve_in_band, approver, decide, events_since, last_seq, open_mcp, unique, wait_for
 
 from broker.audit import verify_file
 
@@ -88,3 +91,105 @@ async def test_approvals_survive_a_restart_and_env_requires_a_distinct_approver(
 def test_master_key_and_store_are_private(restartable: Broker) -> None:
     for path in (restartable.data_dir / "master.key", restartable.data_dir / "approvals.sqlite3"):
         assert Path(path).stat().st_mode & 0o077 == 0, path
+
+
+DISTINCT = "DOCBROKER_APPROVAL_REQUIRE_DISTINCT_APPROVER"
+
+
+def restart(broker: Broker, **env: str | None) -> None:
+    broker.stop()
+    for name, value in env.items():
+        if value is None:
+            broker.env.pop(name, None)
+        else:
+            broker.env[name] = value
+    broker.start()
+
+
+async def test_distinct_approver_rule_holds_for_an_in_band_answer(restartable: Broker) -> None:
+    broker = restartable
+    restart(broker, **{DISTINCT: None})
+    name, content = unique("inband-four-eyes"), "asked while one person could approve"
+    async with open_mcp(broker, broker.token(), mode="auto", elicitation_callback=approve_in_band()) as c:
+        first = await c.session.call_tool(
+            "save_report", {"filename": name, "content": content}, allow_input_required=True
+        )
+    assert isinstance(first, mcp_types.InputRequiredResult) and first.request_state
+
+    restart(broker, **{DISTINCT: "1"})
+    # the requester answers its own question, now that a second person is required
+    responses = {"approval": mcp_types.ElicitResult(action="accept", content={"decision": "approve"})}
+    async with open_mcp(broker, broker.token(), mode="auto", elicitation_callback=approve_in_band()) as c:
+        answered = await c.session.call_tool(
+            "save_report",
+            {"filename": name, "content": content},
+            input_responses=responses,
+            request_state=first.request_state,
+            allow_input_required=True,
+        )
+    assert isinstance(answered, mcp_types.CallToolResult)
+    result = structured(answered)
+    assert (result["status"], result["message"]) == (
+        "rejected",
+        "this report must be approved by someone other than its requester",
+    )
+    assert not (broker.reports("acme") / name).exists()
+
+
+def listed(broker: Broker) -> dict[str, str]:
+    """Every record the tenant's approvers can list, paging to the end: id -> state."""
+    states: dict[str, str] = {}
+    params: dict[str, Any] = {"state": "all", "limit": 100}
+    with approver(broker) as http:
+        while True:
+            body = http.get("/v1/approvals", params=params).json()
+            states.update({a["approval_id"]: a["state"] for a in body["approvals"]})
+            if body["next_cursor"] is None:
+                return states
+            params["cursor"] = body["next_cursor"]
+
+
+async def test_closed_records_are_purged_after_the_retention_and_audited(restartable: Broker) -> None:
+    broker = restartable
+    restart(broker, **{DISTINCT: None})
+
+    async def waiting(content: str) -> tuple[str, str]:
+        name = unique("kept")
+        return name, (await save(broker, name, content))["data"]["approval_id"]
+
+    _, still_pending = await waiting("open: never purged")
+    consumed_name, consumed = await waiting("consumed long ago")
+    assert decide(broker, consumed).status_code == 200
+    assert (await save(broker, consumed_name, "consumed long ago"))["status"] == "ok"
+    recent_name, recently_consumed = await waiting("consumed just now")
+    assert decide(broker, recently_consumed).status_code == 200
+    assert (await save(broker, recent_name, "consumed just now"))["status"] == "ok"
+    _, denied = await waiting("denied, and expired long ago")
+    assert decide(broker, denied, approve=False).status_code == 200
+    _, expired = await waiting("never answered, expired long ago")
+    _, denied_open = await waiting("denied: the no stands until it expires")
+    assert decide(broker, denied_open, approve=False).status_code == 200
+
+    broker.stop()
+    long_ago = time.time() - 2 * 3600  # older than the retention below
+    with sqlite3.connect(broker.data_dir / "approvals.sqlite3") as db:
+        db.execute("UPDATE approvals SET consumed_at = ? WHERE id = ?", (long_ago, consumed))
+        db.execute("UPDATE approvals SET expires_at = ? WHERE id IN (?, ?)", (long_ago, denied, expired))
+        db.execute("UPDATE approvals SET decided_at = ? WHERE id = ?", (long_ago, denied_open))
+    before = last_seq(broker)
+    restart(broker, DOCBROKER_APPROVAL_RETENTION="3600")  # the purge runs at start-up
+
+    assert wait_for(lambda: any(e["event"] == "approval.purged" for e in events_since(broker, before)))
+    [purged] = [e for e in events_since(broker, before) if e["event"] == "approval.purged"]
+    assert (purged["count"], purged["outcome"], purged["reason"]) == (3, "ok", "retention")
+    assert set(purged) <= {"v", "seq", "ts", "prev", "event", "outcome", "reason", "count", "replica"}
+    states = listed(broker)
+    assert not {consumed, denied, expired} & states.keys()
+    assert states[still_pending] == "pending" and states[recently_consumed] == "consumed"
+    assert states[denied_open] == "denied"
+    with approver(broker) as http:
+        for gone_id in (consumed, denied, expired):
+            assert http.get(f"/v1/approvals/{gone_id}").status_code == 404
+        assert http.get(f"/v1/approvals/{still_pending}").json()["state"] == "pending"
+    report = verify_file(broker.audit_file)
+    assert report.ok, report

@@ -26,7 +26,9 @@ def test_a_passed_deadline_ends_the_exchange_within_a_tick() -> None:
     async def main() -> None:
         deadlines = Deadlines(TICK)
         waited = await _overrun(deadlines, 0.2)
-        assert 0.2 <= waited < 0.2 + TICK + 0.5  # (a loaded CI host may add to the tick)
+        # uvloop keeps its clock in whole milliseconds: a timer may fire up to 1 ms before
+        # time.monotonic() says it is due. (A loaded CI host may add to the tick.)
+        assert 0.2 - 0.002 <= waited < 0.2 + TICK + 0.5
         # Nothing stays cancelled: the task goes on and can wait again.
         await asyncio.sleep(0.01)
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]

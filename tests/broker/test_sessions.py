@@ -1,68 +1,138 @@
-"""Legacy session bindings (`broker/gateway/sessions.py`): owner-only, and bounded per tenant.
+"""Legacy session ids (`broker/gateway/sessions.py`): sealed to the principal, opened by any
+replica that holds the master key, and nothing for anyone else.
 
-The HTTP side (another subject or tenant presenting an id gets 404) is in test_cross_tenant.py;
-these check the table itself, which the gateway consults on every legacy request.
+In-process tests of the sealer, then the same properties over HTTP through a real broker.
 """
 
 from __future__ import annotations
 
-from broker.gateway.sessions import MAX_SESSION_ID_CHARS, SessionBindings
+import base64
+import os
+import time
+from pathlib import Path
+
+import pytest
+from harness import Broker, running_broker
+from support import LegacySession, open_http, rpc_reply
+
+from broker.gateway.sessions import MAX_SESSION_ID_CHARS, SessionSealer
 from broker.types import Principal
+
+KEY = os.urandom(32)
 
 
 def who(tenant: str, subject: str = "alice") -> Principal:
     return Principal(tenant=tenant, subject=subject, scopes=frozenset())
 
 
-def test_only_the_principal_that_opened_a_session_owns_it() -> None:
-    table = SessionBindings()
-    table.bind("s1", who("acme"))
-    assert table.owned_by("s1", who("acme"))
-    assert not table.owned_by("s1", who("acme", "mallory"))  # same tenant, another subject
-    assert not table.owned_by("s1", who("globex"))  # same subject name, another tenant
-    assert not table.owned_by("s2", who("acme"))
+def test_only_the_principal_that_opened_a_session_can_open_its_id() -> None:
+    sealer = SessionSealer(KEY)
+    sealed = sealer.seal("s1", who("acme"))
+    assert sealed is not None and "s1" not in sealed
+    assert sealer.open(sealed, who("acme")) == "s1"
+    assert sealer.open(sealed, who("acme", "mallory")) is None  # same tenant, another subject
+    assert sealer.open(sealed, who("globex")) is None  # same subject name, another tenant
 
 
-def test_a_tenant_opening_sessions_without_end_evicts_only_its_own_oldest() -> None:
-    table = SessionBindings(max_per_tenant=3)
-    table.bind("victim-session", who("globex", "bob"))
-    for i in range(50):
-        table.bind(f"flood-{i}", who("acme", "mallory"))
-    assert table.owned_by("victim-session", who("globex", "bob"))
-    assert [table.owned_by(f"flood-{i}", who("acme", "mallory")) for i in (46, 47, 48, 49)] == [
-        False,
-        True,
-        True,
-        True,
-    ]
-    assert len(table) == 4
+def test_another_replica_with_the_same_key_opens_it_and_one_with_another_key_does_not() -> None:
+    sealed = SessionSealer(KEY).seal("s1", who("acme"))
+    assert sealed is not None
+    assert SessionSealer(KEY).open(sealed, who("acme")) == "s1"
+    assert SessionSealer(os.urandom(32)).open(sealed, who("acme")) is None
 
 
-def test_a_session_used_again_is_kept_over_older_ones() -> None:
-    table = SessionBindings(max_per_tenant=2)
-    table.bind("a", who("acme"))
-    table.bind("b", who("acme"))
-    table.bind("a", who("acme"))  # re-bound (a new initialize answered with the same id)
-    table.bind("c", who("acme"))
-    assert table.owned_by("a", who("acme")) and table.owned_by("c", who("acme"))
-    assert not table.owned_by("b", who("acme"))
+def test_tenant_and_subject_cannot_be_shifted_into_each_other() -> None:
+    sealer = SessionSealer(KEY)
+    sealed = sealer.seal("s1", who("ab", "c"))
+    assert sealed is not None
+    assert sealer.open(sealed, who("a", "bc")) is None
 
 
-def test_the_same_id_from_two_tenants_sandboxes_stays_bound_to_each() -> None:
-    table = SessionBindings()
-    table.bind("same-id", who("acme", "alice"))
-    table.bind("same-id", who("globex", "bob"))
-    assert table.owned_by("same-id", who("acme", "alice"))
-    assert table.owned_by("same-id", who("globex", "bob"))
-    table.forget("same-id", who("acme", "alice"))
-    assert not table.owned_by("same-id", who("acme", "alice"))
-    assert table.owned_by("same-id", who("globex", "bob"))
-    table.forget("same-id", who("globex", "bob"))
-    assert len(table) == 0
+def test_an_altered_or_forged_id_opens_to_nothing() -> None:
+    sealer = SessionSealer(KEY)
+    sealed = sealer.seal("s1", who("acme"))
+    assert sealed is not None
+    raw = bytearray(base64.urlsafe_b64decode(sealed[5:] + "=" * (-len(sealed[5:]) % 4)))
+    for i in range(len(raw)):
+        flipped = raw.copy()
+        flipped[i] ^= 0x01
+        altered = "dbm1." + base64.urlsafe_b64encode(bytes(flipped)).decode().rstrip("=")
+        assert sealer.open(altered, who("acme")) is None
+    for forged in ("s1", "dbm1.", "dbm1.AAAA", "dbm1." + "A" * 200, "dbm1.!!!!", "dbm1." + "A" * 600):
+        assert sealer.open(forged, who("acme")) is None
 
 
-def test_an_over_long_id_is_never_owned() -> None:
-    table = SessionBindings()
-    long_id = "x" * (MAX_SESSION_ID_CHARS + 1)
-    table.bind(long_id, who("acme"))  # a sandbox's answer is not trusted to be short
-    assert not table.owned_by(long_id, who("acme"))
+def test_an_expired_id_opens_to_nothing() -> None:
+    now = [1_000_000.0]
+    sealer = SessionSealer(KEY, ttl_seconds=60, clock=lambda: now[0])
+    sealed = sealer.seal("s1", who("acme"))
+    assert sealed is not None
+    now[0] += 59
+    assert sealer.open(sealed, who("acme")) == "s1"
+    now[0] += 1
+    assert sealer.open(sealed, who("acme")) is None
+
+
+def test_a_sandbox_id_that_is_too_long_or_not_visible_ascii_is_never_sealed() -> None:
+    # The sandbox's answer is not trusted: its id must not grow the header or carry controls.
+    sealer = SessionSealer(KEY)
+    assert sealer.seal("x" * (MAX_SESSION_ID_CHARS + 1), who("acme")) is None
+    for bad in ("", "a b", "a\r\nb", "é", "a\x00"):
+        assert sealer.seal(bad, who("acme")) is None
+    assert sealer.seal("x" * MAX_SESSION_ID_CHARS, who("acme")) is not None
+
+
+def test_two_seals_of_one_id_differ() -> None:
+    sealer = SessionSealer(KEY)
+    assert sealer.seal("s1", who("acme")) != sealer.seal("s1", who("acme"))
+
+
+# -- over HTTP ------------------------------------------------------------------------------------
+
+PING = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+
+
+def test_the_client_holds_a_sealed_id_and_its_session_works(broker: Broker) -> None:
+    with open_http(broker, broker.token()) as http:
+        session = LegacySession(http)
+        assert session.session_id.startswith("dbm1.")
+        r = session.post(PING)
+        assert r.status_code == 200 and "result" in rpc_reply(r)
+        assert r.headers.get("mcp-session-id") in (None, session.session_id)
+
+
+def test_a_sealed_id_is_nothing_to_another_subject_or_when_altered(broker: Broker) -> None:
+    with open_http(broker, broker.token()) as http:
+        session = LegacySession(http)
+    others = {
+        "other subject": broker.token(subject="mallory"),
+        "other tenant": broker.token(tenant="globex"),
+    }
+    for token in others.values():
+        with open_http(broker, token) as other:
+            assert session.post(PING, other).status_code == 404
+    altered = session.session_id[:-2] + ("AA" if not session.session_id.endswith("AA") else "BB")
+    with open_http(broker, broker.token()) as http:
+        r = http.post("/mcp", json=PING, headers={**session.headers(), "mcp-session-id": altered})
+        assert r.status_code == 404
+        # the sandbox's own kind of id (not sealed) is refused too
+        r = http.post("/mcp", json=PING, headers={**session.headers(), "mcp-session-id": "0" * 32})
+        assert r.status_code == 404
+
+
+def test_an_expired_session_id_gets_404(tmp_path: Path) -> None:
+    with running_broker(tmp_path, env={"DOCBROKER_SESSION_TTL": "2"}) as broker:
+        with open_http(broker, broker.token()) as http:
+            session = LegacySession(http)
+            assert session.post(PING).status_code == 200
+            time.sleep(2.2)
+            assert session.post(PING).status_code == 404
+            # a fresh initialize gives a working session again
+            assert LegacySession(http).post(PING).status_code == 200
+
+
+@pytest.mark.parametrize("value", ["0", "31" + "0" * 7])
+def test_session_ttl_is_validated_at_start(tmp_path: Path, value: str) -> None:
+    with pytest.raises(RuntimeError, match="DOCBROKER_SESSION_TTL"):
+        with running_broker(tmp_path, env={"DOCBROKER_SESSION_TTL": value}):
+            pass

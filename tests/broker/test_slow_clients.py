@@ -283,6 +283,101 @@ def test_an_endless_header_is_cut_early_not_buffered(broker: Broker) -> None:
     assert rss_mib(broker) - before < 16
 
 
+def chunked_request(broker: Broker, body: bytes, trailers: bytes, **headers: str) -> bytes:
+    """A chunked POST /mcp of `body` in one chunk, then `trailers` (raw field lines)."""
+    head = request_bytes(broker, "POST", "/mcp", transfer_encoding="chunked", **headers)
+    return head + b"%x\r\n%s\r\n0\r\n" % (len(body), body) + trailers + b"\r\n"
+
+
+def tools_list_headers() -> dict[str, str]:
+    return {k.replace("-", "_"): v for k, v in modern_headers("tools/list").items()}
+
+
+def test_a_token_sent_only_in_a_trailer_does_not_authenticate(broker: Broker) -> None:
+    # httptools reports trailer fields like header fields; they were appended to the request's
+    # headers before its handler ran, and the token was honoured.
+    body = json.dumps(modern_body("tools/list")).encode()
+    trailer = f"authorization: Bearer {broker.token()}\r\n".encode()
+    with connect(broker) as sock:
+        sock.sendall(chunked_request(broker, body, trailer, connection="close", **tools_list_headers()))
+        response = read_until_closed(sock, limit=60)
+    assert status_of(response) == 401, response[:300]
+
+
+def test_a_small_trailer_is_ignored_and_the_request_served(broker: Broker) -> None:
+    body = json.dumps(modern_body("tools/list")).encode()
+    trailer = b"x-checksum: 1234\r\nmcp-method: tools/call\r\n"
+    request = chunked_request(
+        broker, body, trailer, authorization=f"Bearer {broker.token()}", connection="close",
+        **tools_list_headers(),
+    )  # fmt: skip
+    with connect(broker) as sock:
+        sock.sendall(request)
+        response = read_until_closed(sock, limit=60)
+    assert status_of(response) == 200, response[:300]
+    assert b'"search_documents"' in response.split(b"\r\n\r\n", 1)[1]
+
+
+TRAILER_FLOOD = 20 * 1024 * 1024
+
+
+def flood_trailers(broker: Broker, head_headers: dict[str, str], line: bytes) -> tuple[int, bytes]:
+    """A chunked POST /mcp whose trailer lines never end: how much was sent, what came back."""
+    head = request_bytes(broker, "POST", "/mcp", transfer_encoding="chunked", **head_headers)
+    sent = 0
+    response = b""
+    with connect(broker) as sock:
+        sock.sendall(head + b"2\r\n{}\r\n0\r\n")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+            while sent < TRAILER_FLOOD:
+                sock.sendall(line)
+                sent += len(line)
+        with contextlib.suppress(ConnectionResetError):
+            response = read_until_closed(sock)
+    return sent, response
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(b"x-t: " + b"a" * 65_530 + b"\r\n", id="64k-trailer-lines"),
+        pytest.param(b"a" * 1_000_000, id="one-endless-trailer"),
+    ],
+)
+def test_endless_trailers_before_authentication_are_cut_early_not_buffered(
+    broker: Broker, line: bytes
+) -> None:
+    # Before: 20 MiB of trailer lines took the broker from 79 to 562 MiB, and only the read
+    # deadline ended it. Whether the 401 (no token) or the cut comes first, the connection is
+    # closed at the cap.
+    before = rss_mib(broker)
+    sent, response = flood_trailers(broker, {"content_type": "application/json"}, line)
+    assert sent < TRAILER_FLOOD
+    assert not response or status_of(response) in (401, 431)
+    assert rss_mib(broker) - before < 16
+
+
+def test_endless_trailers_while_the_handler_waits_for_the_body_get_431(broker: Broker) -> None:
+    before = cuts(broker, "trailers_too_large")
+    headers = {"content_type": "application/json", "authorization": f"Bearer {broker.token()}"}
+    sent, response = flood_trailers(broker, headers, b"x-t: " + b"a" * 65_530 + b"\r\n")
+    assert sent < TRAILER_FLOOD
+    assert status_of(response) == 431
+    assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"] == "trailers_too_large"
+    assert cuts(broker, "trailers_too_large") == before + 1
+
+
+def test_chunk_extensions_count_like_trailers(broker: Broker) -> None:
+    # Chunk-size lines and their extensions are not body data either: they count the same way.
+    headers = {"content_type": "application/json", "authorization": f"Bearer {broker.token()}"}
+    head = request_bytes(broker, "POST", "/mcp", transfer_encoding="chunked", **headers)
+    pieces = b"".join(b"1;e=%s\r\n \r\n" % (b"x" * 1000) for _ in range(40))  # 40 KB of framing
+    with connect(broker) as sock:
+        sock.sendall(head + pieces)
+        response = read_until_closed(sock)
+    assert status_of(response) == 431
+
+
 def test_cut_clients_leave_no_value_and_no_traceback_in_the_broker_log(broker: Broker) -> None:
     canary = f"CANARY-{secrets.token_hex(8)}"
     token = broker.token(subject=canary)

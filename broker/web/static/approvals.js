@@ -1,10 +1,17 @@
 "use strict";
 // Calls the broker's REST API with the approver's bearer token. Every value from the server
-// is placed with textContent: a report's content is data, never markup.
+// is placed with textContent or as text nodes: a report's content is data, never markup.
+//
+// What the approver reads must be what will be written: characters that reorder, hide or
+// control text (bidi controls, zero-width, ESC, …) are never shown as themselves but as
+// bordered marks ("U+202E RLO"), counted above the content. Which characters those are comes
+// from the broker (marks.json, the same classifier as the in-band question), not from here.
 (function () {
   const $ = (id) => document.getElementById(id);
   const status = (text) => { $("status").textContent = text; };
   const token = () => $("token").value.trim();
+  let marks = null; // sorted [first, last, label] runs of code points shown as marks
+  let rightToLeft = null; // sorted [first, last] runs of right-to-left letters
 
   async function api(path, method) {
     const response = await fetch(path, {
@@ -17,37 +24,133 @@
     return body;
   }
 
+  async function loadMarks() {
+    if (marks) { return; }
+    const response = await fetch("/approvals/marks.json", { cache: "no-store" });
+    if (!response.ok) { throw new Error("HTTP " + response.status); }
+    const tables = await response.json();
+    marks = tables.marks;
+    rightToLeft = tables.right_to_left;
+  }
+
+  // The run of `runs` (sorted [first, last, ...]) holding code point `cp`, or null.
+  function find(runs, cp) {
+    let lo = 0, hi = runs.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (cp < runs[mid][0]) { hi = mid - 1; } else if (cp > runs[mid][1]) { lo = mid + 1; } else { return runs[mid]; }
+    }
+    return null;
+  }
+
+  // Fills `element` with `text`, flagged characters as mark spans; returns how many marks, and
+  // whether the text has right-to-left letters.
+  function show(element, text) {
+    element.replaceChildren();
+    let plain = "", count = 0, rtl = false;
+    for (const char of String(text)) { // by code point; a lone surrogate comes as itself
+      const cp = char.codePointAt(0);
+      const run = find(marks, cp);
+      if (run === null) {
+        plain += char;
+        rtl = rtl || find(rightToLeft, cp) !== null;
+        continue;
+      }
+      const label = run[2];
+      if (plain) { element.appendChild(document.createTextNode(plain)); plain = ""; }
+      const mark = document.createElement("span");
+      mark.className = "mark";
+      mark.textContent = "U+" + cp.toString(16).toUpperCase().padStart(4, "0") + " " + label;
+      element.appendChild(mark);
+      count += 1;
+    }
+    if (plain) { element.appendChild(document.createTextNode(plain)); }
+    return { count, rtl };
+  }
+
+  function warning(count) {
+    const noun = count === 1 ? "character is" : "characters are";
+    return count + " invisible or control " + noun + " shown as marks";
+  }
+
   async function decide(id, verb, card) {
     try {
       const record = await api("/v1/approvals/" + encodeURIComponent(id) + "/" + verb, "POST");
-      card.querySelector(".state").textContent = record.state;
+      show(card.querySelector(".state"), record.state);
       card.querySelectorAll("button").forEach((b) => { b.disabled = true; });
       status("Recorded: " + record.state);
     } catch (err) { status("Not recorded: " + err.message); }
   }
 
+  // The content is fetched when the approver asks for it; only then may they approve.
+  async function reveal(item, card, known) {
+    const button = card.querySelector(".reveal");
+    button.disabled = true;
+    try {
+      const detail = known || await api("/v1/approvals/" + encodeURIComponent(item.approval_id));
+      const content = card.querySelector(".content");
+      const { count, rtl } = show(content, detail.content);
+      const warn = card.querySelector(".count");
+      warn.textContent = count ? warning(count) : "";
+      warn.hidden = count === 0;
+      // Right-to-left letters reorder the words and numbers beside them by the bidi rules:
+      // the approver is told, and can see the characters in the order they are stored.
+      card.querySelector(".rtl").hidden = !rtl;
+      card.querySelector(".stored-order").addEventListener("change", (event) => {
+        content.classList.toggle("in-stored-order", event.target.checked);
+      });
+      content.hidden = false;
+      button.hidden = true;
+      card.querySelector(".approve").disabled = detail.state !== "pending";
+    } catch (err) {
+      button.disabled = false;
+      status("Could not load the content: " + err.message);
+    }
+  }
+
+  // `detail`: the approval with its content, shown at once (an approve_url's own approval).
+  function addCard(item, detail) {
+    const card = $("card").content.firstElementChild.cloneNode(true);
+    for (const field of ["filename", "requester", "sha256", "state"]) {
+      show(card.querySelector("." + field), item[field]);
+    }
+    card.querySelector(".bytes").textContent = item.bytes + " bytes";
+    card.querySelector(".reveal").addEventListener("click", () => reveal(item, card));
+    card.querySelector(".approve").addEventListener("click", () => decide(item.approval_id, "approve", card));
+    card.querySelector(".deny").addEventListener("click", () => decide(item.approval_id, "deny", card));
+    card.querySelector(".deny").disabled = item.state !== "pending";
+    $("list").appendChild(card);
+    if (detail) { return reveal(item, card, detail); }
+    return Promise.resolve();
+  }
+
+  async function pending() {
+    const items = [];
+    let cursor = null;
+    do { // metadata only, page by page
+      const query = "?state=pending" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
+      const page = await api("/v1/approvals" + query);
+      items.push(...page.approvals);
+      cursor = page.next_cursor || null;
+    } while (cursor);
+    return items;
+  }
+
   async function load() {
     status("Loading…");
-    const list = $("list");
-    list.replaceChildren();
+    $("list").replaceChildren();
     try {
+      await loadMarks();
       const wanted = new URLSearchParams(location.search).get("id");
-      const { approvals } = await api("/v1/approvals?state=pending");
-      const shown = wanted ? approvals.filter((a) => a.approval_id === wanted) : approvals;
-      for (const item of shown) {
-        const detail = await api("/v1/approvals/" + encodeURIComponent(item.approval_id));
-        const card = $("card").content.firstElementChild.cloneNode(true);
-        card.querySelector(".filename").textContent = detail.filename;
-        card.querySelector(".requester").textContent = detail.requester;
-        card.querySelector(".bytes").textContent = detail.bytes + " bytes";
-        card.querySelector(".sha256").textContent = detail.sha256;
-        card.querySelector(".state").textContent = detail.state;
-        card.querySelector(".content").textContent = detail.content;
-        card.querySelector(".approve").addEventListener("click", () => decide(detail.approval_id, "approve", card));
-        card.querySelector(".deny").addEventListener("click", () => decide(detail.approval_id, "deny", card));
-        list.appendChild(card);
+      if (wanted) { // an approve_url: this one approval, whatever page of the listing it is on
+        const detail = await api("/v1/approvals/" + encodeURIComponent(wanted));
+        await addCard(detail, detail);
+        status("");
+        return;
       }
-      status(shown.length ? shown.length + " pending" : "Nothing is waiting for approval.");
+      const items = await pending();
+      for (const item of items) { addCard(item, null); }
+      status(items.length ? items.length + " pending" : "Nothing is waiting for approval.");
     } catch (err) { status("Could not load: " + err.message); }
   }
 

@@ -58,7 +58,7 @@ def test_auth_error_accepts_only_fixed_reasons() -> None:
         "401 bad_signature",
         "AuthError(status=401, reason='bad_signature')",
     )
-    assert {STATUS[r] for r in AuthReason} == {401, 403, 503}
+    assert {STATUS[r] for r in AuthReason} == {401, 403, 429, 503}  # 429: the pre-auth limit
 
 
 def test_protected_resource_metadata() -> None:

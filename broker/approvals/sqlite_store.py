@@ -1,0 +1,344 @@
+"""The embedded `ApprovalStore`: SQLite in the broker's data dir, survives a restart.
+
+SQLite calls block. They run on one worker thread, never on the event loop, so a slow
+query or a large record makes no other tenant's call wait. One thread also keeps every
+operation whole: a check-then-insert (the pending cap) cannot interleave with another.
+Each multi-statement operation is also one `BEGIN IMMEDIATE` transaction, for any other
+process that opens the same file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from broker.approvals.store import (
+    Approval,
+    ApprovalDetail,
+    DecisionError,
+    Draft,
+    Page,
+    Position,
+    TooManyPending,
+)
+from broker.types import ApprovalState
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS approvals (
+    id          TEXT PRIMARY KEY,
+    tenant      TEXT NOT NULL,
+    requester   TEXT NOT NULL,
+    filename    TEXT NOT NULL,
+    sha256      TEXT NOT NULL,
+    bytes       INTEGER NOT NULL,
+    content     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    expires_at  REAL NOT NULL,
+    decided_by  TEXT,
+    decided_at  REAL,
+    consumed_at REAL
+);
+CREATE INDEX IF NOT EXISTS approvals_lookup ON approvals (tenant, requester, filename, sha256, state);
+CREATE INDEX IF NOT EXISTS approvals_by_state ON approvals (tenant, state, created_at, id);
+CREATE INDEX IF NOT EXISTS approvals_by_time ON approvals (tenant, created_at, id);
+CREATE INDEX IF NOT EXISTS approvals_open ON approvals (state, expires_at);
+"""
+
+# Everything but `content`: listings and decisions never read a report's text.
+_META = (
+    "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
+    "decided_by, decided_at, consumed_at"
+)
+
+# How a state filter reads in SQL (`:now` is now): expiry is computed, never written back.
+_STATE_FILTER: dict[ApprovalState, str] = {
+    ApprovalState.PENDING: "state = 'pending' AND expires_at > :now",
+    ApprovalState.APPROVED: "state = 'approved' AND expires_at > :now",
+    ApprovalState.DENIED: "state = 'denied'",
+    ApprovalState.CONSUMED: "state = 'consumed'",
+    ApprovalState.EXPIRED: "(state IN ('pending', 'approved') AND expires_at <= :now) OR state = 'expired'",
+}
+
+
+def _select(columns: str, rest: str) -> str:
+    # Only this module's constants are spliced in; every value is a bound parameter.
+    return f"SELECT {columns} FROM approvals {rest}"  # noqa: S608
+
+
+_PURGE_BATCH = 500  # rows per DELETE: the metrics gauge never waits on one long purge
+
+T = TypeVar("T")
+
+
+class SqliteApprovalStore:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Used by the worker thread and (for the metrics gauge only) the event loop: the lock
+        # keeps them from sharing the connection at the same moment.
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a decision that was shown as made must persist
+        self._db.executescript(_SCHEMA)
+        path.chmod(0o600)
+        self._lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="approvals-store")
+        self._clock = clock
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        call = functools.partial(self._locked, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, call)
+
+    def _locked(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._lock:
+            return fn(*args, **kwargs)
+
+    async def close(self) -> None:
+        await self._run(self._db.close)
+        self._worker.shutdown(wait=True)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(self, approval_id: str, tenant: str) -> Approval | None:
+        return await self._run(self._get, approval_id, tenant)
+
+    async def detail(self, approval_id: str, tenant: str) -> ApprovalDetail | None:
+        return await self._run(self._detail, approval_id, tenant)
+
+    async def page(
+        self, tenant: str, state: ApprovalState | None, *, limit: int, after: Position | None
+    ) -> Page:
+        return await self._run(self._page, tenant, state, limit, after)
+
+    def pending_count(self) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM approvals WHERE state = 'pending' AND expires_at > ?", (self._clock(),)
+            ).fetchone()
+        return int(row[0])
+
+    async def denied(self, draft: Draft) -> Approval | None:
+        return await self._run(self._denied, draft)
+
+    # -- transitions ------------------------------------------------------------------------
+
+    async def request(self, draft: Draft, *, ttl: float, max_pending: int) -> tuple[Approval, bool]:
+        return await self._run(self._request, draft, ttl, max_pending)
+
+    async def decide(
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
+    ) -> Approval | DecisionError:
+        return await self._run(self._decide, approval_id, tenant, approver, approve, require_distinct)
+
+    async def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
+        return await self._run(self._consume, tenant, requester, filename, sha256)
+
+    async def release(self, approval_id: str, tenant: str) -> bool:
+        return await self._run(self._release, approval_id, tenant)
+
+    async def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float, max_pending: int) -> None:
+        await self._run(self._record_in_band, approval_id, draft, ttl, max_pending)
+
+    async def answer_in_band(
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool
+    ) -> Approval | None:
+        return await self._run(self._answer_in_band, approval_id, tenant, approver, approve)
+
+    async def purge(self, *, closed_before: float) -> int:
+        total = 0
+        while True:  # in batches, each its own turn on the worker and under the lock
+            deleted = await self._run(self._purge_batch, closed_before)
+            total += deleted
+            if deleted < _PURGE_BATCH:
+                return total
+
+    # -- on the worker thread ---------------------------------------------------------------
+
+    def _get(self, approval_id: str, tenant: str) -> Approval | None:
+        row = self._db.execute(
+            _select(_META, "WHERE id = ? AND tenant = ?"), (approval_id, tenant)
+        ).fetchone()
+        return _approval(row).as_of(self._clock()) if row else None
+
+    def _detail(self, approval_id: str, tenant: str) -> ApprovalDetail | None:
+        row = self._db.execute(
+            _select(_META + ", content", "WHERE id = ? AND tenant = ?"), (approval_id, tenant)
+        ).fetchone()
+        return ApprovalDetail(_approval(row).as_of(self._clock()), row["content"]) if row else None
+
+    def _page(self, tenant: str, state: ApprovalState | None, limit: int, after: Position | None) -> Page:
+        now = self._clock()
+        where = ["tenant = :tenant"]
+        if state is not None:
+            where.append(f"({_STATE_FILTER[state]})")
+        if after is not None:
+            where.append("(created_at < :at OR (created_at = :at AND id < :id))")
+        params = {"tenant": tenant, "now": now, "limit": limit + 1}
+        if after is not None:
+            params.update(at=after.created_at, id=after.id)
+        rows = self._db.execute(
+            _select(_META, f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT :limit"),
+            params,
+        ).fetchall()
+        items = [_approval(r).as_of(now) for r in rows[:limit]]
+        more = len(rows) > limit
+        return Page(items, Position(items[-1].created_at, items[-1].id) if more else None)
+
+    def _denied(self, draft: Draft) -> Approval | None:
+        row = self._db.execute(
+            _select(
+                _META,
+                "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+                "AND state = 'denied' AND expires_at > ? ORDER BY decided_at DESC LIMIT 1",
+            ),
+            (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
+        ).fetchone()
+        return _approval(row) if row else None
+
+    def _request(self, draft: Draft, ttl: float, max_pending: int) -> tuple[Approval, bool]:
+        with self._transaction():
+            now = self._clock()
+            row = self._db.execute(
+                _select(
+                    _META,
+                    "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+                    "AND state IN ('pending', 'approved') AND expires_at > ? "
+                    "ORDER BY created_at DESC LIMIT 1",
+                ),
+                (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
+            ).fetchone()
+            if row:
+                return _approval(row), False
+            approval_id = secrets.token_hex(16)
+            self._insert_pending(approval_id, draft, now, ttl, max_pending)
+        created = self._get(approval_id, draft.tenant)
+        assert created is not None
+        return created, True
+
+    def _record_in_band(self, approval_id: str, draft: Draft, ttl: float, max_pending: int) -> None:
+        with self._transaction():
+            self._insert_pending(approval_id, draft, self._clock(), ttl, max_pending)
+
+    def _insert_pending(
+        self, approval_id: str, draft: Draft, now: float, ttl: float, max_pending: int
+    ) -> None:
+        # The one cap: every pending record counts, whichever way its human will answer.
+        open_count = self._db.execute(
+            "SELECT COUNT(*) FROM approvals WHERE tenant = ? AND state = 'pending' AND expires_at > ?",
+            (draft.tenant, now),
+        ).fetchone()[0]
+        if open_count >= max_pending:
+            raise TooManyPending
+        self._db.execute(
+            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
+            "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
+             draft.content, now, now + ttl),
+        )  # fmt: skip
+
+    def _decide(
+        self, approval_id: str, tenant: str, approver: str, approve: bool, require_distinct: bool
+    ) -> Approval | DecisionError:
+        current = self._get(approval_id, tenant)
+        if current is None:
+            return DecisionError.NOT_FOUND
+        if current.state is ApprovalState.EXPIRED:
+            return DecisionError.EXPIRED
+        if current.state is not ApprovalState.PENDING:
+            return DecisionError.NOT_PENDING
+        if require_distinct and approver == current.requester:
+            return DecisionError.SAME_PERSON
+        new_state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
+        now = self._clock()
+        cur = self._db.execute(
+            "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ? "
+            "WHERE id = ? AND tenant = ? AND state = 'pending' AND expires_at > ?",
+            (new_state.value, approver, now, approval_id, tenant, now),
+        )
+        if cur.rowcount != 1:
+            return DecisionError.NOT_PENDING
+        decided = self._get(approval_id, tenant)
+        assert decided is not None
+        return decided
+
+    def _consume(self, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
+        now = self._clock()
+        row = self._db.execute(
+            "SELECT id FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+            "AND state = 'approved' AND expires_at > ? ORDER BY created_at LIMIT 1",
+            (tenant, requester, filename, sha256, now),
+        ).fetchone()
+        if row is None:
+            return None
+        cur = self._db.execute(
+            "UPDATE approvals SET state = 'consumed', consumed_at = ? WHERE id = ? AND state = 'approved'",
+            (now, row["id"]),
+        )
+        if cur.rowcount != 1:
+            return None  # another process's retry won the race
+        return self._get(row["id"], tenant)
+
+    def _release(self, approval_id: str, tenant: str) -> bool:
+        cur = self._db.execute(
+            "UPDATE approvals SET state = 'approved', consumed_at = NULL "
+            "WHERE id = ? AND tenant = ? AND state = 'consumed'",
+            (approval_id, tenant),
+        )
+        return cur.rowcount == 1
+
+    def _answer_in_band(self, approval_id: str, tenant: str, approver: str, approve: bool) -> Approval | None:
+        now = self._clock()
+        new_state = ApprovalState.CONSUMED if approve else ApprovalState.DENIED
+        cur = self._db.execute(
+            "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, consumed_at = ? "
+            "WHERE id = ? AND tenant = ? AND state = 'pending' AND expires_at > ?",
+            (new_state.value, approver, now, now if approve else None, approval_id, tenant, now),
+        )
+        return self._get(approval_id, tenant) if cur.rowcount == 1 else None
+
+    def _purge_batch(self, closed_before: float) -> int:
+        # A denial stands until its expiry (asking again must not reopen it): it closes then.
+        cur = self._db.execute(
+            "DELETE FROM approvals WHERE id IN (SELECT id FROM approvals WHERE expires_at < :t "
+            "OR (state = 'consumed' AND consumed_at < :t) LIMIT :n)",
+            {"t": closed_before, "n": _PURGE_BATCH},
+        )
+        return cur.rowcount
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT; ROLLBACK on any exception, TooManyPending included."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+
+def _approval(row: sqlite3.Row) -> Approval:
+    return Approval(
+        id=row["id"],
+        tenant=row["tenant"],
+        requester=row["requester"],
+        filename=row["filename"],
+        sha256=row["sha256"],
+        bytes=row["bytes"],
+        state=ApprovalState(row["state"]),
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        decided_by=row["decided_by"],
+        decided_at=row["decided_at"],
+        consumed_at=row["consumed_at"],
+    )
