@@ -141,7 +141,7 @@ def test_concurrent_saves_of_one_tenant_take_turns_with_the_sweeps(hostile: Brok
 
 def _sandbox_pids(broker: Broker) -> list[int]:
     pattern = f"--socket {broker.data_dir}/run/{TENANT}/mcp.sock"
-    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False).stdout
+    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True, check=False).stdout
     return [int(p) for p in out.split()]
 
 
@@ -164,7 +164,9 @@ def test_a_report_dropped_before_a_crash_is_quarantined_at_start_up(hostile: Bro
     assert hostile.proc is not None
     hostile.proc.send_signal(signal.SIGKILL)  # the broker dies mid-save
     hostile.proc.wait()
-    for pid in _sandbox_pids(hostile):  # its sandbox (a child in its own session) with it
+    pids = _sandbox_pids(hostile)  # its sandbox (a child in its own session) dies with it
+    assert pids
+    for pid in pids:
         os.kill(pid, signal.SIGKILL)
     caller.join(30)
     assert name in os.listdir(dropbox(hostile))  # the crash left the dropped file behind
