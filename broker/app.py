@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from broker.approvals import retention
 from broker.approvals.flow import ApprovalFlow
-from broker.approvals.reports import ReportStore
+from broker.approvals.reports import ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
 from broker.approvals.secrets import load_master_key, sealing_key, session_key
 from broker.approvals.sqlite_store import SqliteApprovalStore
@@ -112,8 +112,13 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     metrics = Metrics(runtime.running_count, store.pending_count)
     limiter = TenantLimiter(policies)  # one budget per tenant, for /mcp and REST alike
 
+    stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
+
     def reports_for(tenant: str) -> ReportStore:
-        return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
+        store = stores.get(tenant)
+        if store is None:
+            store = stores[tenant] = ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
+        return store
 
     approvals = ApprovalFlow(
         store=store,
@@ -184,6 +189,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await sweep_dropboxes(tenants.provisioned(), reports_for, audit.emit)
         await runtime.start()
         purger = asyncio.create_task(
             retention.purge_forever(

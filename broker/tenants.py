@@ -3,6 +3,7 @@
     <data_dir>/tenants/<tenant>/docs/sources   the tenant's documents (sandbox: read-only)
     <data_dir>/tenants/<tenant>/docs/reports   the drop-box (sandbox: create-only, emptied at once)
     <data_dir>/tenants/<tenant>/reports        the real reports store (never mounted in a sandbox)
+    <data_dir>/tenants/<tenant>/quarantine     drops the broker did not accept (never mounted)
     <data_dir>/secrets/<tenant>.key            the tenant's derived approval secret
     <data_dir>/run/<tenant>/mcp.sock           the sandbox's MCP socket
 
@@ -41,6 +42,15 @@ class Tenants:
 
     def reports_dir(self, tenant: str) -> Path:
         return self._settings.tenants_dir / _checked(tenant) / "reports"
+
+    def provisioned(self) -> list[str]:
+        """The tenants that have folders on this host (known to a policy or not any more)."""
+        root = self._settings.tenants_dir
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if TENANT_RE.fullmatch(n) and (root / n).is_dir())
 
     def secret(self, tenant: str) -> str:
         return tenant_secret(self._master_key, _checked(tenant))

@@ -57,6 +57,9 @@ def main() -> int:
     if sys.flags.optimize != 2 or not sys.flags.dont_write_bytecode:
         sys.stderr.write("bytecode.py: run it as python -B -OO (the server's own flags)\n")
         return 2
+    # Caches every user may read: the image's umask.pth (007, for the server's socket) would
+    # leave them to root's group, and the sandbox is not in it on a rootful daemon.
+    os.umask(0o022)
     _load_server()
     stdlib = sysconfig.get_paths()["stdlib"]
     packages, modules = _stdlib_sources(stdlib)

@@ -23,7 +23,10 @@ RUN site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths
  && cp -r /build/server "$site/server" \
  && cp /build/umask.pth "$site/docbroker-umask.pth" \
  && find "$site/server" -name __pycache__ -prune -exec rm -rf {} + \
- && /opt/venv/bin/python -m compileall -q -j 0 -o 2 --invalidation-mode unchecked-hash /opt/venv >/dev/null
+ && /opt/venv/bin/python -m compileall -q -j 0 -o 2 --invalidation-mode unchecked-hash /opt/venv >/dev/null \
+ && chmod -R a+rX /opt/venv
+# a+rX: the venv's python runs umask.pth (007), so the caches it just wrote are root's group's
+# only; the sandbox runs in a group of its own on a rootful daemon (and must read them).
 # unchecked-hash: the root fs is read-only and never changes, so Python need not stat sources
 # to validate its caches, and it can never try (and fail) to write new ones. Level 2 only:
 # the server runs with -OO (see ENTRYPOINT); anything else run in the image reads the sources.
@@ -33,10 +36,12 @@ COPY --from=build /opt/venv /opt/venv
 COPY prune.py bytecode.py /
 RUN ["/opt/venv/bin/python", "/prune.py", "runtime"]
 RUN ["/opt/venv/bin/python", "-B", "-OO", "/bytecode.py"]
-# uid 10001 with gid 0: in a rootless daemon container gid 0 is the host user's own gid, so
-# the broker (that user) can read reports created with mode 0o240 (owner write-only, group
-# read) while the sandbox, the owner, cannot read them back (seccomp forbids chmod).
-USER 10001:0
+# uid 10001 in a group of its own: never gid 0, which on a rootful daemon is the host's root
+# group. The broker always sets the user itself (broker/runtime/docker.py `sandbox_user`): this
+# line on a rootful daemon, 10001:0 on a rootless one, where container gid 0 is the broker
+# user's own gid, so the broker reads reports (mode 0o040, group read) that the sandbox, their
+# owner, cannot read back (seccomp forbids chmod).
+USER 10001:10001
 WORKDIR /
 ENV PATH=/opt/venv/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \

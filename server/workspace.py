@@ -56,9 +56,9 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # 0o040: the creating open still gets its write descriptor, but afterwards the sandbox's uid
 # (the owner) can neither read nor reopen the file, and seccomp stops it changing the mode.
-# Group read is for the broker, which moves the file out of the drop-box: the sandbox runs as
-# uid 10001 with gid 0, and under a rootless daemon container gid 0 is the broker user's gid
-# (DESIGN §7, drop-box).
+# Group read is for the broker, which moves the file out of the drop-box: under a rootless
+# daemon the sandbox runs with gid 0, which there is the broker user's gid; on a rootful one in
+# its own group 10001, and the broker reads as root or as a member (DESIGN §7, drop-box).
 REPORT_MODE = 0o040
 
 

@@ -4,18 +4,34 @@ The sandbox only ever sees the drop-box, so a compromised sandbox cannot read, o
 delete a report written earlier (DESIGN §7). The broker accepts a dropped file only if its
 bytes hash to the sha256 the human approved: a sandbox that writes anything else is caught,
 and the file is quarantined instead of accepted.
+
+The drop-box ends empty after every save, whatever its outcome, and at start-up (DESIGN §11):
+anything else found there (files a sandbox planted, a report dropped just before a crash) is
+quarantined. Otherwise a planted name would make the sandbox refuse a later approved save of
+that name as "already exists" although no such report exists. Sweeps and saves of one tenant
+take turns (`exclusive`), so a sweep never takes the file of a save still in flight.
+
+    store = ReportStore(dropbox, reports)
+    async with store.saving(audit_sweep):   # sweeps before and after, audited by count
+        ...forward the approved save; store.accept(filename, sha256) on an ok answer
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
+import fcntl
 import hashlib
 import logging
 import os
 import stat
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from broker.audit.schema import AuditEvent
 from server.contracts import FILENAME_RE, MAX_REPORT_BYTES
 
 log = logging.getLogger("docbroker.reports")
@@ -28,6 +44,26 @@ class Accepted(StrEnum):
     NOT_REGULAR = "not_regular"  # symlink, FIFO, hard link...
     EXISTS = "exists"  # a report of that name is already in the store
     IO_ERROR = "io_error"
+
+
+class SweepReason(StrEnum):
+    """Why a sweep ran: the audit's `reason` for what it quarantined."""
+
+    BEFORE_SAVE = "dropbox_before_save"  # planted since the last save
+    AFTER_SAVE = "dropbox_after_save"  # left beside (or instead of) the approved file
+    STARTUP = "dropbox_at_startup"  # left by a broker that stopped mid-save, or planted meanwhile
+
+
+@dataclass(frozen=True)
+class Swept:
+    quarantined: int = 0
+    stuck: int = 0  # could not be moved out: still in the drop-box
+
+
+OnSwept = Callable[[Swept, SweepReason], Awaitable[None]]
+_LOCK_POLL_SECONDS = 0.02
+# Quarantined names get a random suffix; a planted name may already be as long as a name can be.
+_MAX_KEPT_NAME_BYTES = 200
 
 
 def _open_dropped(dropbox_fd: int, name: str) -> int:
@@ -54,6 +90,64 @@ class ReportStore:
     def __init__(self, dropbox: Path, reports: Path) -> None:
         self._dropbox = dropbox
         self._reports = reports
+        self._turns = asyncio.Lock()
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self._reports.parent / "quarantine"
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """This tenant's drop-box to ourselves: no other save or sweep of it, here or in
+        another broker process on this host (an advisory lock beside it, out of the sandbox's
+        reach; the kernel drops it if the holder dies)."""
+        async with self._turns:
+            folder = self._reports.parent
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(
+                folder / "dropbox.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        # Polled, not a blocking flock in a thread: a cancelled waiter must not
+                        # leave a thread behind that takes the lock later with no one to free it.
+                        await asyncio.sleep(_LOCK_POLL_SECONDS)
+                yield
+            finally:
+                os.close(fd)  # releases the lock
+
+    @contextlib.asynccontextmanager
+    async def saving(self, on_swept: OnSwept) -> AsyncIterator[None]:
+        """One approved save's turn: the drop-box is emptied before it and after it, ok or not."""
+        async with self.exclusive():
+            await on_swept(await _finished(self.sweep), SweepReason.BEFORE_SAVE)
+            try:
+                yield
+            finally:
+                await on_swept(await _finished(self.sweep), SweepReason.AFTER_SAVE)
+
+    def sweep(self) -> Swept:
+        """Quarantine everything in the drop-box (call it in a turn of `exclusive`)."""
+        try:
+            drop_fd = os.open(self._dropbox, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return Swept()  # never provisioned: nothing can have been dropped
+        except OSError as exc:
+            _warn("could not open a drop-box to empty it", exc)
+            return Swept(stuck=1)
+        try:
+            names = os.listdir(drop_fd)
+            moved = sum(self._quarantine(drop_fd, name) for name in names)
+        except OSError as exc:
+            _warn("could not list a drop-box to empty it", exc)
+            return Swept(stuck=1)
+        finally:
+            os.close(drop_fd)
+        return Swept(quarantined=moved, stuck=len(names) - moved)
 
     def exists(self, name: str) -> bool:
         return FILENAME_RE.fullmatch(name) is not None and os.path.lexists(self._reports / name)
@@ -106,25 +200,92 @@ class ReportStore:
         except OSError:
             return Accepted.IO_ERROR
         try:
-            os.write(out, data)
+            written = os.write(out, data)
             os.fsync(out)
+        except OSError as exc:
+            _warn("could not write an accepted report", exc)
+            written = -1
         finally:
             os.close(out)
+        if written != len(data):  # no partial report in the store; the drop is swept after
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=reports_fd)
+            return Accepted.IO_ERROR
         os.fsync(reports_fd)
-        os.unlink(name, dir_fd=drop_fd)
+        try:
+            os.unlink(name, dir_fd=drop_fd)
+        except OSError as exc:  # the report is in the store; the sweep after the save retries
+            _warn("could not remove an accepted drop", exc)
         return Accepted.OK
 
-    def _quarantine(self, drop_fd: int, name: str) -> None:
-        """Take a bad drop out of the sandbox's reach; keep it for investigation."""
-        quarantine = self._reports.parent / "quarantine"
-        quarantine.mkdir(mode=0o700, exist_ok=True)
-        q_fd = os.open(quarantine, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    def _quarantine(self, drop_fd: int, name: str) -> bool:
+        """Take a drop out of the sandbox's reach, whatever it is (a rename never follows a
+        link or opens a FIFO); keep it for investigation. False if it is still there."""
+        source = os.fsencode(name)
+        kept = source[:_MAX_KEPT_NAME_BYTES] + b"." + os.urandom(4).hex().encode()
         try:
-            os.rename(name, f"{name}.{os.urandom(4).hex()}", src_dir_fd=drop_fd, dst_dir_fd=q_fd)
+            self.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
+            q_fd = os.open(self.quarantine_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            # The accept outcome is reported either way; say that the bad drop is still there.
-            log.warning(
-                "could not quarantine a rejected report (%s)", errno.errorcode.get(exc.errno or 0, "error")
-            )
+            _warn("could not open the quarantine", exc)
+            return False
+        try:
+            os.rename(source, kept, src_dir_fd=drop_fd, dst_dir_fd=q_fd)
+            return True
+        except OSError as exc:
+            # The outcome is reported either way; say that the drop is still there (never its name).
+            _warn("could not quarantine a drop", exc)
+            return False
         finally:
             os.close(q_fd)
+
+
+def _warn(what: str, exc: OSError) -> None:
+    log.warning("%s (%s)", what, errno.errorcode.get(exc.errno or 0, "error"))
+
+
+async def _finished(fn: Callable[[], Swept]) -> Swept:
+    """`fn` in a worker thread (a sandbox may have planted many files); a cancelled caller still
+    waits for it, so no sweep runs on after its turn is over."""
+    job = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await job
+        raise
+
+
+def audit_sweep(emit: Callable[..., Awaitable[None]], **ids: str) -> OnSwept:
+    """An `OnSwept` that audits what a sweep found by count and reason, never by name."""
+
+    async def on_swept(swept: Swept, reason: SweepReason) -> None:
+        if swept.quarantined:
+            await emit(
+                AuditEvent.REPORTS_QUARANTINED,
+                outcome="rejected",
+                reason=reason,
+                count=swept.quarantined,
+                **ids,
+            )
+        if swept.stuck:
+            await emit(
+                AuditEvent.REPORTS_QUARANTINED,
+                outcome="error",
+                reason="quarantine_failed",
+                count=swept.stuck,
+                **ids,
+            )
+
+    return on_swept
+
+
+async def sweep_dropboxes(
+    tenants: Iterable[str], store_for: Callable[[str], ReportStore], emit: Callable[..., Awaitable[None]]
+) -> None:
+    """At start-up: whatever a previous broker left mid-save, or a sandbox planted while no
+    broker ran, is quarantined before any call can trip over it."""
+    for tenant in tenants:
+        store = store_for(tenant)
+        async with store.exclusive():
+            await audit_sweep(emit, tenant=tenant)(await _finished(store.sweep), SweepReason.STARTUP)

@@ -38,6 +38,7 @@ class AuditEvent(StrEnum):
     SANDBOX_FAILED = "sandbox.failed"
     TOOLS_REJECTED = "tools.rejected"  # descriptor admission: a sandbox advertised tools we refuse
     CONTRACT_CHANGED = "contract.changed"  # descriptor admission: a tool's schema changed
+    REPORTS_QUARANTINED = "reports.quarantined"  # drop-box sweep: what it moved out, by count
 
 
 class Invalid:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from starlette.types import Receive, Scope, Send
 
 from broker.approvals.flow import Answer, ApprovalFlow
-from broker.approvals.reports import Accepted, ReportStore
+from broker.approvals.reports import Accepted, ReportStore, audit_sweep
 from broker.audit import AuditSinkError
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
@@ -268,7 +268,14 @@ class McpGateway:
                 call.save, call.approval_id = decision, decision.approval_id
                 body = wire.forward_body(msg, decision.arguments)
 
-        work = self._to_sandbox(_Turn(http_method, headers, body, msg, principal, out, call, sealed_session))
+        turn = _Turn(http_method, headers, body, msg, principal, out, call, sealed_session)
+        if call.save is not None:
+            # The drop-box is emptied before and after the approved write, whatever its outcome.
+            ids = {"tenant": principal.tenant, "subject": principal.subject, "request_id": call.request_id}
+            async with self._reports_for(principal.tenant).saving(audit_sweep(self._audit.emit, **ids)):
+                await self._to_sandbox(turn)
+            return
+        work = self._to_sandbox(turn)
         if http_method != "GET":
             await work
         elif await wire.until_client_leaves(receive, work) and not call.audited:
@@ -522,6 +529,12 @@ class McpGateway:
             if accepted is not Accepted.OK:
                 call.outcome, call.reason = Outcome.RESULT_UNKNOWN, f"report_{accepted.value}"
                 result = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
+        elif call.save is not None and _says_report_exists(result):
+            # Only the broker's store knows which reports exist; the drop-box was emptied just
+            # before this save, so a sandbox that says "exists" and has no such report lies.
+            if not self._reports_for(turn.principal.tenant).exists(call.save.filename):
+                call.outcome, call.reason = Outcome.FAILED, "report_exists_unconfirmed"
+                result = results.broker_result(c.Status.FAILED, c.Message.WRITE_FAILED.value)
         return rpc.result(msg.id, wire.typed(msg, result))
 
     async def _refused_from_sandbox(self, turn: _Turn, message: dict[str, Any]) -> None:
@@ -599,3 +612,8 @@ class McpGateway:
             status, payload = denial.status, rpc.encode(rpc.error(call.rpc_id, denial.code, denial.message))
             headers = [(b"content-type", b"application/json")]
         await out.whole(status, payload, headers)
+
+
+def _says_report_exists(result: dict[str, Any]) -> bool:
+    structured = result.get("structuredContent")
+    return isinstance(structured, dict) and structured.get("message") == c.Message.REPORT_EXISTS.value

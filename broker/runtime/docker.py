@@ -5,10 +5,12 @@
 
 Each container gets, and why:
 
-- user 10001:0, `cap_drop ALL`, `no-new-privileges`: no root, no capabilities, no setuid
-  escalation. gid 0 is deliberate: under a rootless daemon container gid 0 is the broker
-  user's own gid, which is how the broker reads reports (mode 0o040) and connects to the
-  socket (mode 0o770) while the sandbox's uid cannot read its own reports back.
+- user 10001 (`sandbox_user`), `cap_drop ALL`, `no-new-privileges`: no root, no capabilities,
+  no setuid escalation. The group depends on the daemon: under a rootless one, gid 0, which
+  there is the broker user's own gid on the host — how the broker reads reports (mode 0o040)
+  and connects to the socket (mode 0o770) while the sandbox's uid cannot read its own reports
+  back. Anywhere else container gid 0 is the host's root group (DESIGN §7: never), so the
+  sandbox gets a dedicated group, 10001; the broker, root there, reads and connects as before.
 - `policies/seccomp.json`: an allow-list (default EPERM) without the chmod/chown/unlink/rename
   family, namespaces, mount, ptrace, bpf, io_uring, keyctl, userfaultfd, and with AF_UNIX
   as the only socket family.
@@ -54,7 +56,8 @@ from server.contracts import TENANT_RE
 log = logging.getLogger("docbroker.runtime.docker")
 _T = TypeVar("_T")
 
-SANDBOX_USER = "10001:0"
+SANDBOX_UID = 10001
+SANDBOX_GID = 10001  # never 0 outside rootless: the host's root group there
 DOCS_ROOT = "/srv/docs"
 RUN_DIR = "/run/docs"
 SECRET_PATH = "/run/secrets/approval.key"  # noqa: S105 - a path, not a secret
@@ -142,6 +145,11 @@ class DockerBackend(SandboxBackend):
                 )
             if not facts.seccomp:
                 raise BackendRefused("the Docker daemon has no seccomp: sandboxes would run unfiltered")
+            if facts.mode is DaemonMode.ROOTFUL and not _in_sandbox_group():
+                raise BackendRefused(
+                    f"on a rootful Docker daemon the broker must run as root or in group {SANDBOX_GID}: "
+                    "it reads reports and reaches the sandbox's socket through that group"
+                )
             await asyncio.to_thread(_require_image, client, settings.image)
         except BaseException:
             client.close()
@@ -157,6 +165,10 @@ class DockerBackend(SandboxBackend):
 
     def mode(self) -> DaemonMode:
         return self._facts.mode
+
+    @property
+    def sandbox_user(self) -> str:
+        return sandbox_user(self._facts.mode)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -378,7 +390,7 @@ class DockerBackend(SandboxBackend):
         return {
             "image": s.image,
             "name": name,
-            "user": SANDBOX_USER,
+            "user": self.sandbox_user,
             "environment": environment,
             "labels": {LABEL_MANAGED: "true", LABEL_INSTANCE: self._instance, **labels},
             "mounts": [Mount(target, source, type="bind", read_only=ro) for target, source, ro in mounts],
@@ -467,6 +479,16 @@ class DockerBackend(SandboxBackend):
 
 
 # --- module helpers -------------------------------------------------------------------------------
+
+
+def sandbox_user(mode: DaemonMode) -> str:
+    """The `uid:gid` a sandbox runs as under a daemon of this mode; the gid is 0 only rootless,
+    where it maps to the broker user's own gid (see the module docstring)."""
+    return f"{SANDBOX_UID}:0" if mode is DaemonMode.ROOTLESS else f"{SANDBOX_UID}:{SANDBOX_GID}"
+
+
+def _in_sandbox_group() -> bool:
+    return os.geteuid() == 0 or SANDBOX_GID == os.getegid() or SANDBOX_GID in os.getgroups()
 
 
 def _open_client(base_url: str | None) -> tuple[Any, DaemonFacts]:

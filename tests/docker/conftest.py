@@ -209,7 +209,9 @@ class LiveSandbox:
     def run_python(
         self, code: str, *, timeout_note: str = "", flags: tuple[str, ...] = ()
     ) -> tuple[int, str]:
-        result = self.container.exec_run([PYTHON, *flags, "-c", code], user="10001:0", demux=False)
+        # As the container's own user and group (they depend on the daemon's mode).
+        user = self.container.attrs["Config"]["User"]
+        result = self.container.exec_run([PYTHON, *flags, "-c", code], user=user, demux=False)
         return result.exit_code, (result.output or b"").decode("utf-8", "replace")
 
     def probe(self, code: str, *, flags: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,9 +14,10 @@ from broker.runtime.base import BackendRefused
 from broker.runtime.docker import DaemonUnavailable, DockerBackend, ImageMissing
 from broker.settings import DockerSettings
 from broker.types import DaemonMode
-from tests.docker.conftest import SECCOMP, Daemon
+from tests.docker.conftest import IMAGE, REPO, SECCOMP, Daemon
 
 pytestmark = pytest.mark.docker
+NOBODY = 65534
 
 
 def rootless(daemon: Daemon) -> bool:
@@ -61,3 +65,49 @@ def test_no_daemon_is_a_clear_refusal(tmp_path: Path) -> None:
     settings = DockerSettings(base_url=f"unix://{tmp_path}/none.sock", seccomp_profile=SECCOMP)
     with pytest.raises(DaemonUnavailable, match="does not answer"):
         asyncio.run(DockerBackend.connect(settings))
+
+
+CONNECT = """
+import asyncio, sys
+from pathlib import Path
+from broker.runtime.base import BackendRefused
+from broker.runtime.docker import DockerBackend
+from broker.settings import DockerSettings
+settings = DockerSettings(base_url=sys.argv[1], image=sys.argv[2], seccomp_profile=Path(sys.argv[3]))
+try:
+    asyncio.run(asyncio.run(DockerBackend.connect(settings)).close())
+    print("connected")
+except BackendRefused as exc:
+    print("refused:", exc)
+"""
+
+
+def connect_as(daemon: Daemon, uid: int, gid: int, groups: list[int]) -> str:
+    """DockerBackend.connect in a broker process of that uid, gid and supplementary groups."""
+    env = {"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/"}
+    done = subprocess.run(
+        [sys.executable, "-c", CONNECT, daemon.host, IMAGE, str(SECCOMP)],
+        user=uid,
+        group=gid,
+        extra_groups=groups,
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_broker_not_in_the_sandbox_group_is_refused_by_a_rootful_daemon(daemon: Daemon) -> None:
+    """The sandbox's group is 10001 there, not root's: a broker that is neither root nor in it
+    could read no report and reach no socket, so it is refused at once, saying why."""
+    if rootless(daemon):  # gid 0 in the sandbox is the daemon user's own: no group needed
+        assert connect_as(daemon, daemon.owner_uid, daemon.owner_gid, []) == "connected"
+        return
+    socket_group = os.stat(daemon.host.removeprefix("unix://")).st_gid  # may use the daemon
+    refused = connect_as(daemon, NOBODY, NOBODY, [socket_group])
+    assert refused.startswith("refused:") and "group 10001" in refused, refused
+    assert connect_as(daemon, NOBODY, NOBODY, [socket_group, 10001]) == "connected"

@@ -152,6 +152,7 @@ async def test_search_read_and_approved_save_through_a_real_container(
             decided = http.post(f"/v1/approvals/{approval_id}/approve")
             assert decided.status_code == 200, decided.text
 
+        cold = _plant_from_inside(daemon, "later.md")  # as a compromised sandbox would, between saves
         saved = structured(await client.call_tool("save_report", args))
         assert saved["status"] == "ok", saved
         assert saved["data"]["bytes"] == len(REPORT.encode())
@@ -160,6 +161,11 @@ async def test_search_read_and_approved_save_through_a_real_container(
     assert stored.read_bytes() == REPORT.encode("utf-8")
     dropbox = broker.data_dir / "tenants" / "acme" / "docs" / "reports"
     assert list(dropbox.iterdir()) == []  # moved out: the sandbox can never see it again
+    if cold:  # the planted file was quarantined before the save, by the broker's own user
+        quarantine = broker.data_dir / "tenants" / "acme" / "quarantine"
+        assert [p.name.rsplit(".", 1)[0] for p in quarantine.iterdir()] == ["later.md"]
+        swept = [e for e in broker.audit_events() if e["event"] == "reports.quarantined"]
+        assert [(e["reason"], e["count"]) for e in swept] == [("dropbox_before_save", 1)]
 
     started = [e for e in broker.audit_events() if e["event"] == "sandbox.started"]
     assert started and started[0]["tenant"] == "acme"
@@ -176,7 +182,55 @@ async def test_search_read_and_approved_save_through_a_real_container(
         labels = sandbox.labels
     finally:
         client.close()
+    # The group the sandbox runs in: 0 only rootless (the broker user's own gid), never the
+    # host's root group on a rootful daemon (DESIGN §7); the approved save above went through it.
+    user, gids = _identity(daemon)
+    assert user == ("10001:10001" if expected_mode == "rootful" else "10001:0")
+    if expected_mode == "rootful":  # real, effective, saved and fs gid; no supplementary 0
+        assert gids["Gid"] == [10001] * 4 and 0 not in gids["Groups"]
+    else:
+        assert gids["Gid"] == [0] * 4
     if pool["size"]:  # the tenant's sandbox was a warm one, bound on the first call
         assert pool["state"] == "on" and labels.get("io.docbroker.pool") == "true"
     else:
         assert pool["state"] == "off" and labels.get("io.docbroker.tenant") == "acme"
+
+
+_STATUS = (
+    "import json\n"
+    "lines = open('/proc/1/status').read().splitlines()\n"
+    "status = dict(line.split(':\\t', 1) for line in lines if ':\\t' in line)\n"
+    "print(json.dumps({k: [int(n) for n in status[k].split()] for k in ('Gid', 'Groups')}))\n"
+)
+
+
+def _identity(daemon: Daemon) -> tuple[str, dict[str, list[int]]]:
+    """The tenant container's configured user, and its server's (PID 1's) group ids."""
+    import json
+
+    client = daemon.client()
+    try:
+        [sandbox] = client.containers.list(filters={"name": "docbroker-acme"})
+        user = sandbox.attrs["Config"]["User"]
+        result = sandbox.exec_run(["/opt/venv/bin/python", "-c", _STATUS], user=user)
+    finally:
+        client.close()
+    assert result.exit_code == 0, result.output
+    return user, json.loads(result.output.decode().strip().splitlines()[-1])
+
+
+def _plant_from_inside(daemon: Daemon, name: str) -> bool:
+    """Create a file in a cold sandbox's drop-box from inside, as its own user; False for a
+    warm one (its drop-box is a descriptor of the server's, not a path anyone can reach)."""
+    client = daemon.client()
+    try:
+        [sandbox] = client.containers.list(filters={"name": "docbroker-acme"})
+        if sandbox.labels.get("io.docbroker.pool") == "true":
+            return False
+        flags = "os.O_WRONLY | os.O_CREAT | os.O_EXCL"
+        code = f"import os; os.close(os.open('/srv/docs/reports/{name}', {flags}, 0o040))"
+        result = sandbox.exec_run(["/opt/venv/bin/python", "-c", code], user=sandbox.attrs["Config"]["User"])
+    finally:
+        client.close()
+    assert result.exit_code == 0, result.output
+    return True

@@ -22,6 +22,7 @@ import docker.errors
 import pytest
 
 from broker.runtime import docker as docker_runtime
+from broker.types import DaemonMode
 from tests.docker.conftest import Daemon, Layout, connect, remove_instance, unique_tenant, wait_ready
 
 pytestmark = pytest.mark.docker
@@ -173,7 +174,9 @@ def test_cis_5_23_and_5_24_no_exec_sessions_privileged_or_as_root(sandbox: dict[
     assert not sandbox["attrs"].get("ExecIDs")
     source = Path(docker_runtime.__file__).read_text()
     assert "exec_run" not in source and "exec_create" not in source
-    assert sandbox["attrs"]["Config"]["User"] == "10001:0"
+    rootless = sandbox["backend"].mode() is DaemonMode.ROOTLESS
+    # never root, and never root's group outside rootless (there gid 0 is the broker user's own)
+    assert sandbox["attrs"]["Config"]["User"] == ("10001:0" if rootless else "10001:10001")
 
 
 def test_cis_5_25_cgroup_usage_is_confirmed(sandbox: dict[str, Any]) -> None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from broker.types import DaemonMode
+
 if TYPE_CHECKING:
     from tests.docker.conftest import LiveSandbox
 
@@ -24,7 +26,8 @@ STATUS_PROBE = r"""
 import json, os
 status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
 print(json.dumps({
-    "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
+    "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "egid": os.getegid(),
+    "groups": [int(g) for g in status.get("Groups", "").split()],
     "CapEff": status["CapEff"].strip(), "CapPrm": status["CapPrm"].strip(),
     "CapBnd": status["CapBnd"].strip(), "CapAmb": status["CapAmb"].strip(),
     "NoNewPrivs": status["NoNewPrivs"].strip(), "Seccomp": status["Seccomp"].strip(),
@@ -52,10 +55,23 @@ def raw(nr, *args):
 """
 
 
+def assert_sandbox_group(live: LiveSandbox, facts: dict[str, object]) -> None:
+    """DESIGN §7: on a rootful engine (and with userns-remap) the sandbox's gid is never 0, the
+    host's root group there, and 0 is no supplementary group either. Rootless keeps gid 0: it is
+    the broker user's own gid on the host (how the broker reads reports)."""
+    if live.backend.mode() is DaemonMode.ROOTLESS:
+        assert facts["gid"] == facts["egid"] == 0
+        assert facts["groups"] in ([], [0])
+    else:
+        assert facts["gid"] == facts["egid"] == 10001
+        assert facts["groups"] in ([], [10001])
+        assert 0 not in facts["groups"]  # type: ignore[operator]
+
+
 def test_process_identity_and_confinement(live: LiveSandbox) -> None:
     facts = live.probe(STATUS_PROBE)
     assert facts["uid"] == 10001 and facts["euid"] == 10001
-    assert facts["gid"] == 0
+    assert_sandbox_group(live, facts)
     for cap in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
         assert int(facts[cap], 16) == 0, cap
     assert facts["NoNewPrivs"] == "1"
@@ -65,13 +81,16 @@ def test_process_identity_and_confinement(live: LiveSandbox) -> None:
 def test_server_process_itself_is_confined(live: LiveSandbox) -> None:
     """PID 1 is the server: check its status, not only the exec'd probe's."""
     facts = live.probe(
-        STATUS_PROBE.replace("/proc/self/status", "/proc/1/status").replace(
+        STATUS_PROBE.replace("/proc/self/status", "/proc/1/status")
+        .replace(
             '"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),',
             '"uid": int(status["Uid"].split()[0]), "euid": int(status["Uid"].split()[1]), '
-            '"gid": int(status["Gid"].split()[0]),',
+            '"gid": int(status["Gid"].split()[0]), "egid": int(status["Gid"].split()[1]),',
         )
+        .replace('"egid": os.getegid(),', "")
     )
     assert facts["uid"] == 10001 and facts["euid"] == 10001
+    assert_sandbox_group(live, facts)  # the server itself, not only an exec'd probe
     assert int(facts["CapEff"], 16) == 0 and int(facts["CapBnd"], 16) == 0
     assert facts["NoNewPrivs"] == "1" and facts["Seccomp"] == "2"
 

@@ -102,6 +102,8 @@ def test_mcp_round_trip_and_report_in_dropbox(live: LiveSandbox) -> None:
     assert info.st_mode & 0o777 == 0o040  # owner (the sandbox) nothing, group (the broker) read
     uid, gid = live.daemon.owner_uid, live.daemon.owner_gid
     if uid == 0:  # rootful: the broker is root; still prove the bytes
+        # ...and that the report's group is the sandbox's own, not the host's root group
+        assert info.st_gid == 10001
         assert dropped.read_bytes() == content.encode()
     else:
         assert info.st_gid == gid  # container gid 0 is the broker user's gid

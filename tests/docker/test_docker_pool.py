@@ -21,6 +21,7 @@ import pytest
 
 from broker.runtime.base import wait_ready
 from broker.runtime.docker import DockerBackend
+from broker.types import DaemonMode
 from server.binding import send_binding
 from tests.docker.conftest import PYTHON, Daemon, Layout, remove_instance, unique_tenant
 from tests.docker.test_docker_mcp import call_all
@@ -89,7 +90,7 @@ def containers(daemon: Daemon, instance: str) -> dict[str, Any]:
 def test_warm_sandbox_is_hardened_like_a_cold_one_and_holds_no_tenant_files(
     daemon: Daemon, layout: Layout, instance: str
 ) -> None:
-    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], DaemonMode]:
         backend = await warm_backend(daemon, layout, instance)
         try:
             [(name, warm)] = containers(daemon, instance).items()
@@ -99,14 +100,16 @@ def test_warm_sandbox_is_hardened_like_a_cold_one_and_holds_no_tenant_files(
             cold = containers(daemon, instance)[cold_backend.container_name(info.tenant)]
             await cold_backend.delete(info)
             await cold_backend.close()
-            return warm, cold
+            return warm, cold, backend.mode()
         finally:
             await backend.close()
 
-    warm, cold = asyncio.run(scenario())
+    warm, cold, mode = asyncio.run(scenario())
     for key in HARDENING_KEYS:
         assert warm["HostConfig"][key] == cold["HostConfig"][key], key
-    assert warm["Config"]["User"] == cold["Config"]["User"] == "10001:0"
+    # gid 0 only where it is the broker user's own (rootless); else a dedicated group (DESIGN §7)
+    expected = "10001:0" if mode is DaemonMode.ROOTLESS else "10001:10001"
+    assert warm["Config"]["User"] == cold["Config"]["User"] == expected
     assert [m["Destination"] for m in warm["Mounts"]] == ["/run/docs"]  # no sources, reports, secret
     assert not any(e.startswith("DOCS_SCOPE=") for e in warm["Config"]["Env"])
     assert warm["Config"]["Labels"]["io.docbroker.pool"] == "true"
@@ -251,10 +254,14 @@ def test_another_process_in_the_container_cannot_reach_the_servers_descriptors(
         "def attempt(path):\n"
         "    try:\n        os.listdir(path)\n        return 'allowed'\n"
         "    except OSError as exc:\n        return exc.strerror\n"
-        "print(json.dumps({'self': attempt('/proc/self/fd'), 'server': attempt('/proc/1/fd')}))\n"
+        "lines = open('/proc/1/status').read().splitlines()\n"
+        "status = dict(line.split(':\\t', 1) for line in lines if ':\\t' in line)\n"
+        "ids = lambda key: [int(n) for n in status[key].split()]\n"
+        "print(json.dumps({'self': attempt('/proc/self/fd'), 'server': attempt('/proc/1/fd'),\n"
+        "    'gid': ids('Gid'), 'groups': ids('Groups')}))\n"
     )
 
-    async def scenario() -> str:
+    async def scenario() -> tuple[str, DaemonMode]:
         backend = await warm_backend(daemon, layout, instance)
         try:
             info = await backend.create(tenant.spec)
@@ -262,18 +269,24 @@ def test_another_process_in_the_container_cannot_reach_the_servers_descriptors(
             client = daemon.client()
             try:
                 result = client.containers.get(info.backend_id).exec_run(
-                    [PYTHON, "-c", probe], user="10001:0"
+                    [PYTHON, "-c", probe], user=backend.sandbox_user
                 )
             finally:
                 client.close()
             assert result.exit_code == 0, result.output
-            return str(result.output.decode())
+            return str(result.output.decode()), backend.mode()
         finally:
             await backend.close()
 
-    facts = json.loads(asyncio.run(scenario()).strip().splitlines()[-1])
+    output, mode = asyncio.run(scenario())
+    facts = json.loads(output.strip().splitlines()[-1])
     assert facts["self"] == "allowed"  # the control: /proc works for the probe itself
     assert facts["server"] != "allowed"  # the server is not dumpable: its fds stay its own
+    # A bound warm server's group: 0 only rootless (the broker user's gid), else never 0
+    if mode is DaemonMode.ROOTLESS:
+        assert facts["gid"][:2] == [0, 0]
+    else:
+        assert facts["gid"][:2] == [10001, 10001] and 0 not in facts["groups"]
 
 
 def test_restarted_broker_adopts_bound_sandboxes_and_removes_old_spares(
