@@ -478,7 +478,8 @@ class McpGateway:
                 return rpc.error(msg.id, rpc.INTERNAL_ERROR, "Tool sandbox returned an error")
             call.outcome, call.reason = Outcome.OK, "ok"
             return rpc.result(msg.id, clean)
-        consumed = results.consume(reply, call.tool or "", descriptor, size, self._max_response)
+        arguments = call.save.arguments if call.save is not None else msg.arguments
+        consumed = results.consume(reply, call.tool or "", arguments, size, self._max_response)
         call.outcome, call.reason = _OUTCOMES[consumed.status], consumed.reason
         result = consumed.result
         if call.save is not None and consumed.status == c.Status.OK.value:

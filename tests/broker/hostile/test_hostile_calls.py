@@ -312,21 +312,22 @@ def test_methods_on_the_allow_list_pass(
 
 
 @pytest.mark.anyio
-async def test_mirrored_headers_are_audited_by_name_only(hostile: Broker) -> None:
+async def test_a_header_mirror_the_sandbox_asks_for_is_not_the_contract(hostile: Broker) -> None:
+    """`x-mcp-header` makes a client copy an argument into a header: only the broker's contract
+    may ask for that, and it does not. The sandbox asking loses the tool, and no client mirrors."""
     canary = f"CANARY{secrets.token_hex(8)}"
     async with hostile.client(hostile.token(tenant="headers")) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        # admitted: a scalar, top-level, non-credential property mirrored into a header
-        assert tools["search_documents"].input_schema["properties"]["query"]["x-mcp-header"] == "Query"
-        result = await client.call_tool("search_documents", {"query": canary})
-        assert structured(result)["data"]["hits"] == []
-    reached = tool_calls(hostile, "headers", "search_documents")[-1]
-    assert reached["param_headers"] == ["mcp-param-query"]  # the real client did mirror it
-    event = last_request(hostile, "headers", tool="search_documents")
-    assert event["header_names"] == ["Mcp-Param-Query"]
-    assert event["arg_names"] == ["query"]
+        assert sorted(tools) == ["read_document", "save_report"]
+        assert "x-mcp-header" not in json.dumps([t.input_schema for t in tools.values()])
+        result = await client.call_tool("read_document", {"filename": "notes.md"})
+        assert structured(result)["status"] == "ok"
+    rejected = events(hostile, "tools.rejected", tenant="headers")
+    assert [(e["tool"], e["reason"]) for e in rejected] == [("search_documents", "input_schema_mismatch")]
+    reply = Rpc(hostile, "headers").search(canary)
+    assert reply.error_code == -32602, reply
+    assert tool_calls(hostile, "headers", "search_documents") == []
     assert canary not in hostile.audit_file.read_text()
-    assert canary not in hostile.logs()
 
 
 def test_any_mirrored_header_is_audited_by_name_only(hostile: Broker) -> None:
