@@ -46,6 +46,7 @@ from broker.gateway.sessions import SessionBindings
 from broker.gateway.tools_filter import may_call, visible_tools
 from broker.gateway.upstream import (
     PARAM_PREFIX,
+    BodyTooLarge,
     Upstream,
     UpstreamError,
     UpstreamResponse,
@@ -410,22 +411,29 @@ class McpGateway:
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             await out.start(response.status_code, passed)
-            async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
-                data = event.data
-                parsed = wire.parse_json(data)
-                if (
-                    ours is not None
-                    and isinstance(parsed, dict)
-                    and parsed.get("id") == ours.id
-                    and "method" not in parsed
-                ):
-                    reply = await self._consume(turn, parsed, len(data or b""), ours, descriptor)
-                    await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
-                    break  # one answer per request: anything the sandbox sends after it is dropped
-                elif isinstance(parsed, dict) and sandbox_may_send(parsed):
-                    await out.chunk(event.framed())
-                elif parsed is not None:
-                    await self._refused_from_sandbox(turn, parsed)
+            try:
+                async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
+                    data = event.data
+                    parsed = wire.parse_json(data)
+                    if (
+                        ours is not None
+                        and isinstance(parsed, dict)
+                        and parsed.get("id") == ours.id
+                        and "method" not in parsed
+                    ):
+                        reply = await self._consume(turn, parsed, len(data or b""), ours, descriptor)
+                        await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
+                        break  # one answer per request: anything the sandbox sends after it is dropped
+                    elif isinstance(parsed, dict) and sandbox_may_send(parsed):
+                        await out.chunk(event.framed())
+                    elif parsed is not None:
+                        await self._refused_from_sandbox(turn, parsed)
+            except sse.EventTooLarge:
+                if ours is None or descriptor is None or call.audited:
+                    raise
+                # Too large to read is too large to pass: the call's own failure (below)
+                await self._too_large(turn, ours, descriptor, MAX_UPSTREAM_EVENT_BYTES, stream=True)
+                return
             if ours is not None and not call.audited:
                 reply = await self._consume(turn, {}, 0, ours, descriptor)
                 call.reason = "upstream_no_answer"
@@ -436,7 +444,15 @@ class McpGateway:
             await out.end()
             return
 
-        raw = await response.read(MAX_UPSTREAM_EVENT_BYTES)
+        # A tool's answer is read no further than the client could be given of it.
+        limit = self._max_response if descriptor is not None else MAX_UPSTREAM_EVENT_BYTES
+        try:
+            raw = await response.read(limit)
+        except BodyTooLarge:
+            if ours is None or descriptor is None:
+                raise
+            await self._too_large(turn, ours, descriptor, limit, stream=False)
+            return
         if ours is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.
@@ -454,6 +470,20 @@ class McpGateway:
         else:
             reply = await self._consume(turn, parsed, len(raw), ours, descriptor)
         await self._finish_json(out, call, status, reply, dict(wire.str_headers(passed)))
+
+    async def _too_large(
+        self, turn: _Turn, ours: rpc.RpcMessage, descriptor: dict[str, Any], limit: int, *, stream: bool
+    ) -> None:
+        """A tool's answer past what the broker reads: that call alone fails (failed, or
+        result_unknown for a save), audited once. The sandbox did answer, so this is no
+        transport failure: not retried (it would only be sent again), not counted toward the
+        breaker (which is for a sandbox that cannot answer), and the sandbox stays."""
+        reply = await self._consume(turn, {}, max(limit, self._max_response) + 1, ours, descriptor)
+        if stream:
+            await self._answer_in_stream(turn.out, turn.call, wire.sse_event(reply))
+            await turn.out.end()
+        else:
+            await self._finish_json(turn.out, turn.call, 200, reply)
 
     async def _answer_in_stream(self, out: Responder, call: CallRecord, framed: bytes) -> None:
         call.bytes_out += len(framed)

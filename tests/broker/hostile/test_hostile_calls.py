@@ -111,11 +111,13 @@ def test_an_oversized_result_is_refused_whole(hostile: Broker) -> None:
 
 
 def test_a_huge_answer_is_cut_off_not_buffered(hostile: Broker) -> None:
-    # 2 MiB is past what the broker reads of one answer at all: treated like a broken transport
+    # 2 MiB is past what the broker reads of one answer: that call fails, and only it
+    before = len(tool_calls(hostile, "huge", "read_document"))
     reply = Rpc(hostile, "huge").read("notes.md")
-    assert (reply.status, reply.error_code) == (200, -32603), reply
+    clean(reply, INVALID)
     assert len(reply.raw) < 1000
-    assert last_request(hostile, "huge", tool="read_document")["reason"] == "upstream_failed"
+    audited(hostile, "huge", "read_document", "failed", "result_too_large")
+    assert len(tool_calls(hostile, "huge", "read_document")) == before + 1  # not retried
 
 
 def test_injected_content_blocks_never_reach_the_client(hostile: Broker) -> None:
