@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -52,6 +52,7 @@ from broker.gateway.upstream import (
     UpstreamResponse,
     Upstreams,
     UpstreamTimeout,
+    UpstreamUnreachable,
     request_headers,
     response_headers,
 )
@@ -84,6 +85,10 @@ class AuditLike(Protocol):
 
 class _TransportFailed(Exception):
     """The sandbox could not be reached or dropped the connection before answering."""
+
+    def __init__(self, *, unsent: bool) -> None:
+        super().__init__()
+        self.unsent = unsent  # no connection was made: the request never left the broker
 
 
 class _AuditFailed(Exception):
@@ -260,8 +265,8 @@ class McpGateway:
         wait = self._breakers.admit(tenant)
         if wait:
             raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=wait)
-        # Reads may be retried once on a transport failure; writes never (DESIGN §2: a write
-        # that may have happened is result_unknown, not something to do twice).
+        # Reads may be retried once on a transport failure; writes only if nothing was sent
+        # (DESIGN §2: a write that may have happened is result_unknown, not something to do twice).
         retryable = msg is not None and (
             msg.method in _RETRYABLE_METHODS or (msg.method == "tools/call" and call.tool != c.TOOL_SAVE)
         )
@@ -287,16 +292,18 @@ class McpGateway:
                         await self._runtime.mark_broken(tenant)
                         if isinstance(exc, UpstreamTimeout):
                             raise
-                        raise _TransportFailed from exc
+                        raise _TransportFailed(unsent=isinstance(exc, UpstreamUnreachable)) from exc
                 self._breakers.success(tenant)
                 return
             except UpstreamTimeout:
                 self._breakers.failure(tenant)
                 await self._upstream_failed(turn, Denial.UPSTREAM_TIMEOUT, "upstream_timeout")
                 return
-            except _TransportFailed:
+            except _TransportFailed as exc:
                 self._breakers.failure(tenant)
-                if attempt == 1 and retryable and not out.started:
+                # A request that never left (the sandbox was gone: crashed, or replaced by an
+                # operator) is sent once to its successor, a save included: it cannot have run.
+                if attempt == 1 and (retryable or exc.unsent) and not out.started:
                     continue
                 await self._upstream_failed(turn, Denial.UPSTREAM_FAILED, "upstream_failed")
                 return
@@ -344,8 +351,22 @@ class McpGateway:
                     tool=tool if tool in c.TOOL_NAMES else None, reason=reason, outcome="rejected",
                 )  # fmt: skip
         if pin.broken:
-            raise Denied(Denial.CONTRACT_CHANGED, "contract_changed")
+            await self._replace_changed(principal.tenant, sandbox)
         return pin
+
+    async def _replace_changed(self, tenant: str, sandbox: RunningSandbox) -> NoReturn:
+        """A sandbox whose contract changed is no longer the program that was admitted: it is
+        replaced at once, and the breaker held open for its cool-down, so the successor starts
+        (and is pinned afresh) with the first call after it, and a sandbox that keeps
+        changing is not restarted on every call. This call is refused."""
+        self._pins.forget(tenant, sandbox.backend_id)
+        self._breakers.trip(tenant)
+        try:
+            await self._runtime.replace(tenant, sandbox.backend_id, reason="contract_changed")
+        except Exception as exc:  # the engine refused: the successor is pinned afresh all the same
+            log.warning("a changed sandbox could not be removed", extra={"error": type(exc).__name__})
+        wait = max(1, self._breakers.cooldown_left(tenant))
+        raise Denied(Denial.CONTRACT_CHANGED, "contract_changed", retry_after=wait)
 
     def _pinned_without(self, tenant: str, tool: str) -> bool:
         """Was the tenant's running sandbox pinned without this tool?"""
@@ -373,7 +394,7 @@ class McpGateway:
                 sandbox=sandbox.backend_id[:64], request_id=call.request_id, outcome="denied",
                 reason="descriptors_changed",
             )  # fmt: skip
-            raise Denied(Denial.CONTRACT_CHANGED, "contract_changed")
+            await self._replace_changed(principal.tenant, sandbox)
         policy = self._policies.get(principal.tenant)
         tools = visible_tools(list(pin.admission.tools.values()), principal, policy)
         result: dict[str, Any] = {"tools": tools}

@@ -67,6 +67,10 @@ class UpstreamTimeout(UpstreamError):
     """The sandbox did not answer in time."""
 
 
+class UpstreamUnreachable(UpstreamError):
+    """No connection could be made: nothing of the request was sent (a gone sandbox)."""
+
+
 class BodyTooLarge(UpstreamError):
     """The sandbox's answer is longer than the caller will read."""
 
@@ -378,7 +382,7 @@ class Upstream:
         except TimeoutError:
             raise UpstreamTimeout("sandbox did not accept the connection in time") from None
         except OSError as exc:
-            raise UpstreamError("sandbox connection failed") from exc
+            raise UpstreamUnreachable("sandbox connection failed") from exc
         return conn
 
 
