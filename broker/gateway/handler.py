@@ -56,6 +56,7 @@ from broker.gateway.upstream import (
     request_headers,
     response_headers,
 )
+from broker.gateway.upstream import session_id as upstream_session_id
 from broker.metrics import Metrics
 from broker.policy import Policies, TenantLimiter
 from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
@@ -422,16 +423,17 @@ class McpGateway:
         self, turn: _Turn, response: UpstreamResponse, descriptor: dict[str, Any] | None
     ) -> None:
         msg, principal, out, call = turn.msg, turn.principal, turn.out, turn.call
-        session_id = response.headers.get("mcp-session-id")
-        if session_id and msg is not None and msg.method == "initialize" and response.status_code == 200:
+        status = results.relay_status(response.status_code)
+        session_id = upstream_session_id(response.headers)
+        if session_id and msg is not None and msg.method == "initialize" and status == 200:
             self._sessions.bind(session_id, principal)
-        if call.method == "DELETE" and response.status_code < 300 and session_id:
+        if call.method == "DELETE" and status < 300 and session_id:
             self._sessions.forget(session_id, principal)
-        passed = response_headers(response.headers.items())
+        passed = response_headers(response.headers)
         ours = msg if msg is not None and msg.id is not None else None  # a request: it needs an answer
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            await out.start(response.status_code, passed)
+            await out.start(200 if descriptor is not None else status, passed)
             try:
                 async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
                     data = event.data
@@ -460,7 +462,7 @@ class McpGateway:
                 call.reason = "upstream_no_answer"
                 await self._answer_in_stream(out, call, wire.sse_event(reply))
             elif not call.audited:
-                call.outcome, call.reason = wire.plain_outcome(response.status_code)
+                call.outcome, call.reason = wire.plain_outcome(status)
                 await self._emit_terminal(call)
             await out.end()
             return
@@ -477,11 +479,12 @@ class McpGateway:
         if ours is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.
-            call.outcome, call.reason = wire.plain_outcome(response.status_code)
-            await self._finish_raw(out, call, response.status_code, b"", passed)
+            call.outcome, call.reason = wire.plain_outcome(status)
+            await self._finish_raw(out, call, status, b"", passed)
             return
         parsed = wire.parse_json(raw)
-        status = response.status_code
+        if descriptor is not None:
+            status = 200  # a tool's answer is the broker's checked (or own) result, whatever the sandbox said
         if not (isinstance(parsed, dict) and parsed.get("id") == ours.id and "method" not in parsed):
             # Not an answer to this request (another id, HTML, nothing): none of it is passed
             # on; the client gets the broker's own answer (for save_report: result_unknown).

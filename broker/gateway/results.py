@@ -42,6 +42,16 @@ _VERSION = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _MAX_VERSIONS = 8
 
 
+# HTTP statuses a sandbox's answer may carry to the client; any other becomes 502. A 401 or
+# 403 would make a client drop or refresh a token that is fine, a 3xx would send it elsewhere,
+# a 5xx is the sandbox's own failure, which the broker reports as such.
+_RELAYED_STATUSES = frozenset({200, 202, 204, 400, 404, 405, 406, 415})
+
+
+def relay_status(status: int) -> int:
+    return status if status in _RELAYED_STATUSES else 502
+
+
 @dataclass(frozen=True)
 class Consumed:
     result: dict[str, Any]  # what the client receives as the JSON-RPC `result`
