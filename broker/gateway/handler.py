@@ -448,7 +448,11 @@ class McpGateway:
                         await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
                         break  # one answer per request: anything the sandbox sends after it is dropped
                     elif isinstance(parsed, dict) and sandbox_may_send(parsed):
-                        await out.chunk(event.framed())
+                        clean = results.notification(parsed, ours)
+                        if clean is None:
+                            await self._refused_from_sandbox(turn, parsed)
+                        else:
+                            await out.chunk(event.with_data(rpc.encode(clean)))
                     elif parsed is not None:
                         await self._refused_from_sandbox(turn, parsed)
             except sse.EventTooLarge:

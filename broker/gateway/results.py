@@ -21,6 +21,7 @@ only the tools capability is advertised, the one the gateway lets through.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +91,42 @@ def consume(
             broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", checked
         )
     return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", checked)
+
+
+def notification(message: dict[str, Any], request: rpc.RpcMessage | None) -> dict[str, Any] | None:
+    """The client's copy of a notification the sandbox sent in a response stream, or None.
+
+    The real server sends none; a sandbox's notification is rebuilt from the fields that have
+    a meaning, each checked, so no text of its own rides along: progress only for the token the
+    client gave this request (numbers, no message), a cancellation only of this request (no
+    reason). Log messages (`notifications/message`) are the sandbox's words and never pass."""
+    params = message.get("params")
+    if request is None or "id" in message or not isinstance(params, dict):
+        return None
+    method = message.get("method")
+    if method == "notifications/progress":
+        token = request.meta.get("progressToken")
+        progress, total = params.get("progress"), params.get("total", 0)
+        if token is None or params.get("progressToken") != token:
+            return None
+        if not (_number(progress) and _number(total)):
+            return None
+        clean: dict[str, Any] = {"progressToken": token, "progress": progress}
+        if "total" in params:
+            clean["total"] = total
+    elif (
+        method == "notifications/cancelled"
+        and request.id is not None
+        and params.get("requestId") == request.id
+    ):
+        clean = {"requestId": request.id}
+    else:
+        return None
+    return {"jsonrpc": "2.0", "method": method, "params": clean}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def handshake(method: str, result: dict[str, Any]) -> dict[str, Any] | None:

@@ -171,15 +171,14 @@ def test_requests_from_the_sandbox_are_dropped_from_the_stream_and_audited(hosti
     assert reply.headers["content-type"].startswith("text/event-stream")
     # the answer, and only the first one (a second, injected answer follows it; Reply refuses two)
     clean(reply, NOTES)
-    # only the one notification a client may receive passes; no request, no stray answer
-    log_line = {"level": "info", "data": "allowed log line"}
-    assert reply.others == [{"jsonrpc": "2.0", "method": "notifications/message", "params": log_line}]
+    # nothing else passes: no request, no stray answer, not even a log line (the sandbox's words)
+    assert reply.others == []
     request_id = last_request(hostile, "sampling", tool="read_document")["request_id"]
     refused = events(hostile, "policy.denied", tenant="sampling", request_id=request_id)
     assert {e["reason"] for e in refused} == {"sandbox_message_refused"}
     assert sorted(e.get("method", "-") for e in refused) == sorted([
         "sampling/createMessage", "elicitation/create", "roots/list",
-        "notifications/resources/updated", "notifications/tools/list_changed",
+        "notifications/resources/updated", "notifications/tools/list_changed", "notifications/message",
         "other",  # the answer to a request that does not exist: no method name to record
     ])  # fmt: skip
 
