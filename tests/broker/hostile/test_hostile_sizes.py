@@ -13,6 +13,7 @@ from harness import Broker
 from hostile_helpers import Rpc, events, last_request, rejected, tool_calls, unique
 
 TENANTS = ("hugedesc", "hugepage", "hugeresult")
+PREWARM = ()  # started by the first call: fewer sandboxes starting at once with the other modules
 INVALID = {"status": "failed", "message": "the tool sandbox returned an invalid result", "data": None}
 UNKNOWN = {
     "status": "result_unknown",
