@@ -9,8 +9,9 @@ A raw ASGI app (it sits on the hot path of every call). For each request it:
    descriptors admitted and pinned when the sandbox started), and forwards the request over
    the sandbox's socket, streaming SSE event by event;
 4. consumes what comes back: `tools/list` is answered from the pinned, admitted descriptors
-   (after a fresh listing proves they are unchanged), `tools/call` results are validated
-   against the pinned output schema, and approved reports leave the drop-box;
+   (after a fresh listing proves they are unchanged; a changed sandbox is replaced),
+   `tools/call` results are validated against the broker's own contract (never the
+   sandbox's), and approved reports leave the drop-box;
 5. writes exactly one terminal audit event. If the audit log cannot be written, the request
    is refused before anything reaches a sandbox, and no result is released unaudited.
 

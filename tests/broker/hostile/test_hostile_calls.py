@@ -3,7 +3,7 @@ the audit log keeps of a call.
 
 Only the methods the document tools need cross the gateway, in either direction. Whatever
 the sandbox answers a `tools/call`, the client gets either a result the broker validated
-against the pinned output schema, with the text rebuilt from it, or a clean result the
+against the broker's own contract, with the text rebuilt from it, or a clean result the
 broker wrote: `failed` for a read, `result_unknown` (never ok, never retried) for
 save_report. Nothing the sandbox planted reaches the client, the tenant's honest tools keep
 working, and the audit log names headers and arguments but never holds their values.
