@@ -1,4 +1,5 @@
-"""`docbroker`: serve, mint dev tokens, provision tenants, build images, verify audit, doctor."""
+"""`docbroker`: serve, mint dev tokens, provision tenants, replace sandboxes, build images,
+verify audit, doctor."""
 
 from __future__ import annotations
 
@@ -123,6 +124,37 @@ def cmd_tenant(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox_replace(args: argparse.Namespace) -> int:
+    """Remove a tenant's sandbox in the engine (by its labels), whichever broker started it.
+
+    Each broker using it finds it gone on its next call, starts a new one and pins that one's
+    tools afresh (DESIGN §11). The brokers audit what they see (`sandbox.failed`, then
+    `sandbox.stopped` and `sandbox.started`); this command has no audit log of its own to write."""
+    import asyncio
+
+    from broker.app import make_backend
+    from broker.runtime.base import RuntimeErrorBase
+    from server.contracts import TENANT_RE
+
+    if not TENANT_RE.fullmatch(args.tenant):
+        raise SystemExit("docbroker sandbox replace: not a tenant id (a DNS label)")
+    settings = _settings()
+
+    async def replace() -> int:
+        backend = await make_backend(settings)
+        try:
+            return await backend.remove_tenant(args.tenant, str(settings.run_dir / args.tenant))
+        finally:
+            await backend.close()
+
+    try:
+        removed = asyncio.run(replace())
+    except RuntimeErrorBase as exc:
+        raise SystemExit(f"docbroker sandbox replace: {exc}") from None
+    sys.stdout.write(json.dumps({"tenant": args.tenant, "removed": removed}) + "\n")
+    return 0
+
+
 def cmd_audit_verify(args: argparse.Namespace) -> int:
     from broker.audit.verify import main_verify
 
@@ -177,6 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     tenant = sub.add_parser("tenant", help="provision a tenant (folders, secret, policy file)")
     tenant.add_argument("name")
     tenant.set_defaults(func=cmd_tenant)
+
+    sandbox = sub.add_parser("sandbox", help="tenants' sandboxes").add_subparsers(
+        dest="sandbox_command", required=True
+    )
+    replace = sandbox.add_parser(
+        "replace", help="remove a tenant's sandbox (any broker's); the next call starts a new one"
+    )
+    replace.add_argument("tenant")
+    replace.set_defaults(func=cmd_sandbox_replace)
 
     image = sub.add_parser("image", help="container images").add_subparsers(
         dest="image_command", required=True

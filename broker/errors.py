@@ -39,7 +39,7 @@ class Denial(Enum):
     UPSTREAM_INVALID = _Row(200, rpc.INTERNAL_ERROR, "Tool sandbox sent an invalid response")
     AUDIT_UNAVAILABLE = _Row(503, rpc.AUDIT_UNAVAILABLE, "Audit log unavailable; request refused")
     CONTRACT_CHANGED = _Row(
-        503, rpc.UNAVAILABLE, "Tool sandbox changed its tools; an operator must restart it"
+        503, rpc.UNAVAILABLE, "Tool sandbox changed its tools; it is being replaced, retry later"
     )
 
     @property

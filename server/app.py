@@ -27,18 +27,8 @@ from server.workspace import Workspace
 
 SERVER_NAME = "docbroker-document-tools"
 
-_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-_WRITE_NEW = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
-)
-
-_DESCRIPTIONS = {
-    c.TOOL_SEARCH: "Find a literal, case-sensitive text in the tenant's source documents (not recursive).",
-    c.TOOL_READ: "Read one source document (UTF-8, at most 24,000 bytes).",
-    c.TOOL_SAVE: "Save a new Markdown report. Every report needs a human's approval first; "
-    "existing reports are never overwritten.",
-}
-_ANNOTATIONS = {c.TOOL_SEARCH: _READ_ONLY, c.TOOL_READ: _READ_ONLY, c.TOOL_SAVE: _WRITE_NEW}
+# The descriptions and annotations are the contract's: the broker admits only these (DESIGN §11).
+_ANNOTATIONS = {name: ToolAnnotations.model_validate(c.TOOL_ANNOTATIONS[name]) for name in c.TOOL_NAMES}
 
 
 class _RawArguments(FuncMetadata):
@@ -68,7 +58,7 @@ def _tool(name: str, body: Callable[[Mapping[str, Any]], ToolResult[Any]]) -> To
         fn=run,
         name=name,
         title=None,
-        description=_DESCRIPTIONS[name],
+        description=c.TOOL_DESCRIPTIONS[name],
         parameters=c.input_schema(name),
         fn_metadata=_RawArguments(arg_model=ArgModelBase, output_schema=c.output_schema(name)),
         is_async=False,  # file I/O: the SDK runs sync tools in a worker thread

@@ -61,6 +61,38 @@ class Message(StrEnum):
     INTERNAL = "internal error"
 
 
+# What each status may say, per tool: the only texts the server produces (server/tools.py).
+# The broker accepts no other (a sandbox's own words would reach the client's model).
+_READ_REJECTED = frozenset(
+    {
+        Message.INVALID_INPUT,
+        Message.INVALID_FILENAME,
+        Message.NOT_REGULAR,
+        Message.TOO_LARGE,
+        Message.NOT_UTF8,
+    }
+)
+RESULT_MESSAGES: dict[str, dict[str, frozenset[str]]] = {  # keyed by tool, then status
+    TOOL_SEARCH: {
+        Status.OK: frozenset({Message.SEARCHED}),
+        Status.REJECTED: frozenset({Message.INVALID_INPUT}),
+        Status.FAILED: frozenset({Message.SEARCH_FAILED}),
+    },
+    TOOL_READ: {
+        Status.OK: frozenset({Message.READ}),
+        Status.REJECTED: _READ_REJECTED,
+        Status.FAILED: frozenset({Message.NOT_FOUND, Message.READ_FAILED}),
+    },
+    TOOL_SAVE: {
+        Status.OK: frozenset({Message.SAVED}),
+        Status.REJECTED: frozenset({Message.INVALID_INPUT, Message.INVALID_FILENAME,
+                                    Message.APPROVAL_INVALID, Message.REPORT_EXISTS}),
+        Status.FAILED: frozenset({Message.WRITE_FAILED}),
+        Status.RESULT_UNKNOWN: frozenset({Message.WRITE_UNKNOWN}),
+    },
+}  # fmt: skip
+
+
 # --- inputs ---------------------------------------------------------------------------------
 
 Filename = Annotated[str, StringConstraints(pattern=FILENAME_PATTERN, min_length=4, max_length=67)]
@@ -188,6 +220,34 @@ RESULT_MODELS: dict[str, type[ToolResult[Any]]] = {
     TOOL_READ: ReadResult,
     TOOL_SAVE: SaveResult,
 }
+
+
+# --- descriptors ----------------------------------------------------------------------------
+
+TOOL_DESCRIPTIONS = {
+    TOOL_SEARCH: "Find a literal, case-sensitive text in the tenant's source documents (not recursive).",
+    TOOL_READ: "Read one source document (UTF-8, at most 24,000 bytes).",
+    TOOL_SAVE: "Save a new Markdown report. Every report needs a human's approval first; "
+    "existing reports are never overwritten.",
+}
+_READ_ONLY = {"readOnlyHint": True, "openWorldHint": False}
+TOOL_ANNOTATIONS: dict[str, dict[str, bool]] = {
+    TOOL_SEARCH: _READ_ONLY,
+    TOOL_READ: _READ_ONLY,
+    TOOL_SAVE: {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False,
+                "openWorldHint": False},
+}  # fmt: skip
+
+
+def tool_descriptor(tool: str) -> dict[str, Any]:
+    """The tool as `tools/list` publishes it (a fresh copy): what the broker admits and serves."""
+    return {
+        "name": tool,
+        "description": TOOL_DESCRIPTIONS[tool],
+        "inputSchema": input_schema(tool),
+        "outputSchema": output_schema(tool),
+        "annotations": dict(TOOL_ANNOTATIONS[tool]),
+    }
 
 
 def input_schema(tool: str) -> dict[str, Any]:

@@ -5,6 +5,11 @@ length, schemas that make validators fetch remote documents or loop (`$ref`), sc
 catastrophic regular expressions, or ask the client to mirror a credential into an HTTP
 header (`x-mcp-header`). Each descriptor is admitted only if it is an allow-listed tool whose
 every part fits a small known shape; a bad descriptor excludes that tool only.
+
+The shape checks come first (they name what is wrong in the audit); then the descriptor must
+equal the broker's own contract for that tool (`server.contracts.tool_descriptor`) in name,
+title, description, input and output schema and annotations. A sandbox cannot narrow, widen
+or reword its tools, and what clients are served is the broker's copy, never the sandbox's.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.contracts import TOOL_NAMES
+from server.contracts import TOOL_NAMES, tool_descriptor
 
 MAX_TOOLS = 16
+MAX_DESCRIPTOR_BYTES = 32 * 1024  # the real ones are under 3 KB; `_meta` counts too
 MAX_DESCRIPTION_CHARS = 2_048
 MAX_TITLE_CHARS = 128
 MAX_SCHEMA_BYTES = 16_384
@@ -87,7 +93,8 @@ def admit(descriptors: list[Any]) -> Admission:
         if isinstance(name, str):
             seen.add(name)
         try:
-            admission.tools[_checked_name(name)] = _admit_one(descriptor)
+            checked = _checked_name(name)
+            admission.tools[checked] = _admit_one(descriptor)
         except Rejected as exc:
             admission.rejected.append((label, exc.reason))
     return admission
@@ -99,9 +106,30 @@ def _checked_name(name: Any) -> str:
     return name
 
 
+def _canonical(value: Any) -> str:
+    # As JSON text, not Python values: `true` is not 1 and 3.0 is not 3 here.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+# What the contract says of each tool, compared field by field; built once.
+_CONTRACT = {name: {k: _canonical(v) for k, v in tool_descriptor(name).items()} for name in TOOL_NAMES}
+_COMPARED = (
+    ("description", "description_mismatch"),
+    ("inputSchema", "input_schema_mismatch"),
+    ("outputSchema", "output_schema_mismatch"),
+    ("annotations", "annotations_mismatch"),
+)
+
+
 def _admit_one(descriptor: Any) -> dict[str, Any]:
     if not isinstance(descriptor, dict):
         raise Rejected("descriptor_not_object")
+    try:
+        size = len(json.dumps(descriptor, separators=(",", ":")))
+    except (TypeError, ValueError, RecursionError):
+        raise Rejected("descriptor_invalid") from None
+    if size > MAX_DESCRIPTOR_BYTES:
+        raise Rejected("descriptor_too_large")
     if set(descriptor) - _DESCRIPTOR_KEYS:
         raise Rejected("descriptor_unknown_field")
     _text(descriptor.get("description", ""), MAX_DESCRIPTION_CHARS, "description")
@@ -123,10 +151,20 @@ def _admit_one(descriptor: Any) -> dict[str, Any]:
         # No `pattern` here: the broker evaluates output schemas, and a hostile regular
         # expression would be a denial of service against it.
         _check_schema(output_schema, allow_pattern=False)
-    admitted = {
-        k: v for k, v in descriptor.items() if k != "_meta"
-    }  # _meta is the sandbox's, not the client's
-    return admitted
+    return _as_contracted(descriptor)
+
+
+def _as_contracted(descriptor: dict[str, Any]) -> dict[str, Any]:
+    """The broker's own descriptor of the tool, if the sandbox's says exactly the same.
+
+    `_meta` is the sandbox's, not the client's: ignored. The contract has no titles."""
+    contract = _CONTRACT[descriptor["name"]]
+    if "title" in descriptor:
+        raise Rejected("title_mismatch")
+    for key, reason in _COMPARED:
+        if key not in descriptor or _canonical(descriptor[key]) != contract[key]:
+            raise Rejected(reason)
+    return tool_descriptor(descriptor["name"])
 
 
 def _text(value: Any, limit: int, what: str) -> None:

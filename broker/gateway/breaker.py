@@ -4,6 +4,10 @@ A sandbox that keeps failing to start or to answer would otherwise make every ca
 out a start timeout or a call timeout. After `threshold` consecutive failures the breaker
 opens: calls are refused at once (503 with Retry-After) for `cooldown` seconds; then one trial
 call is let through, and its outcome closes or re-opens the breaker.
+
+`trip` opens it at once, whatever the count: for a sandbox the broker has just replaced
+because its contract changed, so that a sandbox that changes again is not restarted on
+every call (its successor starts with the trial call after the cool-down).
 """
 
 from __future__ import annotations
@@ -60,6 +64,19 @@ class CircuitBreakers:
         circuit.trial_running = False
         if circuit.state is BreakerState.HALF_OPEN or circuit.failures >= self._threshold:
             circuit.state, circuit.opened_at = BreakerState.OPEN, self._clock()
+
+    def trip(self, tenant: str) -> None:
+        circuit = self._circuits.setdefault(tenant, _Circuit())
+        circuit.failures = max(circuit.failures, self._threshold)
+        circuit.trial_running = False
+        circuit.state, circuit.opened_at = BreakerState.OPEN, self._clock()
+
+    def cooldown_left(self, tenant: str) -> int:
+        """Whole seconds until an open breaker lets a trial through (0 when it would now)."""
+        circuit = self._circuits.get(tenant)
+        if circuit is None or circuit.state is not BreakerState.OPEN:
+            return 0
+        return max(0, math.ceil(circuit.opened_at + self._cooldown - self._clock()))
 
     def state(self, tenant: str) -> BreakerState:
         circuit = self._circuits.get(tenant)

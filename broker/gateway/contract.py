@@ -2,8 +2,11 @@
 
 The broker lists the tools itself as soon as a sandbox is ready and pins the result to that
 sandbox instance. A later listing that differs in anything (a name, a schema, a description,
-an annotation, a refused tool) means the sandbox is no longer the program that started: its
-calls are refused until an operator replaces the sandbox (a new instance is pinned afresh).
+an annotation, a refused tool) means the sandbox is no longer the program that started: the
+gateway replaces it at once (the call that saw it, and any other on the broken pin, are
+refused), and its successor is listed and pinned afresh on its first call. A pin is per
+sandbox instance, so a sandbox replaced by anyone else (an operator, a crash) is never
+judged by its predecessor's pin.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ class ContractPins:
         pin = Pin(sandbox_id, admission, admission.fingerprint())
         self._pins[tenant] = pin
         return pin
+
+    def forget(self, tenant: str, sandbox_id: str) -> None:
+        if self.get(tenant, sandbox_id) is not None:
+            del self._pins[tenant]
 
     def matches(self, pin: Pin, admission: Admission) -> bool:
         """Compare a new listing with the pin; a difference breaks the pin for good."""

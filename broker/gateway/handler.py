@@ -9,8 +9,9 @@ A raw ASGI app (it sits on the hot path of every call). For each request it:
    descriptors admitted and pinned when the sandbox started), and forwards the request over
    the sandbox's socket, streaming SSE event by event;
 4. consumes what comes back: `tools/list` is answered from the pinned, admitted descriptors
-   (after a fresh listing proves they are unchanged), `tools/call` results are validated
-   against the pinned output schema, and approved reports leave the drop-box;
+   (after a fresh listing proves they are unchanged; a changed sandbox is replaced),
+   `tools/call` results are validated against the broker's own contract (never the
+   sandbox's), and approved reports leave the drop-box;
 5. writes exactly one terminal audit event. If the audit log cannot be written, the request
    is refused before anything reaches a sandbox, and no result is released unaudited.
 
@@ -24,7 +25,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -47,14 +48,17 @@ from broker.gateway.sessions import SessionSealer
 from broker.gateway.tools_filter import may_call, visible_tools
 from broker.gateway.upstream import (
     PARAM_PREFIX,
+    BodyTooLarge,
     Upstream,
     UpstreamError,
     UpstreamResponse,
     Upstreams,
     UpstreamTimeout,
+    UpstreamUnreachable,
     request_headers,
     response_headers,
 )
+from broker.gateway.upstream import session_id as upstream_session_id
 from broker.metrics import Metrics
 from broker.policy import Policies, TenantLimiter
 from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
@@ -93,6 +97,10 @@ class AuditLike(Protocol):
 
 class _TransportFailed(Exception):
     """The sandbox could not be reached or dropped the connection before answering."""
+
+    def __init__(self, *, unsent: bool) -> None:
+        super().__init__()
+        self.unsent = unsent  # no connection was made: the request never left the broker
 
 
 class _AuditFailed(Exception):
@@ -290,8 +298,8 @@ class McpGateway:
         wait = self._breakers.admit(tenant)
         if wait:
             raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=wait)
-        # Reads may be retried once on a transport failure; writes never (DESIGN §2: a write
-        # that may have happened is result_unknown, not something to do twice).
+        # Reads may be retried once on a transport failure; writes only if nothing was sent
+        # (DESIGN §2: a write that may have happened is result_unknown, not something to do twice).
         retryable = msg is not None and (
             msg.method in _RETRYABLE_METHODS or (msg.method == "tools/call" and call.tool != c.TOOL_SAVE)
         )
@@ -317,16 +325,18 @@ class McpGateway:
                         await self._runtime.mark_broken(tenant)
                         if isinstance(exc, UpstreamTimeout):
                             raise
-                        raise _TransportFailed from exc
+                        raise _TransportFailed(unsent=isinstance(exc, UpstreamUnreachable)) from exc
                 self._breakers.success(tenant)
                 return
             except UpstreamTimeout:
                 self._breakers.failure(tenant)
                 await self._upstream_failed(turn, Denial.UPSTREAM_TIMEOUT, "upstream_timeout")
                 return
-            except _TransportFailed:
+            except _TransportFailed as exc:
                 self._breakers.failure(tenant)
-                if attempt == 1 and retryable and not out.started:
+                # A request that never left (the sandbox was gone: crashed, or replaced by an
+                # operator) is sent once to its successor, a save included: it cannot have run.
+                if attempt == 1 and (retryable or exc.unsent) and not out.started:
                     continue
                 await self._upstream_failed(turn, Denial.UPSTREAM_FAILED, "upstream_failed")
                 return
@@ -374,8 +384,22 @@ class McpGateway:
                     tool=tool if tool in c.TOOL_NAMES else None, reason=reason, outcome="rejected",
                 )  # fmt: skip
         if pin.broken:
-            raise Denied(Denial.CONTRACT_CHANGED, "contract_changed")
+            await self._replace_changed(principal.tenant, sandbox)
         return pin
+
+    async def _replace_changed(self, tenant: str, sandbox: RunningSandbox) -> NoReturn:
+        """A sandbox whose contract changed is no longer the program that was admitted: it is
+        replaced at once, and the breaker held open for its cool-down, so the successor starts
+        (and is pinned afresh) with the first call after it, and a sandbox that keeps
+        changing is not restarted on every call. This call is refused."""
+        self._pins.forget(tenant, sandbox.backend_id)
+        self._breakers.trip(tenant)
+        try:
+            await self._runtime.replace(tenant, sandbox.backend_id, reason="contract_changed")
+        except Exception as exc:  # the engine refused: the successor is pinned afresh all the same
+            log.warning("a changed sandbox could not be removed", extra={"error": type(exc).__name__})
+        wait = max(1, self._breakers.cooldown_left(tenant))
+        raise Denied(Denial.CONTRACT_CHANGED, "contract_changed", retry_after=wait)
 
     def _pinned_without(self, tenant: str, tool: str) -> bool:
         """Was the tenant's running sandbox pinned without this tool?"""
@@ -407,7 +431,7 @@ class McpGateway:
                 sandbox=sandbox.backend_id[:64], request_id=call.request_id, outcome="denied",
                 reason="descriptors_changed",
             )  # fmt: skip
-            raise Denied(Denial.CONTRACT_CHANGED, "contract_changed")
+            await self._replace_changed(principal.tenant, sandbox)
         policy = self._policies.get(principal.tenant)
         tools = visible_tools(list(pin.admission.tools.values()), principal, policy)
         result: dict[str, Any] = {"tools": tools}
@@ -435,48 +459,70 @@ class McpGateway:
         self, turn: _Turn, response: UpstreamResponse, descriptor: dict[str, Any] | None
     ) -> None:
         msg, out, call = turn.msg, turn.out, turn.call
-        passed = response_headers(response.headers.items())
-        if response.headers.get("mcp-session-id") is not None:
-            passed = self._client_session(turn, response, passed)
+        status = results.relay_status(response.status_code)
+        passed = response_headers(response.headers)
+        session_id = upstream_session_id(response.headers)
+        if session_id is not None:
+            passed = self._client_session(turn, session_id, status, passed)
         ours = msg if msg is not None and msg.id is not None else None  # a request: it needs an answer
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            await out.start(response.status_code, passed)
-            async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
-                data = event.data
-                parsed = wire.parse_json(data)
-                if (
-                    ours is not None
-                    and isinstance(parsed, dict)
-                    and parsed.get("id") == ours.id
-                    and "method" not in parsed
-                ):
-                    reply = await self._consume(turn, parsed, len(data or b""), ours, descriptor)
-                    await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
-                    break  # one answer per request: anything the sandbox sends after it is dropped
-                elif isinstance(parsed, dict) and sandbox_may_send(parsed):
-                    await out.chunk(event.framed())
-                elif parsed is not None:
-                    await self._refused_from_sandbox(turn, parsed)
+            await out.start(200 if descriptor is not None else status, passed)
+            try:
+                async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
+                    data = event.data
+                    parsed = wire.parse_json(data)
+                    if (
+                        ours is not None
+                        and isinstance(parsed, dict)
+                        and parsed.get("id") == ours.id
+                        and "method" not in parsed
+                    ):
+                        reply = await self._consume(turn, parsed, len(data or b""), ours, descriptor)
+                        await self._answer_in_stream(out, call, event.with_data(rpc.encode(reply)))
+                        break  # one answer per request: anything the sandbox sends after it is dropped
+                    elif isinstance(parsed, dict) and sandbox_may_send(parsed):
+                        clean = results.notification(parsed, ours)
+                        if clean is None:
+                            await self._refused_from_sandbox(turn, parsed)
+                        else:
+                            await out.chunk(event.with_data(rpc.encode(clean)))
+                    elif parsed is not None:
+                        await self._refused_from_sandbox(turn, parsed)
+            except sse.EventTooLarge:
+                if ours is None or descriptor is None or call.audited:
+                    raise
+                # Too large to read is too large to pass: the call's own failure (below)
+                await self._too_large(turn, ours, descriptor, MAX_UPSTREAM_EVENT_BYTES, stream=True)
+                return
             if ours is not None and not call.audited:
                 reply = await self._consume(turn, {}, 0, ours, descriptor)
                 call.reason = "upstream_no_answer"
                 await self._answer_in_stream(out, call, wire.sse_event(reply))
             elif not call.audited:
-                call.outcome, call.reason = wire.plain_outcome(response.status_code)
+                call.outcome, call.reason = wire.plain_outcome(status)
                 await self._emit_terminal(call)
             await out.end()
             return
 
-        raw = await response.read(MAX_UPSTREAM_EVENT_BYTES)
+        # A tool's answer is read no further than the client could be given of it.
+        limit = self._max_response if descriptor is not None else MAX_UPSTREAM_EVENT_BYTES
+        try:
+            raw = await response.read(limit)
+        except BodyTooLarge:
+            if ours is None or descriptor is None:
+                raise
+            await self._too_large(turn, ours, descriptor, limit, stream=False)
+            return
         if ours is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.
-            call.outcome, call.reason = wire.plain_outcome(response.status_code)
-            await self._finish_raw(out, call, response.status_code, b"", passed)
+            call.outcome, call.reason = wire.plain_outcome(status)
+            await self._finish_raw(out, call, status, b"", passed)
             return
         parsed = wire.parse_json(raw)
-        status = response.status_code
+        if descriptor is not None:
+            status = 200  # a tool's answer is the broker's checked (or own) result, whatever the sandbox said
         if not (isinstance(parsed, dict) and parsed.get("id") == ours.id and "method" not in parsed):
             # Not an answer to this request (another id, HTML, nothing): none of it is passed
             # on; the client gets the broker's own answer (for save_report: result_unknown).
@@ -488,15 +534,29 @@ class McpGateway:
         await self._finish_json(out, call, status, reply, dict(wire.str_headers(passed)))
 
     def _client_session(
-        self, turn: _Turn, response: UpstreamResponse, passed: list[tuple[bytes, bytes]]
+        self, turn: _Turn, session_id: str, status: int, passed: list[tuple[bytes, bytes]]
     ) -> list[tuple[bytes, bytes]]:
         """The sandbox's session id never reaches the client: a new session's is sealed to the
         principal; otherwise the client's own sealed id goes back, or none at all."""
         client_id = turn.sealed_session
-        if turn.msg is not None and turn.msg.method == "initialize" and response.status_code == 200:
-            client_id = self._sessions.seal(response.headers["mcp-session-id"], turn.principal)
-        kept = [(n, v) for n, v in passed if n.lower() != b"mcp-session-id"]
+        if turn.msg is not None and turn.msg.method == "initialize" and status == 200:
+            client_id = self._sessions.seal(session_id, turn.principal)
+        kept = [(n, v) for n, v in passed if n != b"mcp-session-id"]
         return kept if client_id is None else [*kept, (b"mcp-session-id", client_id.encode("ascii"))]
+
+    async def _too_large(
+        self, turn: _Turn, ours: rpc.RpcMessage, descriptor: dict[str, Any], limit: int, *, stream: bool
+    ) -> None:
+        """A tool's answer past what the broker reads: that call alone fails (failed, or
+        result_unknown for a save), audited once. The sandbox did answer, so this is no
+        transport failure: not retried (it would only be sent again), not counted toward the
+        breaker (which is for a sandbox that cannot answer), and the sandbox stays."""
+        reply = await self._consume(turn, {}, max(limit, self._max_response) + 1, ours, descriptor)
+        if stream:
+            await self._answer_in_stream(turn.out, turn.call, wire.sse_event(reply))
+            await turn.out.end()
+        else:
+            await self._finish_json(turn.out, turn.call, 200, reply)
 
     async def _answer_in_stream(self, out: Responder, call: CallRecord, framed: bytes) -> None:
         call.bytes_out += len(framed)
@@ -521,7 +581,8 @@ class McpGateway:
                 return rpc.error(msg.id, rpc.INTERNAL_ERROR, "Tool sandbox returned an error")
             call.outcome, call.reason = Outcome.OK, "ok"
             return rpc.result(msg.id, clean)
-        consumed = results.consume(reply, call.tool or "", descriptor, size, self._max_response)
+        arguments = call.save.arguments if call.save is not None else msg.arguments
+        consumed = results.consume(reply, call.tool or "", arguments, size, self._max_response)
         call.outcome, call.reason = _OUTCOMES[consumed.status], consumed.reason
         result = consumed.result
         if call.save is not None and consumed.status == c.Status.OK.value:

@@ -3,6 +3,12 @@
 Clients never page through the sandbox themselves: the broker follows `nextCursor` (an empty
 string is a valid cursor), stops at a repeated cursor or too many pages, and hands the whole
 listing to admission.
+
+A page is read whole up to `MAX_PAGE_BYTES`, far above what the contract's three tools take,
+so one oversized descriptor (a megabyte of description) reaches admission and excludes only
+its own tool. A page past even that is not read: the listing ends before it (its tools are
+not admitted, which admission's audit records), the same as a cursor loop ends it, and not
+as a broken sandbox: no retry, no breaker.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from broker.gateway.upstream import BodyTooLarge, Upstream
 
 MODERN = "2026-07-28"
 MAX_PAGES = 4
-MAX_PAGE_BYTES = 64 * 1024
+MAX_PAGE_BYTES = 2 * 1024 * 1024
+PAGE_TOO_LARGE = "page_too_large"
 _ids = itertools.count(1)
 
 
@@ -45,15 +52,18 @@ async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
         if response.status_code != 200:
             raise ListingError(f"upstream_http_{response.status_code}")
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            async for event in sse.events(response.aiter_raw(), MAX_PAGE_BYTES):
-                message = _json(event.data)
-                if isinstance(message, dict) and message.get("id") == request_id:
-                    return _result(message)
+            try:
+                async for event in sse.events(response.aiter_raw(), MAX_PAGE_BYTES):
+                    message = _json(event.data)
+                    if isinstance(message, dict) and message.get("id") == request_id:
+                        return _result(message)
+            except sse.EventTooLarge:
+                raise ListingError(PAGE_TOO_LARGE) from None
             raise ListingError("no_response")
         try:
             raw = await response.read(MAX_PAGE_BYTES)
         except BodyTooLarge:
-            raise ListingError("page_too_large") from None
+            raise ListingError(PAGE_TOO_LARGE) from None
         message = _json(raw)
         if not isinstance(message, dict) or message.get("id") != request_id:
             raise ListingError("invalid_response")
@@ -83,7 +93,13 @@ async def list_all_tools(client: Upstream) -> tuple[list[Any], list[str]]:
     cursors: set[str] = set()
     params: dict[str, Any] = {}
     for _ in range(MAX_PAGES):
-        result = await request(client, "tools/list", params)
+        try:
+            result = await request(client, "tools/list", params)
+        except ListingError as exc:
+            if exc.reason != PAGE_TOO_LARGE:
+                raise
+            problems.append(PAGE_TOO_LARGE)
+            return tools, problems
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             raise ListingError("invalid_listing")
         tools.extend(result["tools"])

@@ -7,8 +7,11 @@ arrives. An event larger than the limit ends the stream.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+
+_EVENT_ID = re.compile(rb"[A-Za-z0-9_.:-]{1,128}")
 
 
 class EventTooLarge(Exception):
@@ -25,9 +28,12 @@ class Event:
         return b"\n".join(lines) if lines else None
 
     def with_data(self, data: bytes) -> bytes:
-        """The same event (id, event type, retry kept) carrying new data, framed for the wire."""
-        kept = [line for line in self.raw.split(b"\n") if not line.startswith(b"data:")]
-        return b"\n".join([*kept, b"data: " + data]) + b"\n\n"
+        """An event of the broker's framing carrying `data`: of the sandbox's event only its id
+        is kept (for resumption), and only if it is a plain token. Its `retry:` (how long a
+        client waits to reconnect), its event type and comments are the sandbox's words."""
+        ids = [line[3:].strip() for line in self.raw.split(b"\n") if line.startswith(b"id:")]
+        head = b"id: " + ids[-1] + b"\n" if ids and _EVENT_ID.fullmatch(ids[-1]) else b""
+        return head + b"event: message\ndata: " + data + b"\n\n"
 
     def framed(self) -> bytes:
         return self.raw + b"\n\n"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -45,8 +46,13 @@ FORWARD_REQUEST = frozenset(
     }
 )
 PARAM_PREFIX = "mcp-param-"
-# Response headers passed back to the client.
-FORWARD_RESPONSE = frozenset({"content-type", "mcp-session-id", "cache-control"})
+# Response headers passed back to the client, each rebuilt or checked (the values are the
+# sandbox's words): the media type as one of the two the protocol uses, a session id only in
+# the protocol's form, and the broker's own `cache-control` (a sandbox must not be able to make
+# a shared cache keep a tenant's documents).
+_MEDIA_TYPES = ((b"text/event-stream", "text/event-stream"), (b"application/json", "application/json"))
+_SESSION_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII (MCP transport spec)
+_NO_STORE = (b"cache-control", b"no-store")
 
 MAX_HEADER_BYTES = 64 * 1024  # status line and headers of one response
 MAX_HEADERS = 64
@@ -67,6 +73,10 @@ class UpstreamTimeout(UpstreamError):
     """The sandbox did not answer in time."""
 
 
+class UpstreamUnreachable(UpstreamError):
+    """No connection could be made: nothing of the request was sent (a gone sandbox)."""
+
+
 class BodyTooLarge(UpstreamError):
     """The sandbox's answer is longer than the caller will read."""
 
@@ -77,8 +87,24 @@ def request_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     return out
 
 
-def response_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers if n.lower() in FORWARD_RESPONSE]
+def response_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """What the client gets of a sandbox's response headers (names lower-cased, as parsed)."""
+    out = [_NO_STORE]
+    ctype = headers.get("content-type", "")
+    for media, prefix in _MEDIA_TYPES:
+        if ctype.startswith(prefix):
+            out.append((b"content-type", media))
+            break
+    session = session_id(headers)
+    if session is not None:
+        out.append((b"mcp-session-id", session.encode("ascii")))
+    return out
+
+
+def session_id(headers: Mapping[str, str]) -> str | None:
+    """The sandbox's `mcp-session-id`, if it has the protocol's form (else there is none)."""
+    value = headers.get("mcp-session-id")
+    return value if value is not None and _SESSION_ID.fullmatch(value) else None
 
 
 class _Connection(asyncio.Protocol):
@@ -378,7 +404,7 @@ class Upstream:
         except TimeoutError:
             raise UpstreamTimeout("sandbox did not accept the connection in time") from None
         except OSError as exc:
-            raise UpstreamError("sandbox connection failed") from exc
+            raise UpstreamUnreachable("sandbox connection failed") from exc
         return conn
 
 

@@ -69,6 +69,13 @@ class SandboxBackend(ABC):
     async def discover(self) -> list[SandboxInfo]:
         """Sandboxes left behind by an earlier broker process (to adopt or clean up)."""
 
+    async def remove_tenant(self, tenant: str, run_dir: str) -> int:
+        """Remove every sandbox of `tenant` the engine holds, found by what marks it there
+        (labels, a pid file in `run_dir`), whichever broker process started it; returns how
+        many. For operators (`docbroker sandbox replace`): a broker using one notices it is
+        gone on its next call and starts and pins a new one."""
+        raise BackendRefused(f"the {self.name} runtime cannot replace sandboxes from outside the broker")
+
     def mode(self) -> DaemonMode:
         return DaemonMode.NOT_APPLICABLE
 
@@ -188,6 +195,16 @@ class Runtime:
                 info.state = SandboxState.FAILED
                 await self._on_event("sandbox.failed", tenant, info.backend_id, {"reason": "crashed"})
                 return
+
+    async def replace(self, tenant: str, backend_id: str, *, reason: str) -> bool:
+        """Remove this sandbox instance, if it is still the tenant's, so that the next call
+        starts a new one; False if it was already replaced. Calls still on it fail."""
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            info = self._sandboxes.get(tenant)
+            if info is None or info.backend_id != backend_id:
+                return False
+            await self._remove(tenant, reason=reason)
+            return True
 
     async def stop(self, tenant: str, *, reason: str = "requested") -> None:
         async with self._locks.setdefault(tenant, asyncio.Lock()):

@@ -236,6 +236,9 @@ class DockerBackend(SandboxBackend):
     async def discover(self) -> list[SandboxInfo]:
         return await asyncio.to_thread(self._discover)
 
+    async def remove_tenant(self, tenant: str, run_dir: str) -> int:
+        return await asyncio.to_thread(self._remove_tenant, tenant)
+
     async def close(self) -> None:
         await self._pool.close()
         await asyncio.to_thread(self._client.close)
@@ -467,6 +470,24 @@ class DockerBackend(SandboxBackend):
                 )
             )
         return found
+
+    def _remove_tenant(self, tenant: str) -> int:
+        """Remove the tenant's containers, found by labels (cold) or by name (a bound warm one),
+        of this instance, whichever broker started them; other tenants' and spares stay."""
+        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
+        removed = 0
+        for container in self._client.containers.list(all=True, filters=filters):
+            labels = container.labels or {}
+            bound = labels.get(LABEL_POOL) == "true" and self._bound_tenant(container.name or "") == tenant
+            if labels.get(LABEL_TENANT) != tenant and not bound:
+                continue
+            self._remove(container.id)
+            socket_path = labels.get(LABEL_SOCKET)
+            if socket_path:
+                _remove_stale_socket(socket_path)
+                self._remove_slot_dir(os.path.dirname(socket_path))
+            removed += 1
+        return removed
 
     def _bound_tenant(self, name: str) -> str | None:
         """The tenant a warm sandbox was bound to, from the name `_bind` gave it."""

@@ -288,8 +288,28 @@ async def test_a_header_that_would_split_the_request_is_refused(serve: Serve) ->
 async def test_an_absent_socket_is_an_upstream_error(tmp_path: Path) -> None:
     endpoint = Endpoint(url="http://localhost/mcp", uds=str(tmp_path / "missing.sock"))
     client = up.Upstream(endpoint, connect_timeout=1.0, read_timeout=1.0)
-    with pytest.raises(up.UpstreamError):
+    with pytest.raises(up.UpstreamUnreachable):  # nothing sent: the gateway may send it elsewhere
         await client.send("POST", {}, b"{}")
+
+
+async def test_a_socket_nobody_listens_on_is_unreachable_but_a_cut_answer_is_not(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A sandbox gone (its socket file left behind) is told apart from one that took the request."""
+    import socket
+
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(stale))  # bound, never listening, then closed: connecting is refused
+    client = up.Upstream(
+        Endpoint(url="http://localhost/mcp", uds=str(stale)), connect_timeout=1.0, read_timeout=1.0
+    )
+    with pytest.raises(up.UpstreamUnreachable):
+        await client.send("POST", {}, b"{}")
+    _, cut = await serve(lambda n: Answer(close=True))
+    with pytest.raises(up.UpstreamError) as caught:
+        await fetch(cut)
+    assert not isinstance(caught.value, up.UpstreamUnreachable)
 
 
 async def test_cancelling_a_call_leaves_nothing_half_read_in_the_pool(serve: Serve) -> None:

@@ -53,3 +53,18 @@ def test_listing_is_the_same_under_OO(tmp_path: Path) -> None:
     assert [t["name"] for t in tools] == ["search_documents", "read_document", "save_report"]
     assert all(t["description"] and t["outputSchema"] for t in tools)
     assert optimized["tools"] == tools
+
+
+def test_the_real_listing_is_what_the_broker_admits(tmp_path: Path) -> None:
+    """The broker admits only its own contract (DESIGN §11): the real server, as the image runs
+    it (-OO), must pass admission whole, and publish exactly the contract's descriptors."""
+    from broker.gateway.admission import admit
+    from server import contracts as c
+
+    (tmp_path / "sources").mkdir()
+    (tmp_path / "reports").mkdir()
+    tools = _listing(tmp_path, "-OO")["tools"]
+    admission = admit(tools)
+    assert admission.rejected == []
+    assert sorted(admission.tools) == sorted(c.TOOL_NAMES)
+    assert tools == [c.tool_descriptor(t["name"]) for t in tools]

@@ -202,24 +202,30 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> A
 # -- contract pinning --------------------------------------------------------------------------
 
 
-def contract_breaks(broker: Broker, tenant: str) -> None:
-    """Drive a "changing" sandbox from honest to changed; every call is refused afterwards."""
+def contract_breaks(broker: Broker, tenant: str) -> str:
+    """Drive a "changing" sandbox from honest to changed: the call that sees it is refused, the
+    sandbox is replaced at once, and calls are refused for the breaker's cool-down without
+    anything reaching a sandbox. Returns the changed sandbox's id."""
     rpc = Rpc(broker, tenant)
     assert rpc.tool_names() == ["read_document", "save_report", "search_documents"]  # unchanged
     assert rpc.read("notes.md").structured["status"] == "ok"
+    broken = last_request(broker, tenant)["sandbox"]
     (broker.data_dir / "tenants" / tenant / "hostile-change").touch()  # the sandbox changes its mind
     calls = len(tool_calls(broker, tenant))
 
     listed = rpc.post("tools/list")
     assert (listed.status, listed.error_code) == (503, -32001), listed
+    assert int(listed.headers["retry-after"]) >= 1
     changed = events(broker, "contract.changed", tenant=tenant)
-    assert [(e["reason"], e["outcome"]) for e in changed] == [("descriptors_changed", "denied")]
-    assert changed[0]["sandbox"] == last_request(broker, tenant)["sandbox"]
+    assert [(e["reason"], e["outcome"], e["sandbox"]) for e in changed] == [
+        ("descriptors_changed", "denied", broken)
+    ]
+    assert last_request(broker, tenant)["reason"] == "contract_changed"
     assert "IGNORE" not in listed.raw.decode()
-    for _ in range(2):  # refused for good, not just once
-        read = rpc.read("notes.md")
-        assert (read.status, read.error_code) == (503, -32001), read
-        assert last_request(broker, tenant, tool="read_document")["reason"] == "contract_changed"
-    again = rpc.post("tools/list")
-    assert (again.status, again.error_code) == (503, -32001)
+    # replaced at once, not when it has been idle for long enough
+    assert events(broker, "sandbox.stopped", tenant=tenant, sandbox=broken, reason="contract_changed")
+    read = rpc.read("notes.md")  # within the cool-down: refused at once, nothing started
+    assert (read.status, read.error_code) == (503, -32001), read
+    assert last_request(broker, tenant, tool="read_document")["reason"] == "circuit_open"
     assert len(tool_calls(broker, tenant)) == calls  # nothing reached the changed sandbox
+    return broken

@@ -3,7 +3,7 @@ the audit log keeps of a call.
 
 Only the methods the document tools need cross the gateway, in either direction. Whatever
 the sandbox answers a `tools/call`, the client gets either a result the broker validated
-against the pinned output schema, with the text rebuilt from it, or a clean result the
+against the broker's own contract, with the text rebuilt from it, or a clean result the
 broker wrote: `failed` for a read, `result_unknown` (never ok, never retried) for
 save_report. Nothing the sandbox planted reaches the client, the tenant's honest tools keep
 working, and the audit log names headers and arguments but never holds their values.
@@ -111,11 +111,13 @@ def test_an_oversized_result_is_refused_whole(hostile: Broker) -> None:
 
 
 def test_a_huge_answer_is_cut_off_not_buffered(hostile: Broker) -> None:
-    # 2 MiB is past what the broker reads of one answer at all: treated like a broken transport
+    # 2 MiB is past what the broker reads of one answer: that call fails, and only it
+    before = len(tool_calls(hostile, "huge", "read_document"))
     reply = Rpc(hostile, "huge").read("notes.md")
-    assert (reply.status, reply.error_code) == (200, -32603), reply
+    clean(reply, INVALID)
     assert len(reply.raw) < 1000
-    assert last_request(hostile, "huge", tool="read_document")["reason"] == "upstream_failed"
+    audited(hostile, "huge", "read_document", "failed", "result_too_large")
+    assert len(tool_calls(hostile, "huge", "read_document")) == before + 1  # not retried
 
 
 def test_injected_content_blocks_never_reach_the_client(hostile: Broker) -> None:
@@ -169,15 +171,14 @@ def test_requests_from_the_sandbox_are_dropped_from_the_stream_and_audited(hosti
     assert reply.headers["content-type"].startswith("text/event-stream")
     # the answer, and only the first one (a second, injected answer follows it; Reply refuses two)
     clean(reply, NOTES)
-    # only the one notification a client may receive passes; no request, no stray answer
-    log_line = {"level": "info", "data": "allowed log line"}
-    assert reply.others == [{"jsonrpc": "2.0", "method": "notifications/message", "params": log_line}]
+    # nothing else passes: no request, no stray answer, not even a log line (the sandbox's words)
+    assert reply.others == []
     request_id = last_request(hostile, "sampling", tool="read_document")["request_id"]
     refused = events(hostile, "policy.denied", tenant="sampling", request_id=request_id)
     assert {e["reason"] for e in refused} == {"sandbox_message_refused"}
     assert sorted(e.get("method", "-") for e in refused) == sorted([
         "sampling/createMessage", "elicitation/create", "roots/list",
-        "notifications/resources/updated", "notifications/tools/list_changed",
+        "notifications/resources/updated", "notifications/tools/list_changed", "notifications/message",
         "other",  # the answer to a request that does not exist: no method name to record
     ])  # fmt: skip
 
@@ -312,21 +313,22 @@ def test_methods_on_the_allow_list_pass(
 
 
 @pytest.mark.anyio
-async def test_mirrored_headers_are_audited_by_name_only(hostile: Broker) -> None:
+async def test_a_header_mirror_the_sandbox_asks_for_is_not_the_contract(hostile: Broker) -> None:
+    """`x-mcp-header` makes a client copy an argument into a header: only the broker's contract
+    may ask for that, and it does not. The sandbox asking loses the tool, and no client mirrors."""
     canary = f"CANARY{secrets.token_hex(8)}"
     async with hostile.client(hostile.token(tenant="headers")) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        # admitted: a scalar, top-level, non-credential property mirrored into a header
-        assert tools["search_documents"].input_schema["properties"]["query"]["x-mcp-header"] == "Query"
-        result = await client.call_tool("search_documents", {"query": canary})
-        assert structured(result)["data"]["hits"] == []
-    reached = tool_calls(hostile, "headers", "search_documents")[-1]
-    assert reached["param_headers"] == ["mcp-param-query"]  # the real client did mirror it
-    event = last_request(hostile, "headers", tool="search_documents")
-    assert event["header_names"] == ["other"]  # the sandbox's header name, not the contract's
-    assert event["arg_names"] == ["query"]
+        assert sorted(tools) == ["read_document", "save_report"]
+        assert "x-mcp-header" not in json.dumps([t.input_schema for t in tools.values()])
+        result = await client.call_tool("read_document", {"filename": "notes.md"})
+        assert structured(result)["status"] == "ok"
+    rejected = events(hostile, "tools.rejected", tenant="headers")
+    assert [(e["tool"], e["reason"]) for e in rejected] == [("search_documents", "input_schema_mismatch")]
+    reply = Rpc(hostile, "headers").search(canary)
+    assert reply.error_code == -32602, reply
+    assert tool_calls(hostile, "headers", "search_documents") == []
     assert canary not in hostile.audit_file.read_text()
-    assert canary not in hostile.logs()
 
 
 def test_any_mirrored_header_is_audited_by_name_only(hostile: Broker) -> None:
