@@ -8,7 +8,9 @@ import logging
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from broker.settings import Settings, SettingsError
 
@@ -123,10 +125,28 @@ def cmd_tenant(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- `docbroker audit ...` ---------------------------------------------------------------------
+# One `_add_audit_*` function per subcommand, each adding its parser and setting `func`; list it
+# in AUDIT_COMMANDS. Heavy imports stay inside the command functions (start-up time of the CLI).
+
+AuditCommands = Any  # argparse's private _SubParsersAction
+
+
 def cmd_audit_verify(args: argparse.Namespace) -> int:
     from broker.audit.verify import main_verify
 
     return main_verify(Path(args.file))
+
+
+def _add_audit_verify(audit: AuditCommands) -> None:
+    verify = audit.add_parser("verify", help="check an audit log's hash chain; report the first broken line")
+    verify.add_argument("file")
+    verify.set_defaults(func=cmd_audit_verify)
+
+
+AUDIT_COMMANDS: list[Callable[[AuditCommands], None]] = [
+    _add_audit_verify,
+]
 
 
 def _progress(line: str) -> None:
@@ -189,9 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="audit log tools").add_subparsers(
         dest="audit_command", required=True
     )
-    verify = audit.add_parser("verify", help="check an audit log's hash chain; report the first broken line")
-    verify.add_argument("file")
-    verify.set_defaults(func=cmd_audit_verify)
+    for add_audit_command in AUDIT_COMMANDS:
+        add_audit_command(audit)
 
     sub.add_parser("doctor", help="check the host: daemon, rootless, images, keys").set_defaults(
         func=cmd_doctor
