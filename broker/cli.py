@@ -144,8 +144,39 @@ def _add_audit_verify(audit: AuditCommands) -> None:
     verify.set_defaults(func=cmd_audit_verify)
 
 
+# `audit query`: filters over a streaming scan (broker/audit/query.py).
+
+
+def _add_audit_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="audit log files, any order")
+    more = "repeat for several"
+    parser.add_argument("--tenant", action="append", default=[], help=f"tenant name ({more})")
+    parser.add_argument("--subject", action="append", default=[], help=f"subject, the token's sub ({more})")
+    parser.add_argument("--event", action="append", default=[], help=f"event, e.g. policy.denied ({more})")
+    parser.add_argument("--outcome", action="append", default=[], help=f"outcome, e.g. denied ({more})")
+    parser.add_argument("--reason", action="append", default=[], help=f"reason code ({more})")
+    parser.add_argument("--since", help="from: RFC 3339, a date (UTC), or an age: 15m, 12h, 7d")
+    parser.add_argument("--until", help="before this time (same forms as --since)")
+    parser.add_argument("--evidence", action="store_true", help="include the log's own audit.* lines")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep reading the newest file")
+
+
+def cmd_audit_query(args: argparse.Namespace) -> int:
+    from broker.audit.query import main_query
+
+    return main_query(args)
+
+
+def _add_audit_query(audit: AuditCommands) -> None:
+    query = audit.add_parser("query", help="filter audit events; print a table or JSON lines (--json)")
+    _add_audit_filters(query)
+    query.add_argument("--json", action="store_true", help="print the matching lines as they are")
+    query.set_defaults(func=cmd_audit_query)
+
+
 AUDIT_COMMANDS: list[Callable[[AuditCommands], None]] = [
     _add_audit_verify,
+    _add_audit_query,
 ]
 
 
