@@ -144,7 +144,7 @@ def _add_audit_verify(audit: AuditCommands) -> None:
     verify.set_defaults(func=cmd_audit_verify)
 
 
-# `audit query`: filters over a streaming scan (broker/audit/query.py).
+# `audit query` and `audit export`: the same filters over the same streaming scan (broker/audit/query.py).
 
 
 def _add_audit_filters(parser: argparse.ArgumentParser) -> None:
@@ -174,9 +174,23 @@ def _add_audit_query(audit: AuditCommands) -> None:
     query.set_defaults(func=cmd_audit_query)
 
 
+def cmd_audit_export(args: argparse.Namespace) -> int:
+    from broker.audit.ocsf import main_export
+
+    return main_export(args)
+
+
+def _add_audit_export(audit: AuditCommands) -> None:
+    export = audit.add_parser("export", help="export audit events for a SIEM (OCSF API Activity, JSON lines)")
+    _add_audit_filters(export)
+    export.add_argument("--format", choices=["ocsf"], required=True, help="OCSF 1.5.0 API Activity (6003)")
+    export.set_defaults(func=cmd_audit_export)
+
+
 AUDIT_COMMANDS: list[Callable[[AuditCommands], None]] = [
     _add_audit_verify,
     _add_audit_query,
+    _add_audit_export,
 ]
 
 
