@@ -432,3 +432,65 @@ async def test_a_plain_log_fails_once_keys_are_required(tmp_path: Path) -> None:
     assert verify(path)[0] == 0
     code, report = verify(path, "--key", pem)
     assert code == 1 and "no signed checkpoint" in problem(report)
+
+
+# -- gaps ------------------------------------------------------------------------------------------
+
+
+class FlakyDisk(FileSink):
+    """A real file whose writes fail while `full` is set, like a disk that filled up."""
+
+    full = False
+
+    def write(self, data: bytes) -> None:
+        if self.full:
+            raise OSError(28, "No space left on device")
+        super().write(data)
+
+
+async def gap_log(tmp_path: Path) -> tuple[Replica, AuditLog, FlakyDisk]:
+    replica = Replica(tmp_path / "r1", "r1")
+    create_signing_key(replica.key_file)
+    sink = FlakyDisk(replica.log)
+    evidence = Evidence(notary=Notary(replica.signer, "r1", time.time_ns), witness=FileCopy(replica.witness))
+    return replica, await AuditLog.with_sink(sink, evidence=evidence), sink
+
+
+async def test_recovery_writes_a_signed_gap_record(tmp_path: Path) -> None:
+    from broker.audit import AuditSinkError
+
+    replica, log, sink = await gap_log(tmp_path)
+    async with log:
+        await log.emit("mcp.request", **request_fields(1))
+        sink.full = True
+        with pytest.raises(AuditSinkError):
+            await log.emit("mcp.request", **request_fields(2))  # lost
+        for _ in range(3):  # the requests refused meanwhile
+            with pytest.raises(AuditSinkError):
+                log.check()
+        sink.full = False
+        await log.emit("mcp.request", **request_fields(3))
+        log.check()
+        assert log.stats.gaps == 1
+    recs = records(replica.lines())
+    gaps = [r for r in recs if r["event"] == "audit.gap"]
+    assert len(gaps) == 1
+    gap = gaps[0]["gap"]
+    assert (gap["refused"], gap["lost"], gap["replica"]) == (3, 1, "r1") and gap["from"] <= gap["to"]
+    assert recs[recs.index(gaps[0]) + 1]["request_id"] == "req-000003"  # before the event that recovered
+    assert {"gap": gap, "sig": gaps[0]["sig"]} in records(replica.witness.read_bytes().splitlines())
+    code, report = verify(replica.log, "--key", replica.public, "--witness", replica.witness)
+    assert code == 0 and report["files"][0]["gaps"] == [
+        {"from": gap["from"], "to": gap["to"], "refused": 3, "lost": 1}
+    ]
+    result = verify_text(replica.log, "--key", replica.public)
+    assert "gap: 3 refused, 1 lost" in result.stdout
+
+    # Making the outage look smaller breaks the gap record's signature.
+    lines = replica.lines()
+    k = recs.index(gaps[0])
+    recs[k]["gap"]["refused"] = 0
+    lines[k] = canonical(recs[k]).encode() + b"\n"
+    replica.log.write_bytes(b"".join(lines))
+    code, report = verify_rewritten(replica, records(lines))
+    assert code == 1 and "bad signature" in problem(report), report
