@@ -315,6 +315,19 @@ async def test_tail_rewritten_under_a_shipped_checkpoint_size(tmp_path: Path) ->
     assert "cut back" in problem(report) or "witness checkpoint disagrees" in problem(report)
 
 
+async def test_event_edited_and_chain_relinked_under_genuine_checkpoints(tmp_path: Path) -> None:
+    replica = await write_log(tmp_path)
+    recs = records(replica.lines())
+    k = first_event(recs, after=3)
+    recs[k]["outcome"] = "denied"
+    # The chain is whole again and every checkpoint is the genuine, signed one: only the tree
+    # head, recomputed over the lines, disagrees with what was signed.
+    code, report = verify_rewritten(replica, recs)
+    assert code == 1 and "tree head does not match" in problem(report), report
+    later = [i for i, r in enumerate(recs) if r["event"] == "audit.checkpoint" and i > k][0]
+    assert report["files"][0]["first_bad_line"] == later + 1
+
+
 async def test_replayed_old_checkpoint(tmp_path: Path) -> None:
     replica = await write_log(tmp_path)
     recs = records(replica.lines())
