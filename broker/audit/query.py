@@ -196,7 +196,7 @@ class Scanner:
     ) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
         """Files in the order of their first line (rotated files and replicas' logs may be given in
         any order); `follow` follows the newest. Raises OSError when a file cannot be read."""
-        paths = sorted(paths, key=_first_line_key)
+        paths = log_order(paths)
         for i, path in enumerate(paths):
             last = i == len(paths) - 1
             if follow and last:
@@ -234,6 +234,11 @@ class Scanner:
                     continue
             stats.matched += 1
             yield line, record
+
+
+def log_order(paths: Sequence[Path]) -> list[Path]:
+    """The files in the order of their first line. Raises OSError when one cannot be read."""
+    return sorted(paths, key=_first_line_key)
 
 
 def _first_line_key(path: Path) -> tuple[int, str, int]:
@@ -406,9 +411,10 @@ def run_scan(
     scanner = Scanner(filters, parse=parse)
     out = sys.stdout.buffer
     try:
+        paths = log_order([Path(f) for f in args.files])  # an unreadable file fails before any output
         if header is not None:
             out.write(header)
-        for raw, record in scanner.scan([Path(f) for f in args.files], follow=args.follow):
+        for raw, record in scanner.scan(paths, follow=args.follow):
             out.write(render(raw, record))
             if args.follow:
                 out.flush()

@@ -234,8 +234,10 @@ async def test_bad_filters_are_refused_with_exit_2_and_no_traceback(
 
 
 async def test_an_unreadable_file_is_exit_1_and_no_traceback(tmp_path: Path) -> None:
-    result = run_cli("query", "--json", str(tmp_path / "missing.jsonl"))
-    assert result.returncode == 1 and "cannot read" in result.stderr and "Traceback" not in result.stderr
+    for form in (["--json"], []):
+        result = run_cli("query", *form, str(tmp_path / "missing.jsonl"))
+        assert result.returncode == 1 and "cannot read" in result.stderr and "Traceback" not in result.stderr
+        assert result.stdout == ""  # not even the table's header
 
 
 async def test_relative_since_counts_back_from_now(log_path: Path) -> None:
@@ -351,3 +353,31 @@ async def test_memory_stays_flat_however_large_the_log(tmp_path: Path) -> None:
         base = peak_rss_kib(*args, str(small))
         grown = peak_rss_kib(*args, str(large))
         assert grown - base < 16 << 10, (args, base, grown)  # KiB
+
+
+N_ROTATED = 7000  # about 3 MB: two rotations at 1 MiB
+
+
+async def test_the_writers_own_rotation_and_checkpoints(tmp_path: Path) -> None:
+    """Size-based rotation with signed checkpoints on, as a broker runs: every event once, in order,
+    across the live file and its rotated ones given in the shell's glob order."""
+    path = tmp_path / "audit.jsonl"
+    settings = AuditSettings(
+        path=path, key_file=tmp_path / "audit.key", checkpoint_every=50, replica="r1", rotate_bytes=1 << 20
+    )
+    async with await AuditLog.open(settings) as audit:
+        for i in range(N_ROTATED):
+            await audit.emit("mcp.request", **request_fields(i) | {"tenant": TENANTS[i % 3]})
+    files = sorted(str(p) for p in tmp_path.glob("audit.jsonl*"))
+    assert len(files) >= 3  # the live file and at least two rotated ones
+    lines = [e for f in sorted(files, key=lambda f: (len(f), f)) for e in read_events(Path(f))]
+    assert any(e["event"] == "audit.checkpoint" for e in lines)
+    events = json_lines(run_cli("query", "--json", *files).stdout)
+    assert [e["request_id"] for e in events] == [f"req-{i:06d}" for i in range(N_ROTATED)]
+    acme = json_lines(run_cli("query", "--json", "--tenant", "acme", *files).stdout)
+    assert [e["request_id"] for e in acme] == [f"req-{i:06d}" for i in range(0, N_ROTATED, 3)]
+    everything = json_lines(run_cli("query", "--json", "--evidence", *files).stdout)
+    assert [e["seq"] for e in everything] == list(range(1, len(everything) + 1))
+    assert len(everything) > N_ROTATED and all(
+        e["event"] in ("mcp.request", "audit.checkpoint") for e in everything
+    )
