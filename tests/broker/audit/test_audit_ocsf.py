@@ -273,3 +273,25 @@ async def test_canaries_through_a_real_broker_never_reach_the_export(broker: Bro
         and {"type": "approval", "uid": approval_id} in e.get("resources", [])
     ]
     assert [e["actor"]["user"]["uid"] for e in decided] == ["carol"]
+
+
+async def test_the_writers_checkpoints_and_rotation_export_cleanly(tmp_path: Path) -> None:
+    """The log's own signed lines, as the writer makes them, neither break the export nor leak."""
+    path = tmp_path / "audit.jsonl"
+    settings = AuditSettings(
+        path=path, key_file=tmp_path / "audit.key", checkpoint_every=25, replica="r1", rotate_bytes=1 << 20
+    )
+    async with await AuditLog.open(settings) as log:
+        for i in range(3000):
+            await log.emit(AuditEvent.MCP_REQUEST, **request_fields(i))
+    files = sorted(str(p) for p in tmp_path.glob("audit.jsonl*"))
+    lines = [e for f in files for e in read_events(Path(f))]
+    checkpoints = sum(e["event"] == "audit.checkpoint" for e in lines)
+    assert len(files) >= 2 and checkpoints >= 100
+    assert len(export(*files)) == 3000
+    exported = export("--evidence", *files)
+    assert len(exported) == len(lines)
+    assert [e["metadata"]["sequence"] for e in exported] == list(range(1, len(lines) + 1))
+    for event in exported:
+        assert_valid_ocsf(event)
+    assert sum(e["metadata"]["event_code"] == "audit.checkpoint" for e in exported) == checkpoints
