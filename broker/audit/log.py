@@ -229,10 +229,6 @@ class AuditLog:
                 copy_failures=sum(c.failures for c in (self._evidence.witness, self._evidence.stdout) if c),
             )
 
-    async def checkpoint(self) -> bool:
-        """Write a signed checkpoint now if any line came after the last one; True if it did."""
-        return await anyio.to_thread.run_sync(self._checkpoint_if_due, 1)
-
     async def close(self) -> None:
         """Stop the fsync thread, fsync what is pending, close the file. Idempotent."""
         await anyio.to_thread.run_sync(self._close)

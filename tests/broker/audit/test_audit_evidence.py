@@ -324,7 +324,7 @@ async def test_event_edited_and_chain_relinked_under_genuine_checkpoints(tmp_pat
     # head, recomputed over the lines, disagrees with what was signed.
     code, report = verify_rewritten(replica, recs)
     assert code == 1 and "tree head does not match" in problem(report), report
-    later = [i for i, r in enumerate(recs) if r["event"] == "audit.checkpoint" and i > k][0]
+    later = next(i for i, r in enumerate(recs) if r["event"] == "audit.checkpoint" and i > k)
     assert report["files"][0]["first_bad_line"] == later + 1
 
 
