@@ -51,7 +51,7 @@ class FileVerdict:
     last_seq: int | None = None
     head: str | None = None  # sha256 of the last line
     checkpoints: int = 0
-    signed_through: int | None = None  # seq of the last line a verified checkpoint covers
+    last_checkpoint_seq: int | None = None  # seq of the last verified checkpoint line
     gaps: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -71,8 +71,8 @@ class FileVerdict:
         if self.log:
             parts.append(f"log {self.log[:8]} replica {self.replica}")
         parts.append(f"{self.checkpoints} checkpoints")
-        if self.signed_through is not None and self.last_seq is not None:
-            parts.append(f"{self.last_seq - self.signed_through} lines after the last")
+        if self.last_checkpoint_seq is not None and self.last_seq is not None:
+            parts.append(f"{self.last_seq - self.last_checkpoint_seq} lines after the last")
         parts += [
             f"gap: {g['refused']} refused, {g['lost']} lost, {g['from']} to {g['to']}" for g in self.gaps
         ]
@@ -285,7 +285,7 @@ def _check_system_line(
         lineage.log, lineage.replica = body["log"], body["replica"]
         verdict.log, verdict.replica = body["log"], body["replica"]
         verdict.checkpoints += 1
-        verdict.signed_through = record.seq - 1
+        verdict.last_checkpoint_seq = record.seq
         return None
     body = fields["gap"]
     problem = _check_record(GAP_LABEL, body, fields["sig"], lineage, keys, replica)
