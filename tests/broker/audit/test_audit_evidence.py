@@ -507,3 +507,34 @@ async def test_recovery_writes_a_signed_gap_record(tmp_path: Path) -> None:
     replica.log.write_bytes(b"".join(lines))
     code, report = verify_rewritten(replica, records(lines))
     assert code == 1 and "bad signature" in problem(report), report
+
+
+# -- the key and the copies -------------------------------------------------------------------------
+
+
+async def test_a_key_readable_by_others_is_refused(tmp_path: Path) -> None:
+    from broker.audit import AuditSinkError
+
+    replica = await write_log(tmp_path, events=1)
+    replica.key_file.chmod(0o644)
+    with pytest.raises(AuditSinkError) as err:
+        await AuditLog.open(replica.settings())
+    assert err.value.code == "key_invalid"
+
+
+async def test_a_witness_that_cannot_be_written_does_not_stop_requests(tmp_path: Path) -> None:
+    replica = Replica(tmp_path / "r1", "r1")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    settings = AuditSettings(
+        path=replica.log,
+        key_file=replica.key_file,
+        witness_file=blocker / "witness.jsonl",
+        checkpoint_every=2,
+    )
+    async with await AuditLog.open(settings) as log:
+        for i in range(5):
+            await log.emit("mcp.request", **request_fields(i))
+        log.check()
+        assert log.stats.copy_failures >= 2 and log.stats.checkpoints >= 3
+    assert verify(replica.log, "--key", replica.public)[0] == 0
