@@ -538,3 +538,20 @@ async def test_a_witness_that_cannot_be_written_does_not_stop_requests(tmp_path:
         log.check()
         assert log.stats.copy_failures >= 2 and log.stats.checkpoints >= 3
     assert verify(replica.log, "--key", replica.public)[0] == 0
+
+
+async def test_a_crash_between_rename_and_first_line_continues_from_the_rotated_file(tmp_path: Path) -> None:
+    replica = await write_log(tmp_path, events=12, every=100)
+    # what a crash right after the rename leaves: the rotated file, and no live file (or an empty one)
+    replica.log.rename(replica.log.with_name("audit.jsonl.000001"))
+    recs = records(replica.log.with_name("audit.jsonl.000001").read_bytes().splitlines())
+    recs_after = 3
+    async with await AuditLog.open(replica.settings(every=100)) as log:
+        for i in range(recs_after):
+            await log.emit("mcp.request", **request_fields(i))
+    first = json.loads(replica.log.read_bytes().splitlines()[0])
+    assert first["event"] == "audit.checkpoint" and first["seq"] == len(recs) + 1
+    assert first["checkpoint"]["n"] == recs[-1]["checkpoint"]["n"] + 1
+    files = [replica.log.with_name("audit.jsonl.000001"), replica.log]
+    code, report = verify(*files, "--key", replica.public, "--witness", replica.witness)
+    assert code == 0, report
