@@ -130,7 +130,11 @@ class FileSink:
         if target.exists():
             raise OSError(errno.EEXIST, "rotated audit file exists")
         os.rename(self.path, target)
-        self.open()
+        try:
+            self.open()
+        except BaseException:
+            self.close()  # renamed: writing on would only grow the rotated file
+            raise
 
     def read_back(self) -> Iterator[bytes]:
         if self._fd is not None and self._regular:
@@ -167,7 +171,7 @@ class FileSink:
 
     def close(self) -> None:
         with self._fd_lock:
-            fd, self._fd = self._fd, None
+            fd, self._fd, self._size = self._fd, None, 0
         if fd is not None:
             os.close(fd)
 

@@ -555,3 +555,43 @@ async def test_a_crash_between_rename_and_first_line_continues_from_the_rotated_
     files = [replica.log.with_name("audit.jsonl.000001"), replica.log]
     code, report = verify(*files, "--key", replica.public, "--witness", replica.witness)
     assert code == 0, report
+
+
+class NoNewFile(FileSink):
+    """Rotation renames the file, then cannot create the next one while `refuse` is set."""
+
+    refuse = False
+
+    def open(self) -> bytes | None:
+        if self.refuse:
+            raise OSError(13, "Permission denied")
+        return super().open()
+
+
+async def test_rotation_that_cannot_open_the_next_file_fails_closed_and_recovers(tmp_path: Path) -> None:
+    from broker.audit import AuditSinkError
+
+    replica = Replica(tmp_path / "r1", "r1")
+    create_signing_key(replica.key_file)
+    sink = NoNewFile(replica.log)
+    evidence = Evidence(
+        notary=Notary(replica.signer, "r1", time.time_ns),
+        witness=FileCopy(replica.witness),
+        rotate_bytes=2500,
+    )
+    async with await AuditLog.with_sink(sink, evidence=evidence) as log:
+        sink.refuse = True
+        i = 0
+        while log.healthy and i < 100:  # the event that reaches the size is written; then the rotation fails
+            await log.emit("mcp.request", **request_fields(i))
+            i += 1
+        with pytest.raises(AuditSinkError):
+            log.check()
+        sink.refuse = False
+        await log.emit("mcp.request", **request_fields(i))
+        log.check()
+    files = [*rotated_files(replica.log), replica.log]
+    assert len(files) == 2
+    assert [r["event"] for r in records(replica.lines())][:2] == ["audit.checkpoint", "audit.gap"]
+    code, report = verify(*files, "--key", replica.public, "--witness", replica.witness)
+    assert code == 0 and report["files"][1]["gaps"][0]["refused"] == 1, report
