@@ -359,7 +359,10 @@ def _read_witnesses(
     for path in paths:
         verdict = WitnessVerdict(str(path))
         verdicts.append(verdict)
-        for number, record in enumerate(_witness_records(path), 1):
+        for number, line in enumerate(_witness_records(path), 1):
+            record = _as_witness_record(line)
+            if record is None:
+                continue  # an ordinary audit line: a copy of stdout can serve as the witness
             problem = _witness_problem(record, keys)
             if problem:
                 verdict.ok, verdict.problem = False, f"record {number}: {problem}"
@@ -382,6 +385,15 @@ def _witness_records(path: Path) -> Iterator[Any]:
                 yield json.loads(raw)
             except ValueError:
                 yield None
+
+
+def _as_witness_record(line: Any) -> Any:
+    """The witness record in a line: the witness file's own, or the evidence of a full audit
+    line (as `DOCBROKER_AUDIT_STDOUT` ships them); None for an ordinary event."""
+    if isinstance(line, dict) and "event" in line:
+        kind = {SystemEvent.CHECKPOINT: "checkpoint", SystemEvent.GAP: "gap"}.get(line["event"])
+        return {kind: line.get(kind), "sig": line.get("sig")} if kind else None
+    return line
 
 
 def _witness_problem(record: Any, keys: Keyring) -> str | None:

@@ -595,3 +595,15 @@ async def test_rotation_that_cannot_open_the_next_file_fails_closed_and_recovers
     assert [r["event"] for r in records(replica.lines())][:2] == ["audit.checkpoint", "audit.gap"]
     code, report = verify(*files, "--key", replica.public, "--witness", replica.witness)
     assert code == 0 and report["files"][1]["gaps"][0]["refused"] == 1, report
+
+
+async def test_a_copy_of_stdout_serves_as_the_witness(tmp_path: Path) -> None:
+    replica = await write_log(tmp_path, events=22, every=5)
+    shipped = tmp_path / "collected-stdout.jsonl"  # what a log collector kept of stdout
+    shipped.write_bytes(replica.log.read_bytes())
+    lines = replica.lines()
+    replica.log.write_bytes(b"".join(lines[: len(lines) // 2]))
+    assert verify(replica.log, "--key", replica.public)[0] == 0
+    code, report = verify(replica.log, "--key", replica.public, "--witness", shipped)
+    assert code == 1 and "cut back" in problem(report), report
+    assert report["witnesses"][0]["records"] == sum(b"audit.checkpoint" in line for line in lines)
