@@ -181,6 +181,10 @@ def make_broker(
         "DOCBROKER_AUTH_JWKS_FILE": str(jwks_file),
         "DOCBROKER_RUNTIME": runtime,
         "DOCBROKER_ALLOW_INSECURE_LOCAL_RUNTIME": "1" if runtime == "local" else "0",
+        # Signed checkpoints only as each file's first line and at shutdown, so a test reading the
+        # lines of its own requests never meets one; tests of checkpoints set their own cadence.
+        "DOCBROKER_AUDIT_CHECKPOINT_EVERY": "1000000",
+        "DOCBROKER_AUDIT_CHECKPOINT_INTERVAL": "86400",
         **(env or {}),
     }
     return Broker(
