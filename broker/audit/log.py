@@ -367,8 +367,10 @@ class AuditLog:
         except OSError as exc:
             self._sink.close()
             raise AuditSinkError("open_failed") from exc
-        if self._notary is not None and self._sink.size == 0:
-            try:  # every file starts with a checkpoint: the log id, or where the last file ended
+        if self._notary is not None and (self._sink.size == 0 or self._notary.count == 0):
+            # Every file starts with a checkpoint (the log id, or where the last file ended); a
+            # log from before checkpoints gets its first one, over every line so far, right away.
+            try:
                 self._write_checkpoint()
             except OSError as exc:
                 raise self._write_failed(exc) from exc

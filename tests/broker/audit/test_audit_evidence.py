@@ -607,3 +607,16 @@ async def test_a_copy_of_stdout_serves_as_the_witness(tmp_path: Path) -> None:
     code, report = verify(replica.log, "--key", replica.public, "--witness", shipped)
     assert code == 1 and "cut back" in problem(report), report
     assert report["witnesses"][0]["records"] == sum(b"audit.checkpoint" in line for line in lines)
+
+
+async def test_a_log_from_before_checkpoints_is_signed_from_its_first_line_on(tmp_path: Path) -> None:
+    replica = Replica(tmp_path / "r1", "r1")
+    async with await AuditLog.open(AuditSettings(path=replica.log)) as log:  # no key: a plain chain
+        for i in range(4):
+            await log.emit("mcp.request", **request_fields(i))
+    async with await AuditLog.open(replica.settings()) as log:  # upgraded: a key from now on
+        await log.emit("mcp.request", **request_fields(9))
+    recs = records(replica.lines())
+    assert recs[4]["event"] == "audit.checkpoint" and recs[4]["checkpoint"]["size"] == 4
+    code, report = verify(replica.log, "--key", replica.public, "--witness", replica.witness)
+    assert code == 0 and report["files"][0]["checkpoints"] == 2, report
