@@ -1,10 +1,12 @@
 """`docbroker audit export --format ocsf`: OCSF API Activity (6003) that a SIEM accepts, names only.
 
-The schema check is independent of the exporter's own: each exported line is validated against
-the OCSF 1.5.0 API Activity class as `ocsf_emitter` generated it from the official schema (its
-pydantic models, strictly, plus its `validate()`: class and category identity, type_uid, the
-name siblings of every *_id, the pinned schema version), and walked key by key so that no
-attribute outside the class's declared ones ships anywhere but in `unmapped`.
+The schema check is independent of the exporter's own. Each exported line is validated twice:
+against the official OCSF 1.5.0 schema files as `pydantic-ocsf` bundles them (ocsf/schemas/
+v1_5_0.json, from which it builds its models: required attributes, types, enums and their
+captions, type_uid), and against API Activity as `ocsf_emitter` generated it (strictly, plus its
+`validate()`: class and category identity, the pinned version). Both allow extra attributes, so
+the line is also walked key by key: nothing outside the class's declared attributes ships
+anywhere but in `unmapped`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ocsf_emitter
 import pytest
 from audit_helpers import CANARY, read_events, request_fields
 from harness import Broker, structured
+from ocsf.v1_5_0.events import APIActivity as OfficialApiActivity
 from pydantic import BaseModel
 from support import decide, open_http, open_mcp
 from test_audit_query import T0, Clock, evidence_line, run_cli
@@ -48,6 +51,7 @@ CAPTIONS = {
 
 def assert_valid_ocsf(event: dict[str, Any]) -> None:
     """One exported event against OCSF 1.5.0 class 6003; raises with the offending field."""
+    OfficialApiActivity.model_validate(event)
     model = ApiActivity.model_validate_json(json.dumps(event), strict=True)
     ocsf_emitter.validate(model)
     assert event["class_uid"] == 6003 and event["category_uid"] == 6
