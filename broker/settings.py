@@ -8,7 +8,9 @@ the environment after this module has run; the object is passed down explicitly.
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import socket
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -65,12 +67,37 @@ class AuditSettings:
     path: Path
     fsync: AuditFsync = AuditFsync.INTERVAL
     fsync_interval_seconds: float = 0.2
+    # Evidence beyond the chain (DESIGN §6). No key file: a plain chain, no checkpoints.
+    key_file: Path | None = None  # the replica's Ed25519 signing key, created 0600 on first start
+    witness_file: Path | None = None  # a copy of every checkpoint and gap record, to ship elsewhere
+    replica: str = "local"
+    checkpoint_every: int = 1000  # lines
+    checkpoint_interval_seconds: float = 10.0  # and at least this often while lines are written
+    rotate_bytes: int = 0  # 0: never rotate
+    stdout: bool = False  # every line also on stdout (JSON Lines for a log collector)
 
     def __post_init__(self) -> None:
         if not isinstance(self.fsync, AuditFsync):
             raise SettingsError(f"{PREFIX}AUDIT_FSYNC must be one of {', '.join(AuditFsync)}")
         if not 0.01 <= self.fsync_interval_seconds <= 10:
             raise SettingsError(f"{PREFIX}AUDIT_FSYNC_INTERVAL must be between 0.01 and 10")
+        if not REPLICA_ID.fullmatch(self.replica):
+            raise SettingsError(f"{PREFIX}REPLICA_ID must be 1-64 of A-Z a-z 0-9 _ . : -")
+        if not 1 <= self.checkpoint_every <= 1_000_000:
+            raise SettingsError(f"{PREFIX}AUDIT_CHECKPOINT_EVERY must be between 1 and 1000000")
+        if not 0.1 <= self.checkpoint_interval_seconds <= 86_400:
+            raise SettingsError(f"{PREFIX}AUDIT_CHECKPOINT_INTERVAL must be between 0.1 and 86400")
+        if self.rotate_bytes and self.rotate_bytes < 1024 * 1024:
+            raise SettingsError(f"{PREFIX}AUDIT_ROTATE_MB must be 0 (never) or at least 1")
+
+
+REPLICA_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def default_replica_id() -> str:
+    """The host name, reduced to the characters a replica id may hold (containers: unique each)."""
+    name = re.sub(r"[^A-Za-z0-9_.:-]", "-", socket.gethostname())[:64]
+    return name or "local"
 
 
 @dataclass(frozen=True)
@@ -158,6 +185,11 @@ class Settings:
     preauth: PreAuthSettings = field(default_factory=PreAuthSettings)
     # Origins a request may carry (DNS rebinding): the public URL's own and any listed.
     allowed_origins: tuple[str, ...] = ()
+
+    @property
+    def replica_id(self) -> str:
+        """This replica's id (DOCBROKER_REPLICA_ID): in its checkpoints, and for issue 17."""
+        return self.audit.replica
 
     @property
     def tenants_dir(self) -> Path:
@@ -263,6 +295,15 @@ class Settings:
                 path=Path(r.text("AUDIT_LOG", str(data_dir / "audit.jsonl"))).absolute(),
                 fsync=AuditFsync(r.choice("AUDIT_FSYNC", AuditFsync.INTERVAL, tuple(AuditFsync))),
                 fsync_interval_seconds=r.number("AUDIT_FSYNC_INTERVAL", 0.2, low=0.01, high=10),
+                key_file=Path(r.text("AUDIT_KEY_FILE", str(data_dir / "audit-signing.key"))).absolute(),
+                witness_file=Path(
+                    r.text("AUDIT_WITNESS_FILE", str(data_dir / "audit-witness.jsonl"))
+                ).absolute(),
+                replica=r.text("REPLICA_ID", default_replica_id()),
+                checkpoint_every=r.integer("AUDIT_CHECKPOINT_EVERY", 1000, low=1, high=1_000_000),
+                checkpoint_interval_seconds=r.number("AUDIT_CHECKPOINT_INTERVAL", 10.0, low=0.1, high=86_400),
+                rotate_bytes=r.integer("AUDIT_ROTATE_MB", 256, low=0, high=1024 * 1024) * 1024 * 1024,
+                stdout=r.flag("AUDIT_STDOUT", False),
             ),
             runtime=runtime,
             approvals=ApprovalSettings(

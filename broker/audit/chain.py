@@ -11,6 +11,8 @@ import hashlib
 import json
 from typing import Final
 
+from broker.audit.merkle import Frontier
+
 GENESIS: Final = "0" * 64  # `prev` of the first line of a log
 
 
@@ -24,12 +26,14 @@ class Chain:
     The hash is taken when it is first needed (the next line's `prev`, or `settle`), not when
     the line is written: the write sits on a request's path, and the next line seldom does."""
 
-    __slots__ = ("_head", "_pending", "seq")
+    __slots__ = ("_head", "_pending", "seq", "tree")
 
     def __init__(self) -> None:
         self.seq = 0
         self._head = GENESIS
         self._pending: bytes | None = None  # the last line written, not yet hashed
+        # The RFC 6962 tree over every line, when checkpoints are signed (broker.audit.notary).
+        self.tree: Frontier | None = None
 
     @property
     def head(self) -> str:
@@ -39,7 +43,10 @@ class Chain:
     def settle(self) -> None:
         """Hash the last line written, if that is still to do."""
         if self._pending is not None:
-            self._head, self._pending = line_hash(self._pending), None
+            self._head = line_hash(self._pending)
+            if self.tree is not None:
+                self.tree.append(self._pending)
+            self._pending = None
 
     def resume(self, last_line: bytes | None) -> None:
         """Continue after `last_line` (an existing log's final line), or start afresh if None.

@@ -19,6 +19,13 @@ Failure: any failed write, short write or fsync marks the log unhealthy and rais
 `AuditSinkError`; `check()` then refuses every call. The next `emit` (the refused request's own
 terminal event) tries to recover by reopening the file and re-reading its tail, so seq and prev
 continue from what is really on disk, whether or not the failed line got there.
+
+Evidence (with a signing key, `AuditSettings.key_file`): every line is also a leaf of an RFC 6962
+tree; every `checkpoint_every` lines, every `checkpoint_interval_seconds` (if anything was written),
+at rotation and at close, a signed `audit.checkpoint` line goes into the log and to the witness
+file. Every file starts with one. After an outage, the recovery writes a signed `audit.gap` line
+first (how many requests were refused). With `rotate_bytes`, a file that reaches it is renamed to
+`NAME.NNNNNN` and the chain goes on in a new file (broker.audit.notary, broker.audit.sink).
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ import anyio.to_thread
 
 from broker.audit.chain import Chain
 from broker.audit.errors import AuditSinkError
-from broker.audit.processors import Clock, Counters, build_logger
-from broker.audit.schema import AuditEvent
+from broker.audit.notary import HistoryError, Notary
+from broker.audit.processors import AddHeader, Clock, Counters, build_logger, render_json
+from broker.audit.schema import AuditEvent, SystemEvent
 from broker.audit.sink import FileSink, ShortWriteError, Sink
+from broker.audit.witness import Copy, FileCopy, StdoutCopy
 from broker.settings import AuditFsync, AuditSettings
 
 logger = logging.getLogger(__name__)
@@ -53,19 +62,38 @@ class AuditStats:
     write_failures: int
     sync_failures: int
     recoveries: int
+    checkpoints: int = 0
+    gaps: int = 0
+    rotations: int = 0
+    copy_failures: int = 0  # witness file or stdout lines that could not be written (the log has them)
 
 
 class _ChainedWriter:
     """The pipeline's end: write the line, and only then let the chain move past it."""
 
-    def __init__(self, sink: Sink, chain: Chain) -> None:
+    def __init__(self, sink: Sink, chain: Chain, stdout: Copy | None) -> None:
         self._sink = sink
         self._chain = chain
+        self._stdout = stdout
 
     def write(self, line: str) -> None:
         data = line.encode("ascii")  # render_json uses ensure_ascii
         self._sink.write(data + b"\n")  # one write(2): O_APPEND places the whole line at the end
         self._chain.advance(data)
+        if self._stdout is not None:
+            self._stdout.write(data + b"\n")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the log does beyond the chain (all off for `AuditLog.with_sink` unless given)."""
+
+    notary: Notary | None = None
+    witness: Copy | None = None
+    stdout: Copy | None = None
+    checkpoint_every: int = 1000
+    checkpoint_interval_seconds: float = 10.0
+    rotate_bytes: int = 0  # 0: never
 
 
 class AuditLog:
@@ -76,6 +104,7 @@ class AuditLog:
         fsync: AuditFsync = AuditFsync.INTERVAL,
         fsync_interval_seconds: float = 0.2,
         clock: Clock = time.time_ns,
+        evidence: Evidence | None = None,
     ) -> None:
         """Prefer `AuditLog.open(settings)` or `AuditLog.with_sink(sink)`, which also start it."""
         self._sink = sink
@@ -84,22 +113,35 @@ class AuditLog:
         self._lock = threading.Lock()
         self._chain = Chain()
         self._counters = Counters()
-        self._pipeline = build_logger(_ChainedWriter(sink, self._chain), self._chain, self._counters, clock)
+        self._evidence = evidence or Evidence()
+        self._notary = self._evidence.notary
+        self._writer = _ChainedWriter(sink, self._chain, self._evidence.stdout)
+        self._pipeline = build_logger(self._writer, self._chain, self._counters, clock)
+        self._header = AddHeader(self._chain, clock)
+        self._clock = clock
         self._healthy = False
         self._closed = True
         self._dirty = False  # written since the last fsync
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
+        self._checkpointer: threading.Thread | None = None
         self._written = self._write_failures = self._sync_failures = self._recoveries = 0
+        self._checkpoints = self._gaps = self._rotations = 0
+        self._outage_since: int | None = None  # clock() when the log became unwritable
+        self._refused = self._lost = 0  # during the current outage
+        self._next_rotation = self._evidence.rotate_bytes
 
     @classmethod
     async def open(cls, settings: AuditSettings, *, clock: Clock = time.time_ns) -> AuditLog:
-        """Open (or create, mode 0600) the log file and continue its chain. Raises AuditSinkError."""
+        """Open (or create, mode 0600) the log file and continue its chain. Raises AuditSinkError.
+
+        With `settings.key_file`, the signing key is created there (mode 0600) on first start."""
         return await cls.with_sink(
             FileSink(settings.path),
             fsync=settings.fsync,
             fsync_interval_seconds=settings.fsync_interval_seconds,
             clock=clock,
+            evidence=_evidence(settings, clock),
         )
 
     @classmethod
@@ -110,14 +152,29 @@ class AuditLog:
         fsync: AuditFsync = AuditFsync.INTERVAL,
         fsync_interval_seconds: float = 0.2,
         clock: Clock = time.time_ns,
+        evidence: Evidence | None = None,
     ) -> AuditLog:
-        log = cls(sink, fsync=fsync, fsync_interval_seconds=fsync_interval_seconds, clock=clock)
+        log = cls(
+            sink, fsync=fsync, fsync_interval_seconds=fsync_interval_seconds, clock=clock, evidence=evidence
+        )
         with log._lock:
-            log._reopen()  # one open and a tail read: too short to be worth a thread hop
+            try:
+                log._reopen()  # one open and a tail read: too short to be worth a thread hop
+            except AuditSinkError as exc:
+                # Opened, but the first checkpoint could not be written (a full disk, /dev/full):
+                # start refusing requests, as after any failed write, rather than not at all.
+                if exc.code not in ("write_failed", "short_write"):
+                    raise
+                log._lost = 0
             log._closed = False
         if fsync is AuditFsync.INTERVAL:
             log._syncer = threading.Thread(target=log._sync_loop, name="audit-fsync", daemon=True)
             log._syncer.start()
+        if log._notary is not None:
+            log._checkpointer = threading.Thread(
+                target=log._checkpoint_loop, name="audit-checkpoint", daemon=True
+            )
+            log._checkpointer.start()
         return log
 
     async def emit(self, event: AuditEvent | str, /, **fields: Any) -> None:
@@ -141,6 +198,7 @@ class AuditLog:
         if self._closed:
             raise AuditSinkError("closed")
         if not self._healthy:
+            self._refused += 1  # counted in the gap record once the log is back
             raise AuditSinkError("unavailable")
 
     @property
@@ -165,6 +223,10 @@ class AuditLog:
                 write_failures=self._write_failures,
                 sync_failures=self._sync_failures,
                 recoveries=self._recoveries,
+                checkpoints=self._checkpoints,
+                gaps=self._gaps,
+                rotations=self._rotations,
+                copy_failures=sum(c.failures for c in (self._evidence.witness, self._evidence.stdout) if c),
             )
 
     async def close(self) -> None:
@@ -185,18 +247,95 @@ class AuditLog:
         with self._lock:
             if self._closed:
                 raise AuditSinkError("closed")
-            if not self._healthy:
-                self._recover()
             try:
+                if not self._healthy:
+                    self._recover()
                 self._pipeline.write(event, fields)
             except OSError as exc:
-                self._healthy = False
-                self._write_failures += 1
-                code = "short_write" if isinstance(exc, ShortWriteError) else "write_failed"
-                logger.error("audit log write failed (%s %s); refusing requests", code, _errno_name(exc))
-                raise AuditSinkError(code) from exc
+                raise self._write_failed(exc) from exc
+            except AuditSinkError:
+                self._lost += 1
+                raise
             self._written += 1
             self._dirty = True
+            if self._notary is not None or self._next_rotation:
+                self._after_write()
+
+    def _write_failed(self, exc: OSError) -> AuditSinkError:
+        self._healthy = False
+        self._write_failures += 1
+        self._lost += 1
+        if self._outage_since is None:
+            self._outage_since = self._clock()
+        code = "short_write" if isinstance(exc, ShortWriteError) else "write_failed"
+        logger.error("audit log write failed (%s %s); refusing requests", code, _errno_name(exc))
+        return AuditSinkError(code)
+
+    def _after_write(self) -> None:
+        """Checkpoint or rotate when due; a failure here only marks the log unhealthy, since the
+        caller's own line is written."""
+        notary = self._notary
+        if notary is not None:
+            notary.since += 1
+        try:
+            if self._next_rotation and self._sink.size >= self._next_rotation:
+                self._rotate()
+            elif notary is not None and notary.since >= self._evidence.checkpoint_every:
+                self._write_checkpoint()
+        except OSError as exc:
+            self._write_failed(exc)
+            self._lost -= 1  # nothing of the caller's was lost
+
+    def _system_line(self, event: SystemEvent, fields: dict[str, Any]) -> None:
+        record = self._header(None, "", {"event": event.value, **fields})
+        self._writer.write(render_json(None, "", record))
+
+    def _write_checkpoint(self) -> None:
+        assert self._notary is not None and self._chain.tree is not None
+        self._chain.settle()
+        fields = self._notary.checkpoint(self._chain.tree)
+        self._system_line(SystemEvent.CHECKPOINT, fields)
+        self._notary.since = 0
+        self._checkpoints += 1
+        self._dirty = True
+        self._copy_to_witness({"checkpoint": fields["checkpoint"], "sig": fields["sig"]})
+
+    def _copy_to_witness(self, record: dict[str, Any]) -> None:
+        if self._evidence.witness is not None:
+            self._evidence.witness.write(render_json(None, "", record).encode("ascii") + b"\n")
+
+    def _rotate(self) -> None:
+        self._chain.settle()
+        try:
+            self._sink.rotate()
+        except OSError as exc:
+            if self._sink.size and self._healthy:  # still on the old file: try again a little later
+                self._next_rotation = self._sink.size + max(1, self._evidence.rotate_bytes // 16)
+                logger.warning(
+                    "audit log rotation failed (%s); continuing in the same file", _errno_name(exc)
+                )
+                return
+            raise
+        self._rotations += 1
+        self._next_rotation = self._evidence.rotate_bytes
+        if self._notary is not None:
+            self._write_checkpoint()  # the new file starts with one
+
+    def _checkpoint_if_due(self, minimum: int) -> bool:
+        with self._lock:
+            if self._closed or not self._healthy or self._notary is None or self._notary.since < minimum:
+                return False
+            try:
+                self._write_checkpoint()
+            except OSError as exc:
+                self._write_failed(exc)
+                self._lost -= 1
+                return False
+            return True
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self._evidence.checkpoint_interval_seconds):
+            self._checkpoint_if_due(1)
 
     def _emit_durably(self, event: AuditEvent | str, fields: dict[str, Any]) -> None:
         self._emit(event, fields)
@@ -216,10 +355,25 @@ class AuditLog:
             raise AuditSinkError("open_failed") from exc
         try:
             self._chain.resume(last)
+            if self._notary is not None:
+                self._chain.tree = self._notary.resume(self._sink.read_back(), self._chain.seq)
+        except HistoryError as exc:
+            self._sink.close()
+            raise AuditSinkError("history_invalid") from exc
         except ValueError as exc:
             # Appending after a line we cannot parse would make an unverifiable chain: refuse.
             self._sink.close()
             raise AuditSinkError("tail_invalid") from exc
+        except OSError as exc:
+            self._sink.close()
+            raise AuditSinkError("open_failed") from exc
+        if self._notary is not None and (self._sink.size == 0 or self._notary.count == 0):
+            # Every file starts with a checkpoint (the log id, or where the last file ended); a
+            # log from before checkpoints gets its first one, over every line so far, right away.
+            try:
+                self._write_checkpoint()
+            except OSError as exc:
+                raise self._write_failed(exc) from exc
         self._healthy = True
 
     def _recover(self) -> None:
@@ -227,6 +381,17 @@ class AuditLog:
         self._reopen()
         self._recoveries += 1
         logger.warning("audit log reopened after a failure; accepting requests again")
+        if self._outage_since is not None and self._notary is not None:
+            # Before the event that triggered the recovery: the record of what was refused.
+            self._chain.settle()
+            assert self._chain.tree is not None
+            gap = self._notary.gap(self._chain.tree.size, self._outage_since, self._refused, self._lost)
+            self._system_line(SystemEvent.GAP, gap)
+            self._notary.since += 1
+            self._gaps += 1
+            self._copy_to_witness(gap)
+        self._outage_since = None
+        self._refused = self._lost = 0
 
     def _sync_loop(self) -> None:
         while not self._stop.wait(self._interval):
@@ -250,16 +415,20 @@ class AuditLog:
             self._healthy = False
             self._dirty = True
             self._sync_failures += 1
+            if self._outage_since is None:
+                self._outage_since = self._clock()
         logger.error("audit log fsync failed (%s); refusing requests", _errno_name(exc))
 
     def _close(self) -> None:
+        self._checkpoint_if_due(1)  # at shutdown: the last lines are signed too
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._stop.set()
-        if self._syncer is not None:
-            self._syncer.join()
+        for thread in (self._syncer, self._checkpointer):
+            if thread is not None:
+                thread.join()
         try:
             if self._dirty and self._healthy:
                 self._sink.sync()
@@ -267,6 +436,31 @@ class AuditLog:
             logger.error("audit log fsync at close failed (%s)", _errno_name(exc))
         finally:
             self._sink.close()
+            for copy in (self._evidence.witness, self._evidence.stdout):
+                if copy is not None:
+                    copy.close()
+
+
+def _evidence(settings: AuditSettings, clock: Clock) -> Evidence:
+    stdout = StdoutCopy() if settings.stdout else None
+    if settings.key_file is None:
+        return Evidence(stdout=stdout, rotate_bytes=settings.rotate_bytes)
+    from broker.audit.checkpoint import KeyFileError, create_signing_key, load_signing_key
+
+    try:
+        if create_signing_key(settings.key_file):
+            logger.warning("created a new audit signing key; give its public key to the security team")
+        signer = load_signing_key(settings.key_file)
+    except (KeyFileError, OSError) as exc:
+        raise AuditSinkError("key_invalid") from exc
+    return Evidence(
+        notary=Notary(signer, settings.replica, clock),
+        witness=FileCopy(settings.witness_file) if settings.witness_file else None,
+        stdout=stdout,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_interval_seconds=settings.checkpoint_interval_seconds,
+        rotate_bytes=settings.rotate_bytes,
+    )
 
 
 def _errno_name(exc: OSError) -> str:

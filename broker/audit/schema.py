@@ -41,6 +41,13 @@ class AuditEvent(StrEnum):
     REPORTS_QUARANTINED = "reports.quarantined"  # drop-box sweep: what it moved out, by count
 
 
+class SystemEvent(StrEnum):
+    """Lines the log writes about itself (never passed to `emit`)."""
+
+    CHECKPOINT = "audit.checkpoint"  # a signed tree head over the lines before it
+    GAP = "audit.gap"  # signed: requests were refused while the log could not be written
+
+
 class Invalid:
     """Returned by a validator for a value that must not be written."""
 
@@ -185,5 +192,65 @@ SYSTEM_FIELDS: Final[dict[str, Validator]] = {
     "dropped": _count(1, MAX_COUNT),  # how many unknown keys were dropped (never their names)
 }
 
-ALL_FIELDS: Final[dict[str, Validator]] = {**CALLER_FIELDS, **SYSTEM_FIELDS}
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_SIG = re.compile(r"[0-9a-f]{128}")
+_EVIDENCE: Final[dict[str, Validator]] = {
+    "v": _count(1, 1),
+    "log": _pattern(_HEX32),
+    "replica": _pattern(_ID),
+    "n": _count(1, MAX_COUNT),
+    "size": _count(0, MAX_COUNT),
+    "root": _pattern(_SHA256),
+    "prev": _pattern(_SHA256),
+    "time": _pattern(_TS),
+    "from": _pattern(_TS),
+    "to": _pattern(_TS),
+    "key": _pattern(_HEX16),
+    "refused": _count(0, MAX_COUNT),
+    "lost": _count(0, MAX_COUNT),
+}
+_CHECKPOINT_KEYS = frozenset({"key", "log", "n", "prev", "replica", "root", "size", "time", "v"})
+_GAP_KEYS = frozenset({"from", "key", "log", "lost", "refused", "replica", "size", "to", "v"})
+
+
+def _record(keys: frozenset[str]) -> Validator:
+    def check(value: object) -> object:
+        if type(value) is not dict or value.keys() != keys:
+            return INVALID
+        for key, item in value.items():
+            if _EVIDENCE[key](item) != item:
+                return INVALID
+        return value
+
+    return check
+
+
+def _frontier(value: object) -> object:
+    if type(value) is not list or len(value) > 64:
+        return INVALID
+    ok = all(type(item) is str and _SHA256.fullmatch(item) for item in value)
+    return value if ok else INVALID
+
+
+# Keys of the log's own lines (SystemEvent): the signed record, its signature, the frontier.
+EVIDENCE_FIELDS: Final[dict[str, Validator]] = {
+    "checkpoint": _record(_CHECKPOINT_KEYS),
+    "gap": _record(_GAP_KEYS),
+    "sig": _pattern(_SIG),
+    "frontier": _frontier,
+}
+
+# Exactly these evidence keys (besides the header) on each of the log's own lines; none elsewhere.
+SYSTEM_EVENT_FIELDS: Final[dict[str, frozenset[str]]] = {
+    SystemEvent.CHECKPOINT: frozenset({"checkpoint", "sig", "frontier"}),
+    SystemEvent.GAP: frozenset({"gap", "sig"}),
+}
+
+ALL_FIELDS: Final[dict[str, Validator]] = {
+    **CALLER_FIELDS,
+    **SYSTEM_FIELDS,
+    **EVIDENCE_FIELDS,
+    "event": _one_of([*AuditEvent, *SystemEvent]),
+}
 REQUIRED_FIELDS: Final = frozenset({"v", "seq", "ts", "prev", "event"})

@@ -10,8 +10,10 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +46,29 @@ class Sink(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def size(self) -> int:
+        """Bytes in the current file (what rotation compares with its limit)."""
+
+    def rotate(self) -> None:
+        """Close the current file under a rotated name and start an empty one (OSError if not)."""
+
+    def read_back(self) -> Iterator[bytes]:
+        """Every complete line of the log's lineage, newest first, across rotated files."""
+
+
+_ROTATED = re.compile(r"\.([0-9]{6,})")
+
+
+def rotated_files(path: Path) -> list[Path]:
+    """The rotated files of the log at `path`, oldest first (`audit.jsonl.000001`, ...)."""
+    found = []
+    for candidate in path.parent.glob(path.name + ".*"):
+        match = _ROTATED.fullmatch(candidate.name[len(path.name) :])
+        if match:
+            found.append((int(match.group(1)), candidate))
+    return [p for _, p in sorted(found)]
+
 
 class FileSink:
     """One append-only file, mode 0600, locked against a second writer.
@@ -60,6 +85,7 @@ class FileSink:
         self._fd: int | None = None
         self._regular = True  # fsync means nothing (or EINVAL) on /dev/full, a FIFO or a tty
         self._fd_lock = threading.Lock()  # sync() in the fsync thread vs open/close
+        self._size = 0
 
     def open(self) -> bytes | None:
         self.close()
@@ -75,17 +101,60 @@ class FileSink:
                     os.fchmod(fd, 0o600)  # who called what, when: for the broker's user only
                     logger.warning("audit log was readable by others; mode set to 0600")
                 last = _read_tail(fd, st.st_size)
+                size = os.fstat(fd).st_size
+                if last is None:  # a fresh file after rotation: the chain goes on from the last one
+                    last = next(self._read_rotated(), None)
+            else:
+                size = 0
         except BaseException:
             os.close(fd)
             raise
         with self._fd_lock:
-            self._fd, self._regular = fd, stat.S_ISREG(st.st_mode)
+            self._fd, self._regular, self._size = fd, stat.S_ISREG(st.st_mode), size
         return last
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def rotate(self) -> None:
+        """Rename the current file to the next free `NAME.NNNNNN` and open a new, empty one.
+
+        The old file is fsynced first: once renamed, no interval fsync will reach it again."""
+        if self._fd is None or not self._regular:
+            raise OSError(errno.EINVAL, "audit sink cannot rotate")
+        existing = rotated_files(self.path)
+        index = int(existing[-1].name.rsplit(".", 1)[1]) + 1 if existing else 1
+        target = self.path.with_name(f"{self.path.name}.{index:06d}")
+        os.fsync(self._fd)
+        if target.exists():
+            raise OSError(errno.EEXIST, "rotated audit file exists")
+        os.rename(self.path, target)
+        try:
+            self.open()
+        except BaseException:
+            self.close()  # renamed: writing on would only grow the rotated file
+            raise
+
+    def read_back(self) -> Iterator[bytes]:
+        if self._fd is not None and self._regular:
+            yield from _lines_backwards(self._fd, self._size)
+        yield from self._read_rotated()
+
+    def _read_rotated(self) -> Iterator[bytes]:
+        for path in reversed(rotated_files(self.path)):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                yield from _lines_backwards(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
 
     def write(self, data: bytes) -> None:
         if self._fd is None:
             raise OSError(errno.EBADF, "audit sink is closed")
-        if os.write(self._fd, data) != len(data):
+        written = os.write(self._fd, data)
+        self._size += written
+        if written != len(data):
             raise ShortWriteError()
 
     def sync(self) -> None:
@@ -102,7 +171,7 @@ class FileSink:
 
     def close(self) -> None:
         with self._fd_lock:
-            fd, self._fd = self._fd, None
+            fd, self._fd, self._size = self._fd, None, 0
         if fd is not None:
             os.close(fd)
 
@@ -118,6 +187,21 @@ def _read_tail(fd: int, size: int) -> bytes | None:
         return None
     start = _rfind_newline(fd, size - 1) + 1
     return os.pread(fd, size - 1 - start, start)
+
+
+def _lines_backwards(fd: int, size: int) -> Iterator[bytes]:
+    """Complete lines of a file (without newlines), last first; a torn fragment is skipped."""
+    pos = _rfind_newline(fd, size)  # the newline ending the last complete line (-1: none)
+    rest = b""  # the end of a line whose start lies before `pos`
+    while pos > 0:
+        start = max(0, pos - _CHUNK)
+        parts = (os.pread(fd, pos - start, start) + rest).split(b"\n")
+        pos, rest = start, parts[0]
+        if len(rest) > MAX_LINE_BYTES:
+            raise OSError(errno.EFBIG, "audit log line too long")
+        yield from reversed(parts[1:])
+    if pos == 0:
+        yield rest
 
 
 def _rfind_newline(fd: int, end: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,6 +44,16 @@ class MemorySink:
 
     def close(self) -> None:
         pass
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def rotate(self) -> None:
+        raise OSError(errno.EINVAL, "MemorySink does not rotate")
+
+    def read_back(self) -> Iterator[bytes]:
+        return reversed(self.lines)
 
     @property
     def lines(self) -> list[bytes]:

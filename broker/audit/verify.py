@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from broker.audit.chain import GENESIS, line_hash
+from broker.audit.merkle import leaf_hash
 from broker.audit.processors import canonical
-from broker.audit.schema import ALL_FIELDS, INVALID, REQUIRED_FIELDS
+from broker.audit.schema import ALL_FIELDS, EVIDENCE_FIELDS, INVALID, REQUIRED_FIELDS, SYSTEM_EVENT_FIELDS
 from broker.audit.sink import MAX_LINE_BYTES
 
 
@@ -42,6 +43,9 @@ class _Record:
     seq: int
     prev: str
     hash: str
+    event: str = ""
+    fields: dict[str, Any] | None = None  # the whole record, kept for the log's own lines only
+    leaf: bytes = b""  # RFC 6962 leaf hash, when asked for
 
 
 def verify_file(path: str | Path) -> VerifyReport:
@@ -109,7 +113,7 @@ def _blame(before: _Record, record: _Record, following: bytes | None, n: int) ->
     return n, "seq goes backwards or repeats (reordered, replayed or inserted line)"
 
 
-def _parse(raw: bytes) -> _Record | str:
+def _parse(raw: bytes, leaf: bool = False) -> _Record | str:
     """A record, or a fixed text saying why the line is not a valid event."""
     if len(raw) > MAX_LINE_BYTES:
         return "line too long"
@@ -133,7 +137,19 @@ def _parse(raw: bytes) -> _Record | str:
             return f"value of {key} outside the audit schema"
     if canonical(record) != text:
         return "not in the writer's canonical form (edited)"
-    return _Record(seq=record["seq"], prev=record["prev"], hash=line_hash(body))
+    event = record["event"]
+    wanted = SYSTEM_EVENT_FIELDS.get(event, frozenset())
+    evidence = record.keys() & EVIDENCE_FIELDS.keys()
+    if evidence != wanted or (wanted and record.keys() - REQUIRED_FIELDS - wanted):
+        return "fields do not fit the event (evidence fields on an ordinary line, or missing)"
+    return _Record(
+        seq=record["seq"],
+        prev=record["prev"],
+        hash=line_hash(body),
+        event=event,
+        fields=record if event.startswith("audit.") else None,
+        leaf=leaf_hash(body) if leaf else b"",
+    )
 
 
 class _Duplicate(Exception):

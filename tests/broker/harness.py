@@ -185,6 +185,10 @@ def make_broker(
         # limit would turn their 401s into 429s. Its own tests set it tight.
         "DOCBROKER_PREAUTH_RATE": "10000",
         "DOCBROKER_PREAUTH_BURST": "1000000",
+        # Signed checkpoints only as each file's first line and at shutdown, so a test reading the
+        # lines of its own requests never meets one; tests of checkpoints set their own cadence.
+        "DOCBROKER_AUDIT_CHECKPOINT_EVERY": "1000000",
+        "DOCBROKER_AUDIT_CHECKPOINT_INTERVAL": "86400",
         **(env or {}),
     }
     return Broker(

@@ -1,4 +1,6 @@
-"""The audit part of Settings.from_env: DOCBROKER_AUDIT_LOG, _FSYNC, _FSYNC_INTERVAL."""
+"""The audit part of Settings.from_env: DOCBROKER_AUDIT_LOG, _FSYNC, _FSYNC_INTERVAL, the evidence
+variables (_KEY_FILE, _WITNESS_FILE, _CHECKPOINT_EVERY, _CHECKPOINT_INTERVAL, _ROTATE_MB, _STDOUT)
+and DOCBROKER_REPLICA_ID."""
 
 from __future__ import annotations
 
@@ -30,7 +32,37 @@ def test_environment_overrides() -> None:
         "DOCBROKER_AUDIT_FSYNC_INTERVAL": "0.5",
     }
     audit = Settings.from_env(env).audit
-    assert audit == AuditSettings(Path("/srv/audit/log.jsonl"), AuditFsync.ALWAYS, 0.5)
+    assert (audit.path, audit.fsync, audit.fsync_interval_seconds) == (
+        Path("/srv/audit/log.jsonl"),
+        AuditFsync.ALWAYS,
+        0.5,
+    )
+
+
+def test_evidence_defaults_sign_checkpoints_and_rotate() -> None:
+    settings = Settings.from_env(BASE)
+    audit = settings.audit
+    assert audit.key_file == Path("/var/lib/docbroker/audit-signing.key")
+    assert audit.witness_file == Path("/var/lib/docbroker/audit-witness.jsonl")
+    assert (audit.checkpoint_every, audit.checkpoint_interval_seconds) == (1000, 10.0)
+    assert audit.rotate_bytes == 256 * 1024 * 1024 and audit.stdout is False
+    assert settings.replica_id == audit.replica and audit.replica
+
+
+def test_evidence_overrides() -> None:
+    env = BASE | {
+        "DOCBROKER_AUDIT_KEY_FILE": "/keys/audit.pem",
+        "DOCBROKER_AUDIT_WITNESS_FILE": "/ship/witness.jsonl",
+        "DOCBROKER_AUDIT_CHECKPOINT_EVERY": "50",
+        "DOCBROKER_AUDIT_CHECKPOINT_INTERVAL": "2.5",
+        "DOCBROKER_AUDIT_ROTATE_MB": "0",
+        "DOCBROKER_AUDIT_STDOUT": "1",
+        "DOCBROKER_REPLICA_ID": "broker-2",
+    }
+    audit = Settings.from_env(env).audit
+    assert audit.key_file == Path("/keys/audit.pem") and audit.witness_file == Path("/ship/witness.jsonl")
+    assert (audit.checkpoint_every, audit.checkpoint_interval_seconds, audit.rotate_bytes) == (50, 2.5, 0)
+    assert audit.stdout is True and audit.replica == "broker-2"
 
 
 @pytest.mark.parametrize(
@@ -41,6 +73,11 @@ def test_environment_overrides() -> None:
         ("DOCBROKER_AUDIT_FSYNC_INTERVAL", "0.001"),
         ("DOCBROKER_AUDIT_FSYNC_INTERVAL", "60"),
         ("DOCBROKER_AUDIT_FSYNC_INTERVAL", "soon"),
+        ("DOCBROKER_AUDIT_CHECKPOINT_EVERY", "-5"),
+        ("DOCBROKER_AUDIT_CHECKPOINT_INTERVAL", "0.01"),
+        ("DOCBROKER_AUDIT_ROTATE_MB", "-1"),
+        ("DOCBROKER_AUDIT_STDOUT", "maybe"),
+        ("DOCBROKER_REPLICA_ID", "a/b"),
     ],
 )
 def test_invalid_values_name_the_variable(name: str, value: str) -> None:

@@ -1,0 +1,449 @@
+"""`docbroker audit verify`: check logs (rotated sets, several replicas) against keys and witnesses.
+
+Per file, in order, the first thing wrong wins:
+
+- the hash chain, line by line, as `verify.verify_stream` (edited, removed, reordered, inserted,
+  torn lines), and across files: a file must start where the one before it ended, or a rotated
+  file is missing from the middle;
+- each checkpoint: its signature by a given key (a chain rewritten without the key fails here),
+  its log id and replica (one copied from another log or replica), its number and `prev` (an old
+  one replayed, or one removed), its tree size (its position) and tree head (the RFC 6962 root
+  over every line before it, recomputed here);
+- gap records: their signature, log id and replica; each one is reported with its counts;
+- the witness checkpoints (`--witness`): each must be one this log has, with the same tree head
+  at the same size — a log that ends before a checkpoint the witness holds was cut back.
+
+Files are grouped into lineages by the log id in their first line (every file the broker writes
+starts with a checkpoint), and ordered by sequence number, so they can be given in any order.
+Messages are fixed texts with numbers: never a value from a line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from broker.audit.chain import GENESIS
+from broker.audit.checkpoint import CHECKPOINT_LABEL, GAP_LABEL, Keyring, record_hash
+from broker.audit.merkle import Frontier
+from broker.audit.schema import EVIDENCE_FIELDS, INVALID, SystemEvent
+from broker.audit.sink import MAX_LINE_BYTES
+from broker.audit.verify import _blame, _Lines, _links, _parse, _Record
+
+EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
+_UNMATCHED = "holds checkpoints of a log that no given file holds (replaced, swapped or deleted)"
+
+
+@dataclass
+class FileVerdict:
+    path: str
+    ok: bool = True
+    lines: int = 0
+    first_bad_line: int | None = None
+    problem: str | None = None
+    log: str | None = None  # log id (from its checkpoints)
+    replica: str | None = None
+    first_seq: int | None = None
+    last_seq: int | None = None
+    head: str | None = None  # sha256 of the last line
+    checkpoints: int = 0
+    last_checkpoint_seq: int | None = None  # seq of the last verified checkpoint line
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def fail(self, line: int | None, problem: str) -> None:
+        if self.ok:
+            self.ok, self.first_bad_line, self.problem = False, line, problem
+
+    def summary(self) -> str:
+        if not self.ok:
+            where = (
+                f"at line {self.first_bad_line} of {self.lines}" if self.first_bad_line else "after its end"
+            )
+            return f"audit log BROKEN {where}: {self.problem} ({self.path})"
+        parts = [f"audit log OK: {self.lines} lines"]
+        if self.first_seq is not None:
+            parts.append(f"seq {self.first_seq}-{self.last_seq}")
+        if self.log:
+            parts.append(f"log {self.log[:8]} replica {self.replica}")
+        parts.append(f"{self.checkpoints} checkpoints")
+        if self.last_checkpoint_seq is not None and self.last_seq is not None:
+            parts.append(f"{self.last_seq - self.last_checkpoint_seq} lines after the last")
+        parts += [
+            f"gap: {g['refused']} refused, {g['lost']} lost, {g['from']} to {g['to']}" for g in self.gaps
+        ]
+        parts += self.notes
+        parts.append(f"head {self.head}")
+        return ", ".join(parts) + f" ({self.path})"
+
+
+@dataclass
+class WitnessVerdict:
+    path: str
+    ok: bool = True
+    records: int = 0
+    problem: str | None = None
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"witness OK: {self.records} records ({self.path})"
+        return f"witness BROKEN: {self.problem} ({self.path})"
+
+
+@dataclass
+class Report:
+    files: list[FileVerdict]
+    witnesses: list[WitnessVerdict]
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.files) and all(w.ok for w in self.witnesses)
+
+
+@dataclass
+class _Lineage:
+    """The running state of one log lineage while its files are read in order."""
+
+    seq: int = 0
+    head: str = GENESIS
+    tree: Frontier | None = None  # None until anchored (start of the log, or a checkpoint)
+    log: str | None = None
+    replica: str | None = None
+    count: int = 0  # number of the last checkpoint
+    last_hash: str | None = None  # its record_hash (None: unknown, files before it not given)
+    continuous: bool = False  # the previous file verified to its end
+
+
+@dataclass(frozen=True)
+class _WitnessCheckpoint:
+    body: dict[str, Any]
+    source: WitnessVerdict
+
+
+def verify_logs(
+    paths: list[Path],
+    keys: Keyring,
+    witnesses: list[Path] | None = None,
+    replica: str | None = None,
+) -> Report:
+    """Verify `paths` (any order) with `keys`. Raises OSError if a witness cannot be read."""
+    witness_verdicts, seen = _read_witnesses(witnesses or [], keys)
+    verdicts = {str(p): FileVerdict(str(p)) for p in paths}
+    groups: dict[str, list[tuple[int, Path]]] = {}
+    for path in paths:
+        try:
+            group, first_seq = _first_line(path)
+        except OSError as exc:
+            verdicts[str(path)].fail(None, f"cannot read: {exc.strerror or 'error'}")
+            continue
+        groups.setdefault(group, []).append((first_seq, path))
+    for group, members in groups.items():
+        lineage = _Lineage()
+        last: FileVerdict | None = None
+        for _, path in sorted(members):
+            last = verdicts[str(path)]
+            try:
+                with open(path, "rb") as stream:
+                    _verify_file(stream, last, lineage, keys, replica, seen)
+            except OSError as exc:
+                last.fail(None, f"cannot read: {exc.strerror or 'error'}")
+                lineage.continuous = False
+        if last is not None:
+            _check_cut(last, lineage, seen, group)
+    _check_unmatched_witnesses(list(verdicts.values()), seen, witness_verdicts)
+    return Report(files=[verdicts[str(p)] for p in paths], witnesses=witness_verdicts)
+
+
+def group_files(paths: list[Path]) -> dict[str, list[Path]]:
+    """The files of each lineage, in order (for `prove`). Raises OSError."""
+    groups: dict[str, list[tuple[int, Path]]] = {}
+    for path in paths:
+        group, first_seq = _first_line(path)
+        groups.setdefault(group, []).append((first_seq, path))
+    return {group: [p for _, p in sorted(members)] for group, members in groups.items()}
+
+
+def _first_line(path: Path) -> tuple[str, int]:
+    """(group, first seq): the log id of a first-line checkpoint, else the file itself."""
+    with open(path, "rb") as stream:
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+    parsed = _parse(raw) if raw else None
+    if isinstance(parsed, _Record):
+        if parsed.event == SystemEvent.CHECKPOINT and parsed.fields is not None:
+            return "log:" + parsed.fields["checkpoint"]["log"], parsed.seq
+        return "file:" + str(path), parsed.seq
+    return "file:" + str(path), 0
+
+
+def _verify_file(
+    stream: BinaryIO,
+    verdict: FileVerdict,
+    lineage: _Lineage,
+    keys: Keyring,
+    replica: str | None,
+    seen: dict[str, dict[int, _WitnessCheckpoint]],
+) -> None:
+    lines = _Lines(stream)
+    before: _Record | None = None
+    while (raw := lines.next()) is not None:
+        n = lines.count
+        parsed = _parse(raw, leaf=True)
+        if isinstance(parsed, str):
+            verdict.fail(n, parsed)
+            break
+        if before is None:
+            problem = _start(parsed, lineage, verdict)
+            if problem:
+                verdict.fail(n, problem)
+                break
+        elif not _links(before, parsed):
+            line, problem = _blame(before, parsed, lines.peek(), n)
+            verdict.fail(line, problem)
+            break
+        if parsed.fields is not None:
+            problem = _check_system_line(parsed, lineage, keys, replica, verdict)
+            if problem:
+                verdict.fail(n, problem)
+                break
+        if lineage.tree is not None:
+            lineage.tree.append_hash(parsed.leaf)
+            problem = _check_witness_at(lineage, seen)
+            if problem:
+                verdict.fail(n, problem)
+                break
+        lineage.seq, lineage.head = parsed.seq, parsed.hash
+        verdict.last_seq, verdict.head = parsed.seq, parsed.hash
+        before = parsed
+    verdict.lines = lines.count_all() if not verdict.ok else lines.count
+    lineage.continuous = verdict.ok
+    if verdict.ok and keys and verdict.checkpoints == 0 and verdict.lines:
+        verdict.fail(None, "no signed checkpoint: unsigned log, or its checkpoints were removed")
+    if verdict.lines == 0 and verdict.ok:
+        verdict.head = GENESIS
+
+
+def _start(record: _Record, lineage: _Lineage, verdict: FileVerdict) -> str | None:
+    """Anchor the file: continue the previous one, start the log, or start mid-lineage."""
+    verdict.first_seq = record.seq
+    if lineage.continuous:
+        if record.seq == lineage.seq + 1 and record.prev == lineage.head:
+            return None
+        return "does not continue the previous file: a rotated file is missing before this one"
+    lineage.tree = None
+    if record.seq == 1 and record.prev == GENESIS:
+        lineage.tree, lineage.count, lineage.last_hash = Frontier(), 0, GENESIS
+        return None
+    if lineage.seq:  # an earlier file of this lineage was given but broke: its end is unknown
+        verdict.notes.append("verified from its own start (the file before it is broken)")
+    else:
+        verdict.notes.append(f"starts at seq {record.seq}: earlier files not given")
+    if record.event == SystemEvent.CHECKPOINT and record.fields is not None:
+        body, nodes = record.fields["checkpoint"], record.fields["frontier"]
+        try:
+            tree = Frontier(body["size"], [bytes.fromhex(h) for h in nodes])
+        except ValueError:
+            return "checkpoint frontier does not fit its tree size"
+        if tree.root().hex() != body["root"] or body["size"] != record.seq - 1:
+            return "checkpoint frontier does not match its tree head or position"
+        lineage.tree, lineage.count, lineage.last_hash = tree, body["n"] - 1, None
+    return None
+
+
+def _check_system_line(
+    record: _Record, lineage: _Lineage, keys: Keyring, replica: str | None, verdict: FileVerdict
+) -> str | None:
+    fields = record.fields
+    assert fields is not None
+    if record.event == SystemEvent.CHECKPOINT:
+        body = fields["checkpoint"]
+        problem = _check_record(CHECKPOINT_LABEL, body, fields["sig"], lineage, keys, replica)
+        if problem:
+            return problem
+        if lineage.last_hash is not None:
+            if body["n"] <= lineage.count:
+                return "checkpoint replayed: its number is not after the previous checkpoint's"
+            if body["n"] != lineage.count + 1:
+                return "checkpoint numbers jump: checkpoints removed before this one"
+            if body["prev"] != lineage.last_hash:
+                return "checkpoint does not link to the previous checkpoint (replayed or rewritten)"
+        if lineage.tree is None:  # a file given without its start: anchor on this checkpoint
+            tree = Frontier(body["size"], [bytes.fromhex(h) for h in fields["frontier"]])
+            if tree.root().hex() != body["root"] or body["size"] != record.seq - 1:
+                return "checkpoint frontier does not match its tree head or position"
+            lineage.tree = tree
+        if body["size"] != lineage.tree.size:
+            return "checkpoint tree size does not match its position in the log"
+        if body["root"] != lineage.tree.root().hex():
+            return "checkpoint tree head does not match the lines before it (lines rewritten)"
+        if fields["frontier"] != [node.hex() for node in lineage.tree.nodes]:
+            return "checkpoint frontier does not match the lines before it"
+        lineage.count, lineage.last_hash = body["n"], record_hash(body)
+        lineage.log, lineage.replica = body["log"], body["replica"]
+        verdict.log, verdict.replica = body["log"], body["replica"]
+        verdict.checkpoints += 1
+        verdict.last_checkpoint_seq = record.seq
+        return None
+    body = fields["gap"]
+    problem = _check_record(GAP_LABEL, body, fields["sig"], lineage, keys, replica)
+    if problem:
+        return problem
+    if lineage.tree is not None and body["size"] != lineage.tree.size:
+        return "gap record's tree size does not match its position in the log"
+    verdict.gaps.append({k: body[k] for k in ("from", "to", "refused", "lost")})
+    return None
+
+
+def _check_record(
+    label: bytes, body: dict[str, Any], sig: str, lineage: _Lineage, keys: Keyring, replica: str | None
+) -> str | None:
+    if keys:
+        problem = keys.check(label, body, sig)
+        if problem:
+            return problem
+    if replica is not None and body["replica"] != replica:
+        return "checkpoint or gap record of another replica (--replica)"
+    if lineage.log is not None and body["log"] != lineage.log:
+        return "checkpoint or gap record of another log (copied in or replayed)"
+    if lineage.replica is not None and body["replica"] != lineage.replica:
+        return "checkpoint or gap record of another replica (copied in or replayed)"
+    return None
+
+
+def _check_witness_at(lineage: _Lineage, seen: dict[str, dict[int, _WitnessCheckpoint]]) -> str | None:
+    assert lineage.tree is not None
+    if lineage.log is None:
+        return None
+    held = seen.get(lineage.log, {}).get(lineage.tree.size)
+    if held is not None and held.body["root"] != lineage.tree.root().hex():
+        return "witness checkpoint disagrees with the log here: lines before it were rewritten"
+    return None
+
+
+def _check_cut(
+    last: FileVerdict, lineage: _Lineage, seen: dict[str, dict[int, _WitnessCheckpoint]], group: str
+) -> None:
+    if lineage.log is None or not last.ok or lineage.tree is None:
+        return
+    held = seen.get(lineage.log, {})
+    if held and max(held) > lineage.tree.size:
+        size = max(held)
+        last.fail(
+            None,
+            f"log cut back: the witness holds a checkpoint over {size} lines, "
+            f"the log has {lineage.tree.size}",
+        )
+
+
+def _check_unmatched_witnesses(
+    files: list[FileVerdict], seen: dict[str, dict[int, _WitnessCheckpoint]], witnesses: list[WitnessVerdict]
+) -> None:
+    """A witness's log that no given file holds: replaced, swapped or deleted (give a replica's
+    witness with that replica's files)."""
+    logs = {f.log for f in files if f.log}
+    for log, held in seen.items():
+        if log not in logs:
+            source = next(iter(held.values())).source
+            if source.ok:
+                source.ok, source.problem = False, _UNMATCHED
+
+
+def _read_witnesses(
+    paths: list[Path], keys: Keyring
+) -> tuple[list[WitnessVerdict], dict[str, dict[int, _WitnessCheckpoint]]]:
+    verdicts: list[WitnessVerdict] = []
+    seen: dict[str, dict[int, _WitnessCheckpoint]] = {}
+    for path in paths:
+        verdict = WitnessVerdict(str(path))
+        verdicts.append(verdict)
+        for number, line in enumerate(_witness_records(path), 1):
+            record = _as_witness_record(line)
+            if record is None:
+                continue  # an ordinary audit line: a copy of stdout can serve as the witness
+            problem = _witness_problem(record, keys)
+            if problem:
+                verdict.ok, verdict.problem = False, f"record {number}: {problem}"
+                break
+            verdict.records += 1
+            if "checkpoint" in record:
+                body = record["checkpoint"]
+                known = seen.setdefault(body["log"], {}).get(body["size"])
+                if known is not None and known.body["root"] != body["root"]:
+                    verdict.ok, verdict.problem = False, f"record {number}: two tree heads for one size"
+                    break
+                seen[body["log"]][body["size"]] = _WitnessCheckpoint(body, verdict)
+    return verdicts, seen
+
+
+def _witness_records(path: Path) -> Iterator[Any]:
+    with open(path, "rb") as stream:
+        for raw in iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""):
+            try:
+                yield json.loads(raw)
+            except ValueError:
+                yield None
+
+
+def _as_witness_record(line: Any) -> Any:
+    """The witness record in a line: the witness file's own, or the evidence of a full audit
+    line (as `DOCBROKER_AUDIT_STDOUT` ships them); None for an ordinary event."""
+    if isinstance(line, dict) and "event" in line:
+        kind = {SystemEvent.CHECKPOINT: "checkpoint", SystemEvent.GAP: "gap"}.get(line["event"])
+        return {kind: line.get(kind), "sig": line.get("sig")} if kind else None
+    return line
+
+
+def _witness_problem(record: Any, keys: Keyring) -> str | None:
+    if not isinstance(record, dict) or not (
+        {"checkpoint", "sig"} == record.keys() or {"gap", "sig"} == record.keys()
+    ):
+        return "not a checkpoint or gap record"
+    kind = "checkpoint" if "checkpoint" in record else "gap"
+    for key in (kind, "sig"):
+        if EVIDENCE_FIELDS[key](record[key]) is INVALID:
+            return "not a valid checkpoint or gap record"
+    if keys:
+        return keys.check(
+            CHECKPOINT_LABEL if kind == "checkpoint" else GAP_LABEL, record[kind], record["sig"]
+        )
+    return None
+
+
+def main(
+    files: list[str], key_specs: list[str], witness_files: list[str], replica: str | None, as_json: bool
+) -> int:
+    """`docbroker audit verify`: one verdict line per file (or one JSON document); exit 0/1/2."""
+    from broker.audit.checkpoint import KeyFileError, load_public_key
+
+    try:
+        keys = Keyring([load_public_key(spec) for spec in key_specs])
+    except KeyFileError as exc:
+        sys.stderr.write(f"docbroker audit verify: {exc}\n")
+        return EXIT_USAGE
+    try:
+        report = verify_logs([Path(f) for f in files], keys, [Path(w) for w in witness_files], replica)
+    except OSError as exc:
+        sys.stderr.write(f"docbroker audit verify: cannot read a witness file: {exc.strerror or 'error'}\n")
+        return EXIT_USAGE
+    if as_json:
+        document = {
+            "ok": report.ok,
+            "signatures_checked": bool(keys),
+            "files": [asdict(f) for f in report.files],
+            "witnesses": [asdict(w) for w in report.witnesses],
+        }
+        sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
+    else:
+        for verdict in report.files:
+            line = verdict.summary()
+            if not verdict.ok and verdict.problem and verdict.problem.startswith("cannot read"):
+                line = f"audit log: {verdict.problem} ({verdict.path})"
+            sys.stdout.write(line + "\n")
+        for witness in report.witnesses:
+            sys.stdout.write(witness.summary() + "\n")
+        if not keys:
+            sys.stdout.write("signatures NOT checked: give the replicas' public keys with --key\n")
+    return EXIT_OK if report.ok else EXIT_BROKEN

@@ -1,0 +1,249 @@
+"""`docbroker audit prove` and `verify-proof`: hand one event, or a log's growth, to an auditor.
+
+An inclusion proof carries one line of the log (an event: names, never values), its leaf index
+(seq - 1), a signed checkpoint of that log and the RFC 6962 audit path from the line to the
+checkpoint's tree head. A consistency proof carries two signed checkpoints of one log and the
+RFC 6962 proof that the later tree extends the earlier one (nothing was rewritten in between).
+
+    {"type": "inclusion", "v": 1, "line": "...", "index": 41,
+     "checkpoint": {...}, "sig": "...", "path": ["<hex>", ...]}
+    {"type": "consistency", "v": 1, "old": {"checkpoint": {...}, "sig": "..."},
+     "new": {"checkpoint": {...}, "sig": "..."}, "path": ["<hex>", ...]}
+
+Proving streams the lineage twice (find the records, then hash the proof's subtrees) and holds
+O(log n) hashes: it works on logs far larger than memory. Verifying needs only the proof and the
+replica's public key.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.audit.checkpoint import CHECKPOINT_LABEL, Keyring
+from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, EXIT_USAGE, group_files
+from broker.audit.merkle import (
+    RangeHasher,
+    consistency_ranges,
+    inclusion_ranges,
+    leaf_hash,
+    verify_consistency,
+    verify_inclusion,
+)
+from broker.audit.schema import EVIDENCE_FIELDS, INVALID, SystemEvent
+from broker.audit.sink import MAX_LINE_BYTES
+from broker.audit.verify import _parse, _Record
+
+FORMAT = 1
+
+
+class ProofError(Exception):
+    """A proof cannot be made from these files (a fixed text; never a value from the log)."""
+
+
+@dataclass(frozen=True)
+class _Signed:
+    seq: int
+    body: dict[str, Any]
+    sig: str
+
+    def public(self) -> dict[str, Any]:
+        return {"checkpoint": self.body, "sig": self.sig}
+
+
+def _lines(paths: list[Path]) -> Iterator[bytes]:
+    for path in paths:
+        with open(path, "rb") as stream:
+            while raw := stream.readline(MAX_LINE_BYTES + 1):
+                yield raw
+
+
+def _lineage(paths: list[Path]) -> list[Path]:
+    groups = group_files(paths)
+    if len(groups) != 1:
+        raise ProofError("the files hold more than one log: give one replica's files")
+    return next(iter(groups.values()))
+
+
+def _scan(paths: list[Path], want_seq: int | None) -> tuple[list[_Signed], bytes | None]:
+    """The lineage's checkpoints, and the line at `want_seq` (without newline)."""
+    checkpoints: list[_Signed] = []
+    found: bytes | None = None
+    expected = 1
+    for raw in _lines(paths):
+        record = _parse(raw)
+        if isinstance(record, str):
+            raise ProofError("the log does not verify: run `docbroker audit verify` first")
+        if record.seq != expected:
+            raise ProofError("the log does not start at seq 1 or skips lines: give every file from the first")
+        expected += 1
+        if record.seq == want_seq:
+            found = raw[:-1]
+        if isinstance(record, _Record) and record.event == SystemEvent.CHECKPOINT and record.fields:
+            checkpoints.append(_Signed(record.seq, record.fields["checkpoint"], record.fields["sig"]))
+    return checkpoints, found
+
+
+def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
+    hasher = RangeHasher(ranges)
+    end = max((e for _, e in ranges), default=0)
+    for raw in _lines(paths):
+        if hasher.count >= end:
+            break
+        hasher.add(leaf_hash(raw[:-1]))
+    return [node.hex() for node in hasher.roots()]
+
+
+def prove_inclusion(paths: list[Path], seq: int, checkpoint: int | None = None) -> dict[str, Any]:
+    files = _lineage(paths)
+    checkpoints, line = _scan(files, seq)
+    if line is None:
+        raise ProofError("no line with that seq in the files")
+    covering = [
+        c for c in checkpoints if c.body["size"] >= seq and (checkpoint is None or c.body["n"] == checkpoint)
+    ]
+    if not covering:
+        raise ProofError("no checkpoint covers that line yet (or no checkpoint with that number)")
+    chosen = covering[-1]
+    index, size = seq - 1, chosen.body["size"]
+    return {
+        "type": "inclusion",
+        "v": FORMAT,
+        "line": line.decode("ascii"),
+        "index": index,
+        **chosen.public(),
+        "path": _hash_ranges(files, inclusion_ranges(index, size)),
+    }
+
+
+def prove_consistency(paths: list[Path], old: int, new: int | None = None) -> dict[str, Any]:
+    files = _lineage(paths)
+    checkpoints, _ = _scan(files, None)
+    by_number = {c.body["n"]: c for c in checkpoints}
+    first = by_number.get(old)
+    second = by_number.get(new) if new is not None else (checkpoints[-1] if checkpoints else None)
+    if first is None or second is None:
+        raise ProofError("no checkpoint with that number in the files")
+    if first.body["size"] > second.body["size"]:
+        raise ProofError("the first checkpoint must not cover more lines than the second")
+    # Every tree extends the empty one (a log's first checkpoint): that proof is empty.
+    ranges = consistency_ranges(first.body["size"], second.body["size"]) if first.body["size"] else []
+    return {
+        "type": "consistency",
+        "v": FORMAT,
+        "old": first.public(),
+        "new": second.public(),
+        "path": _hash_ranges(files, ranges),
+    }
+
+
+def verify_proof(proof: Any, keys: Keyring) -> tuple[bool, str]:
+    """(ok, a one-line verdict). Checks the signatures first, then the RFC 6962 proof."""
+    if not isinstance(proof, dict) or proof.get("v") != FORMAT:
+        return False, "not a docbroker audit proof"
+    path = proof.get("path")
+    if not isinstance(path, list) or len(path) > 128 or not all(_is_hash(h) for h in path):
+        return False, "proof path is not a list of sha256 hashes"
+    nodes = [bytes.fromhex(h) for h in path]
+    if proof.get("type") == "inclusion":
+        body, problem = _signed(proof, keys)
+        if body is None:
+            return False, problem
+        line, index = proof.get("line"), proof.get("index")
+        if not isinstance(line, str) or type(index) is not int:
+            return False, "inclusion proof without a line and an index"
+        record = _parse(line.encode("ascii", "replace") + b"\n")
+        if isinstance(record, str) or record.seq != index + 1:
+            return False, "the line is not an audit event at that index"
+        root = bytes.fromhex(body["root"])
+        if not verify_inclusion(index, body["size"], leaf_hash(line.encode("ascii")), nodes, root):
+            return (
+                False,
+                "the line is NOT in the log under this checkpoint (path does not lead to its tree head)",
+            )
+        return True, (
+            f"line seq {record.seq} is in log {body['log'][:8]} (replica {body['replica']}) "
+            f"under checkpoint {body['n']} over {body['size']} lines"
+        )
+    if proof.get("type") == "consistency":
+        old, problem = _signed(proof.get("old"), keys)
+        if old is None:
+            return False, f"old checkpoint: {problem}"
+        new, problem = _signed(proof.get("new"), keys)
+        if new is None:
+            return False, f"new checkpoint: {problem}"
+        if old["log"] != new["log"] or old["replica"] != new["replica"]:
+            return False, "the checkpoints belong to different logs"
+        if not verify_consistency(
+            old["size"], new["size"], bytes.fromhex(old["root"]), bytes.fromhex(new["root"]), nodes
+        ):
+            return False, "the later checkpoint does NOT extend the earlier one (log rewritten in between)"
+        return True, (
+            f"checkpoint {new['n']} over {new['size']} lines extends checkpoint {old['n']} "
+            f"over {old['size']} lines of log {old['log'][:8]} (replica {old['replica']})"
+        )
+    return False, "unknown proof type"
+
+
+def _is_hash(value: object) -> bool:
+    return type(value) is str and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _signed(holder: Any, keys: Keyring) -> tuple[dict[str, Any] | None, str]:
+    if not isinstance(holder, dict):
+        return None, "missing checkpoint"
+    body, sig = holder.get("checkpoint"), holder.get("sig")
+    if EVIDENCE_FIELDS["checkpoint"](body) is INVALID or EVIDENCE_FIELDS["sig"](sig) is INVALID:
+        return None, "not a valid checkpoint"
+    assert isinstance(body, dict) and isinstance(sig, str)
+    problem = keys.check(CHECKPOINT_LABEL, body, sig)
+    if problem:
+        return None, problem
+    return body, ""
+
+
+def main_prove(
+    files: list[str], seq: int | None, checkpoint: int | None, old: int | None, new: int | None
+) -> int:
+    paths = [Path(f) for f in files]
+    try:
+        if seq is not None:
+            proof = prove_inclusion(paths, seq, checkpoint)
+        elif old is not None:
+            proof = prove_consistency(paths, old, new)
+        else:
+            sys.stderr.write("docbroker audit prove: give --seq N (inclusion) or --from N (consistency)\n")
+            return EXIT_USAGE
+    except ProofError as exc:
+        sys.stderr.write(f"docbroker audit prove: {exc}\n")
+        return EXIT_BROKEN
+    except OSError as exc:
+        sys.stderr.write(f"docbroker audit prove: cannot read a log file: {exc.strerror or 'error'}\n")
+        return EXIT_BROKEN
+    sys.stdout.write(json.dumps(proof, sort_keys=True) + "\n")
+    return EXIT_OK
+
+
+def main_verify_proof(proof_file: str, key_specs: list[str]) -> int:
+    from broker.audit.checkpoint import KeyFileError, load_public_key
+
+    try:
+        keys = Keyring([load_public_key(spec) for spec in key_specs])
+    except KeyFileError as exc:
+        sys.stderr.write(f"docbroker audit verify-proof: {exc}\n")
+        return EXIT_USAGE
+    try:
+        text = sys.stdin.read() if proof_file == "-" else Path(proof_file).read_text(encoding="ascii")
+        proof = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        sys.stderr.write(
+            "docbroker audit verify-proof: cannot read the proof (a JSON file, or - for stdin)\n"
+        )
+        return EXIT_USAGE
+    ok, verdict = verify_proof(proof, keys)
+    sys.stdout.write(f"proof {'OK' if ok else 'BROKEN'}: {verdict}\n")
+    return EXIT_OK if ok else EXIT_BROKEN

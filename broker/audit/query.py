@@ -1,0 +1,458 @@
+"""`docbroker audit query`: filter an audit log by tenant, subject, event, outcome, reason and time.
+
+Built for logs of many gigabytes: files are read in fixed-size chunks (never whole, and a line
+longer than any valid one is skipped, not buffered), and each filter first looks for its exact
+`"key":value` bytes in the raw line. The writer's canonical form (sorted keys, compact separators,
+ASCII escapes) makes that substring present in every line that can match, so most lines that
+cannot match are dropped without being parsed. The lines that pass are parsed and checked exactly.
+`ts` has one fixed-width form, so a time range compares strings: no date parsing per line.
+
+Query trusts the writer's form; it is no integrity check (that is `audit verify`): a line edited
+into another form (spaces, reordered keys) may not match a filter it would match in the writer's.
+Lines that are not JSON objects are skipped and counted. The log's own evidence lines (`audit.*`
+events such as checkpoints and gap records) are left out unless asked for (`--evidence` or
+`--event audit.…`).
+
+`--follow` keeps reading the last file as it grows, like `tail -F`: when the path is rotated (a
+new file appears under the same name) or truncated, it finishes the old file and continues with
+the new one from its start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any, Final
+
+import orjson
+
+from broker.audit.schema import CALLER_FIELDS, INVALID, AuditEvent
+from broker.audit.sink import MAX_LINE_BYTES
+from broker.types import Outcome
+
+EVIDENCE_PREFIX: Final = "audit."  # events the log writes about itself (checkpoints, gaps)
+_CHUNK: Final = 1 << 20
+_POLL_SECONDS: Final = 0.2
+_RELATIVE = re.compile(r"([0-9]{1,9})([smhdw])")
+_UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_EVIDENCE_EVENT = re.compile(r"audit\.[a-z_]{1,32}")
+
+
+class FilterError(ValueError):
+    """A filter the user gave cannot be used; the message names the option, never a log value."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Each set, when not empty, must contain the line's value; `since` ≤ ts < `until`."""
+
+    tenants: frozenset[str] = frozenset()
+    subjects: frozenset[str] = frozenset()
+    events: frozenset[str] = frozenset()
+    outcomes: frozenset[str] = frozenset()
+    reasons: frozenset[str] = frozenset()
+    since: str | None = None  # the writer's ts form: fixed width, so strings compare as times
+    until: str | None = None
+    evidence: bool = False  # include the log's own `audit.*` lines
+
+    def needles(self) -> list[tuple[bytes, ...]]:
+        """Per filter, the raw bytes one of which every matching line must contain."""
+        groups = []
+        for key, values in (
+            ("tenant", self.tenants),
+            ("subject", self.subjects),
+            ("event", self.events),
+            ("outcome", self.outcomes),
+            ("reason", self.reasons),
+        ):
+            if values:
+                groups.append(tuple(_needle(key, v) for v in sorted(values)))
+        return groups
+
+    @property
+    def excludes_evidence(self) -> bool:
+        return not self.evidence and not any(e.startswith(EVIDENCE_PREFIX) for e in self.events)
+
+
+def _needle(key: str, value: str) -> bytes:
+    # The writer's exact spelling of the pair: compact, ASCII-escaped (see processors.render_json).
+    return f'"{key}":{json.dumps(value, ensure_ascii=True)}'.encode("ascii")
+
+
+def parse_time(text: str, *, now: datetime | None = None) -> str:
+    """RFC 3339 (or a date, taken as UTC midnight) or a relative age (`90s`, `15m`, `12h`, `7d`, `2w`)
+    → the writer's ts form. Raises FilterError."""
+    text = text.strip()
+    if m := _RELATIVE.fullmatch(text):
+        moment = (now or datetime.now(UTC)) - timedelta(**{_UNITS[m[2]]: int(m[1])})
+    else:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise FilterError(
+                "expected RFC 3339 (2026-11-30T08:00:00Z), a date, or an age such as 7d"
+            ) from None
+        if moment.tzinfo is None:
+            if "T" in text.upper() or " " in text:
+                raise FilterError("a time needs its offset (Z or +hh:mm): the log is in UTC")
+            moment = moment.replace(tzinfo=UTC)
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def build_filters(
+    *,
+    tenants: Iterable[str] = (),
+    subjects: Iterable[str] = (),
+    events: Iterable[str] = (),
+    outcomes: Iterable[str] = (),
+    reasons: Iterable[str] = (),
+    since: str | None = None,
+    until: str | None = None,
+    evidence: bool = False,
+    now: datetime | None = None,
+) -> Filters:
+    """Check every value against the shape its key has in the log. Raises FilterError."""
+    known_events = {str(e) for e in AuditEvent}
+    for event in events:
+        if event not in known_events and not _EVIDENCE_EVENT.fullmatch(event):
+            raise FilterError(f"--event: unknown event; one of {', '.join(sorted(known_events))}, or audit.*")
+    for outcome in outcomes:
+        if outcome not in {str(o) for o in Outcome}:
+            raise FilterError(f"--outcome: unknown outcome; one of {', '.join(str(o) for o in Outcome)}")
+    for option, key, values in (("--tenant", "tenant", tenants), ("--subject", "subject", subjects)):
+        for value in values:
+            if CALLER_FIELDS[key](value) is INVALID:
+                raise FilterError(f"{option}: not a valid {key}")
+    for reason in reasons:
+        if CALLER_FIELDS["reason"](reason) is INVALID:
+            raise FilterError("--reason: a reason code is lower case letters, digits and _.:-")
+    low = _time_option("--since", since, now)
+    high = _time_option("--until", until, now)
+    if low is not None and high is not None and low >= high:
+        raise FilterError("--since must be earlier than --until")
+    return Filters(
+        tenants=frozenset(tenants),
+        subjects=frozenset(subjects),
+        events=frozenset(events),
+        outcomes=frozenset(outcomes),
+        reasons=frozenset(reasons),
+        since=low,
+        until=high,
+        evidence=evidence,
+    )
+
+
+def _time_option(option: str, text: str | None, now: datetime | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        return parse_time(text, now=now)
+    except FilterError as exc:
+        raise FilterError(f"{option}: {exc}") from None
+
+
+@dataclass
+class ScanStats:
+    lines: int = 0
+    matched: int = 0
+    unreadable: int = 0  # not a JSON object, or longer than any valid line
+    files: int = 0
+
+
+@dataclass
+class Scanner:
+    """Stream the matching lines of audit files as (raw bytes, record or None).
+
+    Every filter is decided on the raw bytes: in a line of the writer's form (flat, sorted keys,
+    compact, escaped) the bytes `"tenant":"acme"` can only be the key tenant with the value acme,
+    since inside a string every quote is escaped. So a line is parsed only when the caller needs
+    its fields (`parse=True`): printing matches as JSON lines parses nothing.
+    """
+
+    filters: Filters
+    parse: bool = True
+    stats: ScanStats = field(default_factory=ScanStats)
+
+    def __post_init__(self) -> None:
+        self._needles = self.filters.needles()
+        self._evidence = _needle("event", EVIDENCE_PREFIX)[:-1]  # without the closing quote
+
+    def scan(
+        self,
+        paths: Sequence[Path],
+        *,
+        follow: bool = False,
+        stop: Callable[[], bool] = lambda: False,
+        poll_seconds: float = _POLL_SECONDS,
+    ) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
+        """Files in the order of their first line (rotated files and replicas' logs may be given in
+        any order); `follow` follows the newest. Raises OSError when a file cannot be read."""
+        paths = log_order(paths)
+        for i, path in enumerate(paths):
+            last = i == len(paths) - 1
+            if follow and last:
+                yield from self._select(_follow(path, stop, poll_seconds, self.stats))
+            else:
+                with open(path, "rb", buffering=0) as stream:
+                    self.stats.files += 1
+                    yield from self._select(_lines(stream, self.stats))
+
+    def _select(self, lines: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
+        needles, stats, parse = self._needles, self.stats, self.parse
+        since, until = self.filters.since, self.filters.until
+        evidence = self._evidence if self.filters.excludes_evidence else None
+        for line in lines:
+            stats.lines += 1
+            if not (line[:1] == b"{" and line[-1:] == b"}"):
+                stats.unreadable += 1
+                continue
+            if not all(any(n in line for n in group) for group in needles):
+                continue
+            if evidence is not None and evidence in line:
+                continue
+            if since is not None or until is not None:
+                ts = _raw_ts(line)
+                if ts is None or (since is not None and ts < since) or (until is not None and ts >= until):
+                    continue
+            record = None
+            if parse:
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    record = None
+                if not isinstance(record, dict):
+                    stats.unreadable += 1
+                    continue
+            stats.matched += 1
+            yield line, record
+
+
+def log_order(paths: Sequence[Path]) -> list[Path]:
+    """The files in the order of their first line. Raises OSError when one cannot be read."""
+    return sorted(paths, key=_first_line_key)
+
+
+def _first_line_key(path: Path) -> tuple[int, str, int]:
+    """(empty last, first ts, first seq): a rotated file's lines all come before its successor's."""
+    with open(path, "rb") as stream:
+        first = stream.readline(MAX_LINE_BYTES + 1)
+    try:
+        record = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return (1, "", 0) if not first else (0, "", 0)
+    if not isinstance(record, dict):
+        return (0, "", 0)
+    ts, seq = record.get("ts"), record.get("seq")
+    return (0, ts if isinstance(ts, str) else "", seq if type(seq) is int else 0)
+
+
+def _raw_ts(line: bytes) -> str | None:
+    at = line.find(b'"ts":"')
+    if at == -1:
+        return None
+    return line[at + 6 : at + 30].decode("ascii", "replace")
+
+
+def _lines(stream: IO[bytes], stats: ScanStats, carry: bytearray | None = None) -> Iterator[bytes]:
+    """Complete lines (without newline) until EOF; a trailing fragment stays in `carry`."""
+    buf = carry if carry is not None else bytearray()
+    skipping = False  # inside a line too long to be an event: drop it up to its newline
+    while chunk := stream.read(_CHUNK):
+        start = 0
+        if buf or skipping:
+            end = chunk.find(b"\n")
+            if end == -1:
+                if not skipping:
+                    buf += chunk
+                    if len(buf) > MAX_LINE_BYTES:
+                        buf.clear()
+                        skipping = True
+                continue
+            if not skipping:
+                buf += chunk[:end]
+                yield bytes(buf)
+            else:
+                stats.unreadable += 1
+            buf.clear()
+            skipping = False
+            start = end + 1
+        pieces = chunk[start:].split(b"\n")
+        tail = pieces.pop()
+        yield from pieces
+        if len(tail) > MAX_LINE_BYTES:
+            skipping = True
+        else:
+            buf += tail
+    if carry is None and buf:
+        stats.unreadable += 1  # a torn last line: never acknowledged by the writer
+
+
+def _follow(path: Path, stop: Callable[[], bool], poll_seconds: float, stats: ScanStats) -> Iterator[bytes]:
+    """`tail -F`: all of `path`, then what is appended; across rotation and truncation."""
+    stream: IO[bytes] | None = None
+    carry = bytearray()
+    try:
+        while True:
+            if stream is None:
+                try:
+                    stream = open(path, "rb", buffering=0)  # closed in finally: it outlives a yield
+                except FileNotFoundError:
+                    if stop():
+                        return
+                    time.sleep(poll_seconds)
+                    continue
+                stats.files += 1
+                carry.clear()
+            yield from _lines(stream, stats, carry)
+            if stop():
+                return
+            time.sleep(poll_seconds)
+            if _replaced(path, stream):
+                yield from _lines(stream, stats, carry)  # what was written before the switch
+                stream.close()
+                stream = None
+    finally:
+        if stream is not None:
+            stream.close()
+
+
+def _replaced(path: Path, stream: IO[bytes]) -> bool:
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False  # rotated away and not yet recreated: keep draining the old file
+    mine = os.fstat(stream.fileno())
+    if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+        return True
+    if now.st_size < stream.tell():  # truncated in place: start again at its beginning
+        stream.seek(0)
+    return False
+
+
+# --- output -------------------------------------------------------------------------------------
+
+_COLUMNS: Final = (
+    ("ts", 25),
+    ("event", 18),
+    ("tenant", 14),
+    ("subject", 24),
+    ("outcome", 16),
+    ("reason", 22),
+    ("method", 16),
+    ("tool", 18),
+    ("id", 0),
+)
+
+
+def table_header() -> str:
+    return _row({name: name.upper() for name, _ in _COLUMNS})
+
+
+def table_row(record: dict[str, Any]) -> str:
+    cells = {name: _cell(record.get(name)) for name, _ in _COLUMNS}
+    cells["id"] = _cell(record.get("request_id") or record.get("approval_id") or record.get("sandbox"))
+    return _row(cells)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _row(cells: dict[str, str]) -> str:
+    out = []
+    for name, width in _COLUMNS:
+        text = cells[name]
+        if width:
+            text = text if len(text) < width else text[: width - 2] + "…"
+            text = text.ljust(width)
+        out.append(text)
+    return " ".join(out).rstrip()
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def filters_from_args(args: argparse.Namespace) -> Filters:
+    return build_filters(
+        tenants=args.tenant,
+        subjects=args.subject,
+        events=args.event,
+        outcomes=args.outcome,
+        reasons=args.reason,
+        since=args.since,
+        until=args.until,
+        evidence=args.evidence,
+    )
+
+
+Render = Callable[[bytes, dict[str, Any] | None], bytes]
+
+
+def run_scan(
+    args: argparse.Namespace, command: str, render: Render, *, parse: bool = True, header: bytes | None = None
+) -> int:
+    """Shared driver: filters → scan → render each match to stdout. Exit 0, 1 (unreadable file), 2.
+
+    `render` gets the parsed record when `parse`, else None (then it may use only the raw line)."""
+    try:
+        filters = filters_from_args(args)
+    except FilterError as exc:
+        sys.stderr.write(f"docbroker audit {command}: {exc}\n")
+        return 2
+    scanner = Scanner(filters, parse=parse)
+    out = sys.stdout.buffer
+    try:
+        paths = log_order([Path(f) for f in args.files])  # an unreadable file fails before any output
+        if header is not None:
+            out.write(header)
+        for raw, record in scanner.scan(paths, follow=args.follow):
+            out.write(render(raw, record))
+            if args.follow:
+                out.flush()
+        out.flush()
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):  # `| head`: the reader has what it wanted
+            _silence_stdout()
+            return 0
+        sys.stderr.write(
+            f"docbroker audit {command}: cannot read {exc.filename}: {exc.strerror or 'error'}\n"
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stats = scanner.stats
+        if stats.unreadable:
+            sys.stderr.write(
+                f"docbroker audit {command}: skipped {stats.unreadable} lines that are not audit events "
+                "(run `docbroker audit verify`)\n"
+            )
+    return 0
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit and would raise BrokenPipeError again there.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def main_query(args: argparse.Namespace) -> int:
+    """`docbroker audit query`."""
+    if args.json:
+        return run_scan(args, "query", lambda raw, _: raw + b"\n", parse=False)
+    return run_scan(args, "query", _render_row, header=(table_header() + "\n").encode("ascii"))
+
+
+def _render_row(_: bytes, record: dict[str, Any] | None) -> bytes:
+    assert record is not None  # run_scan parses every line for a renderer that asks for records
+    return (table_row(record) + "\n").encode("utf-8", "replace")
