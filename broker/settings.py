@@ -115,6 +115,29 @@ class ApprovalSettings:
 
 
 @dataclass(frozen=True)
+class DatabaseSettings:
+    """The shared approvals database (PostgreSQL) of replicas; None: SQLite in the data dir.
+
+    The URL may carry a password: it is never logged, audited or shown (`repr=False`), and
+    errors about it name the variable only.
+    """
+
+    url: str | None = field(default=None, repr=False)
+    pool_min: int = 1
+    pool_max: int = 10
+    # How long an approval operation waits for a connection, and the server-side bound on
+    # every statement: past either, the operation fails closed (503) instead of hanging.
+    pool_timeout_seconds: float = 2.0
+    statement_timeout_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.pool_min > self.pool_max:
+            raise SettingsError(f"{PREFIX}DATABASE_POOL_MIN must not exceed {PREFIX}DATABASE_POOL_MAX")
+        if self.url is not None and not self.url.startswith(("postgresql://", "postgres://")):
+            raise SettingsError(f"{PREFIX}DATABASE_URL must be a postgresql:// URL")
+
+
+@dataclass(frozen=True)
 class EdgeSettings:
     """What a client must respect before any handler runs (`broker.http_edge`)."""
 
@@ -139,6 +162,7 @@ class Settings:
     max_response_bytes: int = 32_000
     edge: EdgeSettings = field(default_factory=EdgeSettings)
     session_ttl_seconds: int = 86_400  # a legacy session id's lifetime from its initialize
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
 
     @property
     def tenants_dir(self) -> Path:
@@ -252,6 +276,13 @@ class Settings:
             max_response_bytes=r.integer("MAX_RESPONSE_BYTES", 32_000, low=4_000, high=16 * 1024 * 1024),
             edge=edge,
             session_ttl_seconds=r.integer("SESSION_TTL", 86_400, low=1, high=30 * 86_400),
+            database=DatabaseSettings(
+                url=r.optional("DATABASE_URL"),
+                pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),
+                pool_max=r.integer("DATABASE_POOL_MAX", 10, low=1, high=100),
+                pool_timeout_seconds=r.number("DATABASE_POOL_TIMEOUT", 2.0, low=0.1, high=60),
+                statement_timeout_seconds=r.number("DATABASE_STATEMENT_TIMEOUT", 2.0, low=0.1, high=60),
+            ),
         )
 
 
