@@ -250,65 +250,85 @@ class PostgresApprovalStore:
     # -- transitions ------------------------------------------------------------------------
 
     async def request(self, draft: Draft, *, ttl: float, max_pending: int) -> tuple[Approval, bool]:
-        async with self._conn() as conn, conn.transaction():
-            await self._lock_tenant(conn, draft.tenant)
+        async with self._conn() as conn, conn.pipeline(), conn.transaction():
             now = self._clock()
-            cur = await conn.execute(
-                _select(
-                    _META,
-                    "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
-                    "AND state IN ('pending', 'approved') AND expires_at > %s "
-                    "ORDER BY created_at DESC LIMIT 1",
-                ),
-                (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
-            )
-            row = await cur.fetchone()
-            if row:
-                return _approval(row), False
-            created = await self._insert_pending(conn, secrets.token_hex(16), draft, now, ttl, max_pending)
-        return created, True
+            existing, pending = await self._under_tenant_lock(conn, draft, now)
+            if existing is not None:
+                return existing, False
+            return await self._insert_pending(
+                conn, secrets.token_hex(16), draft, now, ttl, pending, max_pending
+            ), True
 
     async def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float, max_pending: int) -> None:
-        async with self._conn() as conn, conn.transaction():
-            await self._lock_tenant(conn, draft.tenant)
-            await self._insert_pending(conn, approval_id, draft, self._clock(), ttl, max_pending)
+        async with self._conn() as conn, conn.pipeline(), conn.transaction():
+            now = self._clock()
+            _, pending = await self._under_tenant_lock(conn, draft, now)
+            await self._insert_pending(conn, approval_id, draft, now, ttl, pending, max_pending)
+
+    async def _under_tenant_lock(
+        self, conn: psycopg.AsyncConnection[Any], draft: Draft, now: float
+    ) -> tuple[Approval | None, int]:
+        """Take the tenant's lock, then read (the open record for this report, pending count).
+
+        The lock is held to the end of the transaction: other replicas' count-then-insert for
+        this tenant waits for it, so the cap holds across them (a hash collision between two
+        tenants only makes them take turns). The reads are statements of their own, after the
+        lock, so they see what the previous holder committed. In a pipeline: one round trip.
+        """
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("docbroker/approvals/" + draft.tenant,)
+        )
+        found = await conn.execute(
+            _select(
+                _META,
+                "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
+                "AND state IN ('pending', 'approved') AND expires_at > %s "
+                "ORDER BY created_at DESC LIMIT 1",
+            ),
+            (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
+        )
+        counted = await conn.execute(
+            "SELECT COUNT(*) FROM approvals WHERE tenant = %s AND state = 'pending' AND expires_at > %s",
+            (draft.tenant, now),
+        )
+        row = await found.fetchone()
+        count = await counted.fetchone()
+        return (_approval(row) if row else None), (int(count[0]) if count else 0)
 
     @staticmethod
-    async def _lock_tenant(conn: psycopg.AsyncConnection[Any], tenant: str) -> None:
-        # Held to the end of the transaction: other replicas' count-then-insert for this
-        # tenant waits here, so the cap holds across them. A hash collision between two
-        # tenants only makes them take turns.
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("docbroker/approvals/" + tenant,)
-        )
-
     async def _insert_pending(
-        self,
         conn: psycopg.AsyncConnection[Any],
         approval_id: str,
         draft: Draft,
         now: float,
         ttl: float,
+        pending: int,
         max_pending: int,
     ) -> Approval:
-        cur = await conn.execute(
-            "SELECT COUNT(*) FROM approvals WHERE tenant = %s AND state = 'pending' AND expires_at > %s",
-            (draft.tenant, now),
-        )
-        row = await cur.fetchone()
-        if row is not None and row[0] >= max_pending:
+        # The one cap: every pending record counts, whichever way its human will answer.
+        if pending >= max_pending:
             raise TooManyPending
-        cur = await conn.execute(
-            _returning(
-                "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, "
-                "state, created_at, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'pending', %s, %s)"
-            ),
+        await conn.execute(
+            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
+            "created_at, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'pending', %s, %s)",
             (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
              draft.content, now, now + ttl),
         )  # fmt: skip
-        inserted = await cur.fetchone()
-        assert inserted is not None
-        return _approval(inserted)
+        # Sent with the COMMIT, not waited for alone: the record is what was just written.
+        return Approval(
+            id=approval_id,
+            tenant=draft.tenant,
+            requester=draft.requester,
+            filename=draft.filename,
+            sha256=draft.sha256,
+            bytes=draft.size,
+            state=ApprovalState.PENDING,
+            created_at=now,
+            expires_at=now + ttl,
+            decided_by=None,
+            decided_at=None,
+            consumed_at=None,
+        )
 
     async def decide(
         self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
