@@ -133,8 +133,16 @@ class DatabaseSettings:
     def __post_init__(self) -> None:
         if self.pool_min > self.pool_max:
             raise SettingsError(f"{PREFIX}DATABASE_POOL_MIN must not exceed {PREFIX}DATABASE_POOL_MAX")
-        if self.url is not None and not self.url.startswith(("postgresql://", "postgres://")):
-            raise SettingsError(f"{PREFIX}DATABASE_URL must be a postgresql:// URL")
+        if self.url is not None:
+            if not self.url.startswith(("postgresql://", "postgres://")):
+                raise SettingsError(f"{PREFIX}DATABASE_URL must be a postgresql:// URL")
+            import psycopg  # only when configured: SQLite brokers never load it
+            from psycopg.conninfo import conninfo_to_dict
+
+            try:
+                conninfo_to_dict(self.url)
+            except psycopg.Error:
+                raise SettingsError(f"{PREFIX}DATABASE_URL is not a valid PostgreSQL URL") from None
 
 
 @dataclass(frozen=True)

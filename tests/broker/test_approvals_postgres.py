@@ -224,3 +224,6 @@ def test_database_down_approvals_fail_closed_reads_go_on_and_it_comes_back(
     finally:
         broker.stop()
     no_secret_anywhere(broker)
+    logs = broker.logs()
+    assert "approvals database unavailable" in logs and "approvals database reachable again" in logs
+    assert str(own_cluster.dir) not in logs  # psycopg's texts (they name the socket) stay out

@@ -402,3 +402,43 @@ async def test_an_unreachable_database_fails_with_a_fixed_message(tmp_path: Path
         await PostgresApprovalStore.open(pg_settings(url, pool_timeout_seconds=0.5))
     assert time.monotonic() - started < 10
     assert "s3cret" not in str(exc.value) and "nowhere" not in str(exc.value)
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"DOCBROKER_DATABASE_URL": "mysql://root:s3cret@db/x"},
+            "DOCBROKER_DATABASE_URL must be a postgresql:// URL",
+        ),
+        (
+            {"DOCBROKER_DATABASE_URL": "postgresql://u:s3cret@h/db?sslmode=%zz"},
+            "is not a valid PostgreSQL URL",
+        ),
+        ({"DOCBROKER_DATABASE_POOL_MIN": "5", "DOCBROKER_DATABASE_POOL_MAX": "2"}, "must not exceed"),
+        (
+            {"DOCBROKER_DATABASE_STATEMENT_TIMEOUT": "0"},
+            "DOCBROKER_DATABASE_STATEMENT_TIMEOUT must be between",
+        ),
+    ],
+)
+def test_database_settings_name_the_variable_never_the_value(extra: dict[str, str], message: str) -> None:
+    from broker.settings import Settings, SettingsError
+
+    env = {
+        "DOCBROKER_AUTH_ISSUER": "i",
+        "DOCBROKER_AUTH_AUDIENCE": "a",
+        "DOCBROKER_AUTH_JWKS_FILE": "/x",
+        **extra,
+    }
+    with pytest.raises(SettingsError, match=message) as exc:
+        Settings.from_env(env)
+    assert "s3cret" not in str(exc.value)
+
+
+def test_the_database_url_is_not_in_the_settings_repr() -> None:
+    settings = DatabaseSettings(url="postgresql://u:s3cret@h/db")
+    assert "s3cret" not in repr(settings)
