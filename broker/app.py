@@ -61,6 +61,17 @@ async def make_backend(settings: Settings) -> SandboxBackend:
     return await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.pool_dir)
 
 
+async def open_store(settings: Settings) -> ApprovalStore:
+    """The approvals store the settings name: PostgreSQL when DOCBROKER_DATABASE_URL is set
+    (shared by replicas; its schema must be exactly this broker's), else SQLite in the data
+    dir. Raises StoreError (StoreUnavailable, SchemaMismatch) with a one-line message."""
+    if settings.database.url is not None:
+        from broker.approvals.postgres_store import PostgresApprovalStore
+
+        return await PostgresApprovalStore.open(settings.database)
+    return SqliteApprovalStore(settings.approvals_db)
+
+
 @dataclass
 class Components:
     """Everything the app holds, for the lifespan and for tests that need a handle."""
@@ -76,8 +87,8 @@ class Components:
     metrics: Metrics
 
 
-def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> McpFirst:
-    """The app, wired. The audit log and the backend are opened by the caller first."""
+def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, store: ApprovalStore) -> McpFirst:
+    """The app, wired. The audit log, the backend and the store are opened by the caller first."""
     master_key = load_master_key(settings.master_key_file)
     policies = Policies.load(settings.policies_dir)
     tenants = Tenants(settings, master_key)
@@ -85,7 +96,6 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     auth = AuthService(
         settings.auth, known_tenant=policies.known, public_url=settings.public_url, preauth=preauth
     )
-    store: ApprovalStore = SqliteApprovalStore(settings.approvals_db)
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
         fields = {
@@ -112,13 +122,14 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend) -> M
     metrics = Metrics(runtime.running_count, store.pending_count)
     limiter = TenantLimiter(policies)  # one budget per tenant, for /mcp and REST alike
 
-    stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
+    report_stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
 
     def reports_for(tenant: str) -> ReportStore:
-        store = stores.get(tenant)
-        if store is None:
-            store = stores[tenant] = ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
-        return store
+        reports = report_stores.get(tenant)
+        if reports is None:
+            reports = ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
+            report_stores[tenant] = reports
+        return reports
 
     approvals = ApprovalFlow(
         store=store,

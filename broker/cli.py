@@ -1,5 +1,5 @@
 """`docbroker`: serve, mint dev tokens, provision tenants, replace sandboxes, build images,
-verify audit, doctor."""
+verify audit, db, doctor."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(settings: Settings) -> int:
     import uvicorn
 
-    from broker.app import build_app, make_backend
+    from broker.app import build_app, make_backend, open_store
     from broker.approvals.secrets import KeyError_
+    from broker.approvals.store import StoreError
     from broker.audit import AuditLog, AuditSinkError
     from broker.http_edge import edge_protocol
     from broker.policy import PolicyError
@@ -56,9 +57,14 @@ async def _serve(settings: Settings) -> int:
         raise SystemExit(f"docbroker: cannot open the audit log ({exc.code}); refusing to start") from None
     async with audit:
         try:
+            store = await open_store(settings)
+        except StoreError as exc:  # fixed texts: never the database URL
+            raise SystemExit(f"docbroker: cannot start: {exc}") from None
+        try:
             backend = await make_backend(settings)
-            app = build_app(settings, audit, backend)
+            app = build_app(settings, audit, backend, store)
         except (KeyError_, PolicyError, RuntimeErrorBase, ValueError, OSError) as exc:
+            await store.close()
             raise SystemExit(f"docbroker: cannot start: {exc}") from None
         config = uvicorn.Config(
             app,
@@ -335,6 +341,58 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(_settings(), out=sys.stdout)
 
 
+# -- db: the approvals schema (broker/approvals/migrations.py) ----------------------------------
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from broker.approvals.store import StoreError
+
+    settings = _settings()
+    try:
+        before, applied = asyncio.run(_db(settings, upgrade=args.db_command == "upgrade"))
+    except StoreError as exc:  # fixed texts: never the database URL
+        sys.stderr.write(f"docbroker db {args.db_command}: {exc}\n")
+        return 1
+    from broker.approvals.migrations import LATEST
+
+    backend = "postgresql" if settings.database.url else "sqlite"
+    now = applied[-1] if applied else before
+    state = "current" if now == LATEST else ("needs upgrade" if now < LATEST else "newer than this broker")
+    report = {"backend": backend, "schema_version": now, "broker_version": LATEST, "state": state}
+    if args.db_command == "upgrade":
+        report["applied"] = applied
+    sys.stdout.write(json.dumps(report) + "\n")
+    return 0 if now == LATEST else 1
+
+
+async def _db(settings: Settings, *, upgrade: bool) -> tuple[int, list[int]]:
+    """(version found, versions applied)."""
+    if settings.database.url is not None:
+        from broker.approvals.postgres_store import PostgresApprovalStore
+
+        store = await PostgresApprovalStore.open(settings.database, check_schema=False)
+        try:
+            before = await store.schema_version()
+            return before, (await store.upgrade() if upgrade else [])
+        finally:
+            await store.close()
+    import sqlite3
+
+    from broker.approvals import migrations
+
+    if not upgrade and not settings.approvals_db.exists():
+        return 0, []
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    db = sqlite3.connect(settings.approvals_db, isolation_level=None)
+    try:
+        before = migrations.sqlite_version(db)
+        return before, (migrations.upgrade_sqlite(db) if upgrade else [])
+    finally:
+        db.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="docbroker", description="Multi-tenant MCP broker for document tools"
@@ -379,6 +437,14 @@ def build_parser() -> argparse.ArgumentParser:
     for add_audit_command in AUDIT_COMMANDS:
         add_audit_command(audit)
 
+    db = sub.add_parser("db", help="the approvals database's schema").add_subparsers(
+        dest="db_command", required=True
+    )
+    db.add_parser("upgrade", help="apply the schema migrations this broker needs").set_defaults(func=cmd_db)
+    db.add_parser("status", help="the schema version found and the one this broker needs").set_defaults(
+        func=cmd_db
+    )
+
     sub.add_parser("doctor", help="check the host: daemon, rootless, images, keys").set_defaults(
         func=cmd_doctor
     )
@@ -392,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     # Client libraries log URLs and request lines at INFO: not values we want in any log.
     for noisy in ("httpx2", "httpcore2", "docker", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # psycopg's pool logs connection errors with libpq's text (hosts, sockets, perhaps more
+    # of the URL): the store logs its own fixed lines instead.
+    logging.getLogger("psycopg").setLevel(logging.CRITICAL)
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

@@ -38,6 +38,9 @@ class Denial(Enum):
     UPSTREAM_FAILED = _Row(200, rpc.INTERNAL_ERROR, "Tool call failed")
     UPSTREAM_INVALID = _Row(200, rpc.INTERNAL_ERROR, "Tool sandbox sent an invalid response")
     AUDIT_UNAVAILABLE = _Row(503, rpc.AUDIT_UNAVAILABLE, "Audit log unavailable; request refused")
+    # The approvals database (PostgreSQL) cannot be reached: no approval is asked, decided or
+    # used while it cannot be recorded; reads never touch it and go on.
+    APPROVALS_UNAVAILABLE = _Row(503, rpc.UNAVAILABLE, "Approvals unavailable, retry later")
     CONTRACT_CHANGED = _Row(
         503, rpc.UNAVAILABLE, "Tool sandbox changed its tools; it is being replaced, retry later"
     )

@@ -143,6 +143,37 @@ class ApprovalSettings:
 
 
 @dataclass(frozen=True)
+class DatabaseSettings:
+    """The shared approvals database (PostgreSQL) of replicas; None: SQLite in the data dir.
+
+    The URL may carry a password: it is never logged, audited or shown (`repr=False`), and
+    errors about it name the variable only.
+    """
+
+    url: str | None = field(default=None, repr=False)
+    pool_min: int = 1
+    pool_max: int = 10
+    # How long an approval operation waits for a connection, and the server-side bound on
+    # every statement: past either, the operation fails closed (503) instead of hanging.
+    pool_timeout_seconds: float = 2.0
+    statement_timeout_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.pool_min > self.pool_max:
+            raise SettingsError(f"{PREFIX}DATABASE_POOL_MIN must not exceed {PREFIX}DATABASE_POOL_MAX")
+        if self.url is not None:
+            if not self.url.startswith(("postgresql://", "postgres://")):
+                raise SettingsError(f"{PREFIX}DATABASE_URL must be a postgresql:// URL")
+            import psycopg  # only when configured: SQLite brokers never load it
+            from psycopg.conninfo import conninfo_to_dict
+
+            try:
+                conninfo_to_dict(self.url)
+            except psycopg.Error:
+                raise SettingsError(f"{PREFIX}DATABASE_URL is not a valid PostgreSQL URL") from None
+
+
+@dataclass(frozen=True)
 class EdgeSettings:
     """What a client must respect before any handler runs (`broker.http_edge`)."""
 
@@ -190,6 +221,7 @@ class Settings:
     def replica_id(self) -> str:
         """This replica's id (DOCBROKER_REPLICA_ID): in its checkpoints, and for issue 17."""
         return self.audit.replica
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
 
     @property
     def tenants_dir(self) -> Path:
@@ -323,6 +355,13 @@ class Settings:
                 max_addresses=r.integer("PREAUTH_MAX_ADDRESSES", 4096, low=16, high=1_000_000),
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
+            database=DatabaseSettings(
+                url=r.optional("DATABASE_URL"),
+                pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),
+                pool_max=r.integer("DATABASE_POOL_MAX", 10, low=1, high=100),
+                pool_timeout_seconds=r.number("DATABASE_POOL_TIMEOUT", 2.0, low=0.1, high=60),
+                statement_timeout_seconds=r.number("DATABASE_STATEMENT_TIMEOUT", 2.0, low=0.1, high=60),
+            ),
         )
 
 

@@ -14,6 +14,7 @@ forwarding; it never reaches the client.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +27,8 @@ from broker.approvals import visible
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import ApprovalState as SealedApproval
 from broker.approvals.sealing import StateSealer
-from broker.approvals.store import ApprovalStore, Draft, TooManyPending
+from broker.approvals.store import ApprovalStore, Draft, StoreUnavailable, TooManyPending
+from broker.errors import Denial, Denied
 from broker.gateway.jsonrpc import RpcMessage
 from broker.gateway.results import broker_result
 from broker.gateway.tools_filter import BROKER_ONLY_ARGUMENT
@@ -35,6 +37,8 @@ from broker.settings import ApprovalSettings
 from broker.types import Outcome, Principal, Scope
 from server import contracts as c
 from server.approval import content_sha256, mint_token
+
+log = logging.getLogger("docbroker")
 
 MODERN_PROTOCOL = "2026-07-28"
 INPUT_KEY = "approval"
@@ -97,6 +101,15 @@ class ApprovalFlow:
         self._clock = clock
 
     async def gate(
+        self, principal: Principal, policy: TenantPolicy, msg: RpcMessage, request_id: str
+    ) -> Forward | Answer:
+        """Raises Denied(APPROVALS_UNAVAILABLE) when the store cannot be reached: fail closed."""
+        try:
+            return await self._gate(principal, policy, msg, request_id)
+        except StoreUnavailable:
+            raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_store_unavailable", retry_after=5) from None
+
+    async def _gate(
         self, principal: Principal, policy: TenantPolicy, msg: RpcMessage, request_id: str
     ) -> Forward | Answer:
         args = msg.arguments
@@ -276,7 +289,12 @@ class ApprovalFlow:
     async def release(self, forward: Forward, ids: dict[str, str]) -> None:
         """The consumed approval goes back to approved: its write was never sent (DESIGN §4:
         no approval is used up by a call that did not reach the sandbox)."""
-        if await self._store.release(forward.approval_id, ids["tenant"]):
+        try:
+            released = await self._store.release(forward.approval_id, ids["tenant"])
+        except StoreUnavailable:  # it stays consumed: lost to this retry, never used twice
+            log.warning("an unsent approval could not be given back: the store is unavailable")
+            return
+        if released:
             await self._audit("approval.released", approval_id=forward.approval_id, outcome="ok",
                               reason="not_forwarded", **ids)  # fmt: skip
 

@@ -4,7 +4,7 @@ SQLite calls block. They run on one worker thread, never on the event loop, so a
 query or a large record makes no other tenant's call wait. One thread also keeps every
 operation whole: a check-then-insert (the pending cap) cannot interleave with another.
 Each multi-statement operation is also one `BEGIN IMMEDIATE` transaction, for any other
-process that opens the same file.
+process that opens the same file. The schema is versioned (`broker.approvals.migrations`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from broker.approvals import migrations
 from broker.approvals.store import (
     Approval,
     ApprovalDetail,
@@ -31,28 +32,6 @@ from broker.approvals.store import (
     TooManyPending,
 )
 from broker.types import ApprovalState
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS approvals (
-    id          TEXT PRIMARY KEY,
-    tenant      TEXT NOT NULL,
-    requester   TEXT NOT NULL,
-    filename    TEXT NOT NULL,
-    sha256      TEXT NOT NULL,
-    bytes       INTEGER NOT NULL,
-    content     TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    expires_at  REAL NOT NULL,
-    decided_by  TEXT,
-    decided_at  REAL,
-    consumed_at REAL
-);
-CREATE INDEX IF NOT EXISTS approvals_lookup ON approvals (tenant, requester, filename, sha256, state);
-CREATE INDEX IF NOT EXISTS approvals_by_state ON approvals (tenant, state, created_at, id);
-CREATE INDEX IF NOT EXISTS approvals_by_time ON approvals (tenant, created_at, id);
-CREATE INDEX IF NOT EXISTS approvals_open ON approvals (state, expires_at);
-"""
 
 # Everything but `content`: listings and decisions never read a report's text.
 _META = (
@@ -89,7 +68,13 @@ class SqliteApprovalStore:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a decision that was shown as made must persist
-        self._db.executescript(_SCHEMA)
+        try:
+            # This file is the one broker's own: it upgrades it; a schema from a newer broker
+            # is refused (SchemaMismatch), never written to.
+            migrations.upgrade_sqlite(self._db)
+        except BaseException:
+            self._db.close()
+            raise
         path.chmod(0o600)
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="approvals-store")

@@ -1,7 +1,8 @@
 """Approval records: what they hold and what a store of them must do (DESIGN §4).
 
 `ApprovalStore` is the interface the approval flow, the REST API and the retention purge
-use; `broker.approvals.sqlite_store` is the embedded implementation. Its methods are
+use; `broker.approvals.sqlite_store` is the embedded implementation (one host) and
+`broker.approvals.postgres_store` the shared one (replicas, DESIGN §9). Its methods are
 coroutines, so an implementation never makes the event loop wait on its database.
 
 Every state change is one conditional transition (`... WHERE state = 'pending'`), so two
@@ -29,6 +30,24 @@ class DecisionError(StrEnum):
 
 class TooManyPending(Exception):
     """The tenant has reached its cap of open approvals (in-band and out-of-band together)."""
+
+
+class StoreError(Exception):
+    """The store cannot do its job. Messages are fixed texts: never a URL, a host or a password.
+
+    StoreError
+     ├── StoreUnavailable   the database cannot be reached or did not answer in time
+     └── SchemaMismatch     the database's schema is not the version this broker knows
+    """
+
+
+class StoreUnavailable(StoreError):
+    def __init__(self) -> None:
+        super().__init__("the approvals database cannot be reached or did not answer in time")
+
+
+class SchemaMismatch(StoreError):
+    pass
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ Errors are `{"error": CODE}`: 400 unknown_state | bad_limit | bad_cursor, 401/40
 `WWW-Authenticate` challenge), 404 not_found (also another tenant's id, or a malformed one),
 409 not_pending, 410 expired, 403 approver_is_requester, 429 rate_limited | concurrency_limited
 (with `Retry-After`; REST calls count against the tenant's limits like /mcp calls), 503
-audit_unavailable. Every response carries `Cache-Control: no-store` and
+audit_unavailable | approvals_unavailable (the approvals database cannot be reached; with
+`Retry-After`). Every response carries `Cache-Control: no-store` and
 `X-Content-Type-Options: nosniff`, and every request leaves exactly one audit event.
 """
 
@@ -44,7 +45,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from broker.approvals.store import ApprovalStore, DecisionError, Position
+from broker.approvals.store import ApprovalStore, DecisionError, Position, StoreUnavailable
 from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
@@ -173,6 +174,10 @@ class ApprovalsApi:
             return await route.handler(self, request, principal, route.approval_id), principal
         except AuditSinkError:
             raise
+        except StoreUnavailable:  # fail closed, audited; the client may retry
+            reply = Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
+                          "approval_store_unavailable", headers={"retry-after": "5"})  # fmt: skip
+            return reply, principal
         except Exception as exc:  # one audited answer, never a bare 500 from the router
             log.error("approvals api failed", extra={"error": type(exc).__name__})
             return Reply(500, {"error": "internal"}, route.event, Outcome.ERROR, "internal_error"), principal

@@ -1,0 +1,160 @@
+"""Versioned migrations of the approvals schema, for SQLite and PostgreSQL alike (DESIGN §9).
+
+A table of our own, `docbroker_schema`, holds one row per applied migration (version, name,
+time). That is enough here because the history is one line: migrations are numbered, applied
+in order, never edited once released and never undone (a downgrade is a restore from backup).
+Each upgrade runs in one transaction together with its rows (both databases have
+transactional DDL), so a crash leaves the old version or the new one, never half of one; and
+concurrent upgraders wait on one lock (`BEGIN IMMEDIATE` in SQLite, an advisory transaction
+lock in PostgreSQL), so two replicas running `docbroker db upgrade` at once apply it once.
+
+A broker checks the version at start and refuses any other than `LATEST`, older or newer,
+with one line that says what to run. PostgreSQL is upgraded only by `docbroker db upgrade`
+(replicas must not race a schema change at start-up); the embedded SQLite file belongs to
+one broker, which upgrades it itself when it opens it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from broker.approvals.store import SchemaMismatch
+
+TABLE = "docbroker_schema"
+UPGRADE_COMMAND = "docbroker db upgrade"
+# pg_advisory_xact_lock's key for upgrades: any constant no other lock of ours uses.
+_PG_UPGRADE_LOCK = 0x646F6362  # "docb"
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sqlite: tuple[str, ...]
+    postgres: tuple[str, ...]
+
+
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS approvals_lookup ON approvals (tenant, requester, filename, sha256, state)",
+    "CREATE INDEX IF NOT EXISTS approvals_by_state ON approvals (tenant, state, created_at, id)",
+    "CREATE INDEX IF NOT EXISTS approvals_by_time ON approvals (tenant, created_at, id)",
+    "CREATE INDEX IF NOT EXISTS approvals_open ON approvals (state, expires_at)",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "approvals",
+        # IF NOT EXISTS: a data dir from before versioning already holds this table; it is adopted.
+        sqlite=(
+            """CREATE TABLE IF NOT EXISTS approvals (
+                id TEXT PRIMARY KEY, tenant TEXT NOT NULL, requester TEXT NOT NULL,
+                filename TEXT NOT NULL, sha256 TEXT NOT NULL, bytes INTEGER NOT NULL,
+                content TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL,
+                expires_at REAL NOT NULL, decided_by TEXT, decided_at REAL, consumed_at REAL)""",
+            *_INDEXES,
+        ),
+        postgres=(
+            """CREATE TABLE approvals (
+                id TEXT PRIMARY KEY, tenant TEXT NOT NULL, requester TEXT NOT NULL,
+                filename TEXT NOT NULL, sha256 TEXT NOT NULL, bytes INTEGER NOT NULL,
+                content TEXT NOT NULL,
+                state TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'consumed', 'expired')),
+                created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
+                decided_by TEXT, decided_at DOUBLE PRECISION, consumed_at DOUBLE PRECISION)""",
+            *_INDEXES,
+        ),
+    ),
+)
+LATEST = MIGRATIONS[-1].version
+
+
+def check(current: int) -> None:
+    """Raise SchemaMismatch (one line, what to do) unless `current` is the version we know."""
+    if current < LATEST:
+        raise SchemaMismatch(
+            f"the approvals database schema is at version {current}, this broker needs {LATEST}: "
+            f"run `{UPGRADE_COMMAND}`"
+        )
+    if current > LATEST:
+        raise SchemaMismatch(
+            f"the approvals database schema is at version {current}, newer than this broker "
+            f"knows ({LATEST}): run a broker of that version, or restore a backup of this one's"
+        )
+
+
+def _todo(current: int) -> list[Migration]:
+    if current > LATEST:
+        check(current)  # never "upgrade" a schema from the future
+    return [m for m in MIGRATIONS if m.version > current]
+
+
+# -- SQLite ---------------------------------------------------------------------------------
+
+_SQLITE_TABLE = f"CREATE TABLE IF NOT EXISTS {TABLE} (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"  # noqa: E501
+
+
+def sqlite_version(db: sqlite3.Connection) -> int:
+    exists = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
+    if not exists:
+        return 0
+    row = db.execute(f"SELECT COALESCE(MAX(version), 0) FROM {TABLE}").fetchone()  # noqa: S608
+    return int(row[0])
+
+
+def upgrade_sqlite(db: sqlite3.Connection) -> list[int]:
+    """Apply what is missing, in one transaction; the versions applied. `db` is in autocommit."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        todo = _todo(sqlite_version(db))
+        db.execute(_SQLITE_TABLE)
+        for migration in todo:
+            for statement in migration.sqlite:  # one by one: executescript would COMMIT first
+                db.execute(statement)
+            db.execute(
+                f"INSERT INTO {TABLE} (version, name, applied_at) VALUES (?, ?, ?)",  # noqa: S608
+                (migration.version, migration.name, time.time()),
+            )
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return [m.version for m in todo]
+
+
+# -- PostgreSQL (psycopg 3, async) ----------------------------------------------------------
+
+_PG_TABLE = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} "
+    "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+)
+
+
+async def postgres_version(conn: Any) -> int:
+    """The schema version in the connection's search path (0: none yet)."""
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (TABLE,))
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return 0
+    cur = await conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {TABLE}")  # noqa: S608
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def upgrade_postgres(conn: Any) -> list[int]:
+    """Apply what is missing, in one transaction, under the upgrade lock; the versions applied."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_UPGRADE_LOCK,))
+        todo = _todo(await postgres_version(conn))
+        await conn.execute(_PG_TABLE)
+        for migration in todo:
+            for statement in migration.postgres:
+                await conn.execute(statement)
+            await conn.execute(
+                f"INSERT INTO {TABLE} (version, name, applied_at) VALUES (%s, %s, %s)",  # noqa: S608
+                (migration.version, migration.name, time.time()),
+            )
+    return [m.version for m in todo]

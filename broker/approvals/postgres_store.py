@@ -1,0 +1,429 @@
+"""The shared `ApprovalStore`: PostgreSQL, for replicas that serve any request (DESIGN §9).
+
+psycopg 3, async, with a psycopg_pool pool: nothing here blocks the event loop, and no
+SQLAlchemy, since every statement is a hand-written conditional transition whose SQL is the
+point (one dialect; the SQLite twin keeps the same statements side by side).
+
+Across replicas:
+- consumption is one `UPDATE … WHERE state = 'approved' … RETURNING`: the row lock makes a
+  second consumer re-check the condition after the first commits, so it finds nothing;
+- decisions are `UPDATE … WHERE state = 'pending'`: the first commits, the rest see it decided;
+- the pending cap (and "one open approval per report") is a count and an insert under a
+  per-tenant advisory transaction lock. Chosen over SERIALIZABLE: it blocks only the same
+  tenant's requests for one short transaction and never aborts, where SERIALIZABLE would fail
+  a racing request and need a retry loop (and could abort unrelated tenants' inserts on
+  predicate conflicts);
+- retention: any replica may purge; batches skip rows another purge holds, so each row is
+  deleted and counted once.
+
+Failure: every operation gets a connection within `pool_timeout` and runs under a
+server-side `statement_timeout` and a client-side deadline; any database error becomes
+`StoreUnavailable` with a fixed message (psycopg's texts can carry a host or a DSN). The
+pool checks a connection before lending it and reconnects in the background, so the store
+recovers by itself when the server is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool
+
+from broker.approvals import migrations
+from broker.approvals.store import (
+    Approval,
+    ApprovalDetail,
+    DecisionError,
+    Draft,
+    Page,
+    Position,
+    StoreUnavailable,
+    TooManyPending,
+)
+from broker.settings import DatabaseSettings
+from broker.types import ApprovalState
+
+log = logging.getLogger("docbroker")
+
+_META = (
+    "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
+    "decided_by, decided_at, consumed_at"
+)
+
+_STATE_FILTER: dict[ApprovalState, str] = {
+    ApprovalState.PENDING: "state = 'pending' AND expires_at > %(now)s",
+    ApprovalState.APPROVED: "state = 'approved' AND expires_at > %(now)s",
+    ApprovalState.DENIED: "state = 'denied'",
+    ApprovalState.CONSUMED: "state = 'consumed'",
+    ApprovalState.EXPIRED: (
+        "(state IN ('pending', 'approved') AND expires_at <= %(now)s) OR state = 'expired'"
+    ),
+}
+
+_PURGE_BATCH = 500
+# The pending gauge is a cached count: `pending_count()` is called on the event loop and
+# must not wait for a database; a few seconds old is fine for a gauge.
+_GAUGE_REFRESH_SECONDS = 5.0
+# A replacement connection is retried with backoff for this long; after that the next
+# request tries afresh. So the store is back at most about this long after the server is.
+_RECONNECT_SECONDS = 5.0
+
+
+def _select(columns: str, rest: str) -> str:
+    # Only this module's constants are spliced in; every value is a bound parameter.
+    return f"SELECT {columns} FROM approvals {rest}"  # noqa: S608
+
+
+def _returning(statement: str) -> str:
+    return f"{statement} RETURNING {_META}"
+
+
+def connection_kwargs(settings: DatabaseSettings) -> dict[str, Any]:
+    """The URL's parameters plus ours; the statement timeout is set for every session."""
+    assert settings.url is not None
+    try:
+        params: dict[str, Any] = conninfo_to_dict(settings.url)
+    except psycopg.Error:
+        raise StoreUnavailable from None
+    millis = math.ceil(settings.statement_timeout_seconds * 1000)
+    ours = f"-c statement_timeout={millis} -c idle_in_transaction_session_timeout={millis * 5}"
+    params["options"] = f"{params.get('options', '')} {ours}".strip()
+    params["connect_timeout"] = max(2, math.ceil(settings.pool_timeout_seconds))
+    params.setdefault("application_name", "docbroker")
+    params["autocommit"] = True  # one statement, one round trip; transactions are explicit
+    return params
+
+
+class PostgresApprovalStore:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        settings: DatabaseSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock
+        # Bounds a whole operation, even against a server that stopped answering at all.
+        self._deadline = settings.pool_timeout_seconds + settings.statement_timeout_seconds + 1.0
+        self._pending = 0
+        self._up = True
+        self._gauge: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls, settings: DatabaseSettings, *, clock: Callable[[], float] = time.time, check_schema: bool = True
+    ) -> PostgresApprovalStore:
+        """Connect, and (unless told otherwise) refuse a schema other than `migrations.LATEST`.
+
+        Raises StoreUnavailable (cannot connect) or SchemaMismatch (what to run)."""
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            kwargs=connection_kwargs(settings),
+            min_size=settings.pool_min,
+            max_size=settings.pool_max,
+            timeout=settings.pool_timeout_seconds,
+            check=AsyncConnectionPool.check_connection,
+            reconnect_timeout=_RECONNECT_SECONDS,
+            name="approvals",
+            open=False,
+        )
+        store = cls(pool, settings, clock)
+        try:
+            try:
+                await pool.open(wait=settings.pool_min > 0, timeout=settings.pool_timeout_seconds + 3)
+            except psycopg.Error:
+                raise StoreUnavailable from None
+            if check_schema:
+                async with store._conn() as conn:
+                    version = await migrations.postgres_version(conn)
+                migrations.check(version)
+                await store._refresh_pending()
+                store._gauge = asyncio.create_task(store._keep_gauge())
+        except BaseException:
+            await pool.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        if self._gauge is not None:
+            self._gauge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gauge
+        await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection for one operation; any database failure → StoreUnavailable."""
+        try:
+            async with asyncio.timeout(self._deadline), self._pool.connection() as conn:
+                yield conn
+        except (psycopg.Error, TimeoutError, OSError) as exc:
+            if self._up:
+                self._up = False
+                log.warning("approvals database unavailable", extra={"error": type(exc).__name__})
+            raise StoreUnavailable from None
+        if not self._up:
+            self._up = True
+            log.warning("approvals database reachable again")
+
+    async def _one(self, sql: str, params: Any) -> tuple[Any, ...] | None:
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, params)
+            row: tuple[Any, ...] | None = await cur.fetchone()
+            return row
+
+    # -- schema -----------------------------------------------------------------------------
+
+    async def schema_version(self) -> int:
+        async with self._conn() as conn:
+            return await migrations.postgres_version(conn)
+
+    async def upgrade(self) -> list[int]:
+        async with self._conn() as conn:
+            return await migrations.upgrade_postgres(conn)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(self, approval_id: str, tenant: str) -> Approval | None:
+        row = await self._one(_select(_META, "WHERE id = %s AND tenant = %s"), (approval_id, tenant))
+        return _approval(row).as_of(self._clock()) if row else None
+
+    async def detail(self, approval_id: str, tenant: str) -> ApprovalDetail | None:
+        row = await self._one(
+            _select(_META + ", content", "WHERE id = %s AND tenant = %s"), (approval_id, tenant)
+        )
+        return ApprovalDetail(_approval(row).as_of(self._clock()), row[-1]) if row else None
+
+    async def page(
+        self, tenant: str, state: ApprovalState | None, *, limit: int, after: Position | None
+    ) -> Page:
+        now = self._clock()
+        where = ["tenant = %(tenant)s"]
+        params: dict[str, Any] = {"tenant": tenant, "now": now, "limit": limit + 1}
+        if state is not None:
+            where.append(f"({_STATE_FILTER[state]})")
+        if after is not None:
+            where.append("(created_at < %(at)s OR (created_at = %(at)s AND id < %(id)s))")
+            params.update(at=after.created_at, id=after.id)
+        sql = _select(_META, f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT %(limit)s")
+        async with self._conn() as conn:
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall()
+        items = [_approval(r).as_of(now) for r in rows[:limit]]
+        more = len(rows) > limit
+        return Page(items, Position(items[-1].created_at, items[-1].id) if more else None)
+
+    def pending_count(self) -> int:
+        return self._pending
+
+    async def _refresh_pending(self) -> None:
+        row = await self._one(
+            "SELECT COUNT(*) FROM approvals WHERE state = 'pending' AND expires_at > %s", (self._clock(),)
+        )
+        self._pending = int(row[0]) if row else 0
+
+    async def _keep_gauge(self) -> None:
+        while True:
+            await asyncio.sleep(_GAUGE_REFRESH_SECONDS)
+            with contextlib.suppress(StoreUnavailable):  # the last known value stands meanwhile
+                await self._refresh_pending()
+
+    async def denied(self, draft: Draft) -> Approval | None:
+        row = await self._one(
+            _select(
+                _META,
+                "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
+                "AND state = 'denied' AND expires_at > %s ORDER BY decided_at DESC LIMIT 1",
+            ),
+            (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
+        )
+        return _approval(row) if row else None
+
+    # -- transitions ------------------------------------------------------------------------
+
+    async def request(self, draft: Draft, *, ttl: float, max_pending: int) -> tuple[Approval, bool]:
+        async with self._conn() as conn, conn.pipeline(), conn.transaction():
+            now = self._clock()
+            existing, pending = await self._under_tenant_lock(conn, draft, now)
+            if existing is not None:
+                return existing, False
+            return await self._insert_pending(
+                conn, secrets.token_hex(16), draft, now, ttl, pending, max_pending
+            ), True
+
+    async def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float, max_pending: int) -> None:
+        async with self._conn() as conn, conn.pipeline(), conn.transaction():
+            now = self._clock()
+            _, pending = await self._under_tenant_lock(conn, draft, now)
+            await self._insert_pending(conn, approval_id, draft, now, ttl, pending, max_pending)
+
+    async def _under_tenant_lock(
+        self, conn: psycopg.AsyncConnection[Any], draft: Draft, now: float
+    ) -> tuple[Approval | None, int]:
+        """Take the tenant's lock, then read (the open record for this report, pending count).
+
+        The lock is held to the end of the transaction: other replicas' count-then-insert for
+        this tenant waits for it, so the cap holds across them (a hash collision between two
+        tenants only makes them take turns). The reads are statements of their own, after the
+        lock, so they see what the previous holder committed. In a pipeline: one round trip.
+        """
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("docbroker/approvals/" + draft.tenant,)
+        )
+        found = await conn.execute(
+            _select(
+                _META,
+                "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
+                "AND state IN ('pending', 'approved') AND expires_at > %s "
+                "ORDER BY created_at DESC LIMIT 1",
+            ),
+            (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
+        )
+        counted = await conn.execute(
+            "SELECT COUNT(*) FROM approvals WHERE tenant = %s AND state = 'pending' AND expires_at > %s",
+            (draft.tenant, now),
+        )
+        row = await found.fetchone()
+        count = await counted.fetchone()
+        return (_approval(row) if row else None), (int(count[0]) if count else 0)
+
+    @staticmethod
+    async def _insert_pending(
+        conn: psycopg.AsyncConnection[Any],
+        approval_id: str,
+        draft: Draft,
+        now: float,
+        ttl: float,
+        pending: int,
+        max_pending: int,
+    ) -> Approval:
+        # The one cap: every pending record counts, whichever way its human will answer.
+        if pending >= max_pending:
+            raise TooManyPending
+        await conn.execute(
+            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
+            "created_at, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'pending', %s, %s)",
+            (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
+             draft.content, now, now + ttl),
+        )  # fmt: skip
+        # Sent with the COMMIT, not waited for alone: the record is what was just written.
+        return Approval(
+            id=approval_id,
+            tenant=draft.tenant,
+            requester=draft.requester,
+            filename=draft.filename,
+            sha256=draft.sha256,
+            bytes=draft.size,
+            state=ApprovalState.PENDING,
+            created_at=now,
+            expires_at=now + ttl,
+            decided_by=None,
+            decided_at=None,
+            consumed_at=None,
+        )
+
+    async def decide(
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
+    ) -> Approval | DecisionError:
+        new_state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
+        now = self._clock()
+        row = await self._one(
+            _returning(
+                "UPDATE approvals SET state = %(state)s, decided_by = %(approver)s, decided_at = %(now)s "
+                "WHERE id = %(id)s AND tenant = %(tenant)s AND state = 'pending' AND expires_at > %(now)s "
+                "AND NOT (%(distinct)s AND requester = %(approver)s)"
+            ),
+            {"state": new_state.value, "approver": approver, "now": now, "id": approval_id,
+             "tenant": tenant, "distinct": require_distinct},
+        )  # fmt: skip
+        if row:
+            return _approval(row)
+        # Not decided by us: say why, from the record as it now is (first decision wins).
+        current = await self.get(approval_id, tenant)
+        if current is None:
+            return DecisionError.NOT_FOUND
+        if current.state is ApprovalState.EXPIRED:
+            return DecisionError.EXPIRED
+        if current.state is not ApprovalState.PENDING:
+            return DecisionError.NOT_PENDING
+        if require_distinct and approver == current.requester:
+            return DecisionError.SAME_PERSON
+        return DecisionError.NOT_PENDING
+
+    async def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
+        now = self._clock()
+        # One statement: the subquery's row lock makes a concurrent consumer (any replica)
+        # wait and then re-check `state = 'approved'`, which no longer holds: it gets nothing.
+        row = await self._one(
+            _returning(
+                "UPDATE approvals SET state = 'consumed', consumed_at = %(now)s WHERE id = ("
+                "SELECT id FROM approvals WHERE tenant = %(tenant)s AND requester = %(requester)s "
+                "AND filename = %(filename)s AND sha256 = %(sha256)s AND state = 'approved' "
+                "AND expires_at > %(now)s ORDER BY created_at LIMIT 1 FOR UPDATE"
+                ") AND state = 'approved'"
+            ),
+            {"now": now, "tenant": tenant, "requester": requester, "filename": filename, "sha256": sha256},
+        )
+        return _approval(row) if row else None
+
+    async def release(self, approval_id: str, tenant: str) -> bool:
+        row = await self._one(
+            "UPDATE approvals SET state = 'approved', consumed_at = NULL "
+            "WHERE id = %s AND tenant = %s AND state = 'consumed' RETURNING id",
+            (approval_id, tenant),
+        )
+        return row is not None
+
+    async def answer_in_band(
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool
+    ) -> Approval | None:
+        now = self._clock()
+        new_state = ApprovalState.CONSUMED if approve else ApprovalState.DENIED
+        row = await self._one(
+            _returning(
+                "UPDATE approvals SET state = %s, decided_by = %s, decided_at = %s, consumed_at = %s "
+                "WHERE id = %s AND tenant = %s AND state = 'pending' AND expires_at > %s"
+            ),
+            (new_state.value, approver, now, now if approve else None, approval_id, tenant, now),
+        )
+        return _approval(row) if row else None
+
+    async def purge(self, *, closed_before: float) -> int:
+        total = 0
+        while True:
+            async with self._conn() as conn:
+                # SKIP LOCKED: replicas purging at once take disjoint rows, each counted once.
+                cur = await conn.execute(
+                    "DELETE FROM approvals WHERE id IN (SELECT id FROM approvals WHERE expires_at < %(t)s "
+                    "OR (state = 'consumed' AND consumed_at < %(t)s) LIMIT %(n)s FOR UPDATE SKIP LOCKED)",
+                    {"t": closed_before, "n": _PURGE_BATCH},
+                )
+                deleted = cur.rowcount
+            total += deleted
+            if deleted < _PURGE_BATCH:
+                return total
+
+
+def _approval(row: tuple[Any, ...]) -> Approval:
+    return Approval(
+        id=row[0],
+        tenant=row[1],
+        requester=row[2],
+        filename=row[3],
+        sha256=row[4],
+        bytes=row[5],
+        state=ApprovalState(row[6]),
+        created_at=row[7],
+        expires_at=row[8],
+        decided_by=row[9],
+        decided_at=row[10],
+        consumed_at=row[11],
+    )

@@ -1,0 +1,444 @@
+"""The one `ApprovalStore` suite, run against both implementations: SQLite and PostgreSQL.
+
+Every test that races runs its contenders on two store instances over the same database:
+two replicas (PostgreSQL), or two processes of one host (SQLite). PostgreSQL is real (the
+run's throw-away cluster, a schema per test); a missing database fails the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pgtest import fresh_schema
+
+from broker.approvals import migrations
+from broker.approvals.postgres_store import PostgresApprovalStore
+from broker.approvals.sqlite_store import SqliteApprovalStore
+from broker.approvals.store import (
+    ApprovalStore,
+    DecisionError,
+    Draft,
+    SchemaMismatch,
+    StoreUnavailable,
+    TooManyPending,
+)
+from broker.settings import DatabaseSettings
+from broker.types import ApprovalState
+
+pytestmark = pytest.mark.anyio
+TTL = 600.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Opener:
+    """Opens another instance over the same database each time it is called."""
+
+    def __init__(self, tmp_path: Path, clock: Clock, url: str | None) -> None:
+        self.url = url  # None: SQLite
+        self._path = tmp_path / "approvals.sqlite3"
+        self._clock = clock
+        self.opened: list[ApprovalStore] = []
+
+    async def __call__(self) -> ApprovalStore:
+        store: ApprovalStore
+        if self.url is None:
+            store = SqliteApprovalStore(self._path, clock=self._clock)
+        else:
+            store = await PostgresApprovalStore.open(pg_settings(self.url), clock=self._clock)
+        self.opened.append(store)
+        return store
+
+    def widen_races(self) -> None:
+        """PostgreSQL: every UPDATE holds its row lock a while before it commits, so racing
+        statements really overlap (one's snapshot predates the other's commit). A test-only
+        trigger in the test's own schema; SQLite's writers are serialized by the file lock."""
+        if self.url is None:
+            return
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION slow() RETURNS trigger AS $$ BEGIN PERFORM pg_sleep(0.05); "
+                "RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            conn.execute(
+                "CREATE TRIGGER slow BEFORE UPDATE ON approvals FOR EACH ROW EXECUTE FUNCTION slow()"
+            )
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def open_store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> AsyncIterator[Opener]:
+    database = fresh_schema() if request.param == "postgres" else contextlib.nullcontext(None)
+    with database as url:
+        if url is not None:
+            await upgraded(url)
+        opener = Opener(tmp_path, clock, url)
+        try:
+            yield opener
+        finally:
+            for store in opener.opened:
+                await store.close()
+
+
+def pg_settings(url: str, **kwargs: Any) -> DatabaseSettings:
+    # Connections opened up front: racing calls really run at once, not queued on one.
+    return DatabaseSettings(url=url, pool_min=8, pool_max=8, **kwargs)
+
+
+async def upgraded(url: str) -> list[int]:
+    store = await PostgresApprovalStore.open(pg_settings(url), check_schema=False)
+    try:
+        return await store.upgrade()
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def store(open_store: Opener) -> ApprovalStore:
+    return await open_store()
+
+
+def draft(
+    filename: str = "q3.md", content: str = "all good", tenant: str = "acme", who: str = "alice"
+) -> Draft:
+    data = content.encode()
+    return Draft(tenant, who, filename, content, hashlib.sha256(data).hexdigest(), len(data))
+
+
+async def approved(store: ApprovalStore, d: Draft) -> str:
+    record, _ = await store.request(d, ttl=TTL, max_pending=100)
+    decided = await store.decide(
+        record.id, tenant=d.tenant, approver="bob", approve=True, require_distinct=False
+    )
+    assert not isinstance(decided, DecisionError)
+    return record.id
+
+
+def consume(store: ApprovalStore, d: Draft) -> Awaitable[Any]:
+    return store.consume(tenant=d.tenant, requester=d.requester, filename=d.filename, sha256=d.sha256)
+
+
+# -- records --------------------------------------------------------------------------------
+
+
+async def test_one_open_record_per_report_with_its_content(store: ApprovalStore) -> None:
+    d = draft(content="line\nwith ünïcode")
+    first, created = await store.request(d, ttl=TTL, max_pending=10)
+    again, created_again = await store.request(d, ttl=TTL, max_pending=10)
+    assert (created, created_again, again.id) == (True, False, first.id)
+    assert first.state is ApprovalState.PENDING and first.bytes == d.size
+    detail = await store.detail(first.id, "acme")
+    assert detail is not None and detail.content == d.content
+    assert await store.get(first.id, "globex") is None  # another tenant's id: nothing
+    assert await store.detail(first.id, "globex") is None
+
+
+async def test_expired_records_read_as_expired_and_cannot_be_decided(
+    store: ApprovalStore, clock: Clock
+) -> None:
+    record, _ = await store.request(draft(), ttl=60, max_pending=10)
+    clock.now += 61
+    current = await store.get(record.id, "acme")
+    assert current is not None and current.state is ApprovalState.EXPIRED
+    outcome = await store.decide(
+        record.id, tenant="acme", approver="bob", approve=True, require_distinct=False
+    )
+    assert outcome is DecisionError.EXPIRED
+    # and an expired record no longer counts against the cap, nor blocks a new request
+    fresh, created = await store.request(draft(), ttl=60, max_pending=1)
+    assert created and fresh.id != record.id
+
+
+async def test_decision_errors(store: ApprovalStore) -> None:
+    record, _ = await store.request(draft(), ttl=TTL, max_pending=10)
+    same = await store.decide(record.id, tenant="acme", approver="alice", approve=True, require_distinct=True)
+    assert same is DecisionError.SAME_PERSON
+    foreign = await store.decide(
+        record.id, tenant="globex", approver="bob", approve=True, require_distinct=False
+    )
+    assert foreign is DecisionError.NOT_FOUND
+    ok = await store.decide(record.id, tenant="acme", approver="alice", approve=False, require_distinct=False)
+    assert not isinstance(ok, DecisionError) and ok.state is ApprovalState.DENIED and ok.decided_by == "alice"
+    again = await store.decide(record.id, tenant="acme", approver="bob", approve=True, require_distinct=False)
+    assert again is DecisionError.NOT_PENDING
+    # a "no" stands for that exact report until its expiry
+    refused = await store.denied(draft())
+    assert refused is not None and refused.id == record.id
+    assert await store.denied(draft(content="something else")) is None
+
+
+async def test_release_gives_back_one_consumption_once(store: ApprovalStore) -> None:
+    d = draft()
+    approval_id = await approved(store, d)
+    taken = await consume(store, d)
+    assert taken is not None and taken.id == approval_id and taken.state is ApprovalState.CONSUMED
+    assert await consume(store, d) is None
+    assert await store.release(approval_id, "globex") is False
+    assert await store.release(approval_id, "acme") is True
+    assert await store.release(approval_id, "acme") is False  # only a consumption is undone
+    again = await consume(store, d)
+    assert again is not None and again.id == approval_id
+
+
+async def test_in_band_answer_counts_once(store: ApprovalStore) -> None:
+    await store.record_in_band("a" * 32, draft(), ttl=TTL, max_pending=10)
+    answered = await store.answer_in_band("a" * 32, tenant="acme", approver="alice", approve=True)
+    assert answered is not None and answered.state is ApprovalState.CONSUMED
+    assert await store.answer_in_band("a" * 32, tenant="acme", approver="alice", approve=True) is None
+    await store.record_in_band("b" * 32, draft("other.md"), ttl=TTL, max_pending=10)
+    assert await store.answer_in_band("b" * 32, tenant="globex", approver="x", approve=True) is None
+    no = await store.answer_in_band("b" * 32, tenant="acme", approver="alice", approve=False)
+    assert no is not None and no.state is ApprovalState.DENIED
+
+
+async def test_listing_is_filtered_by_state_and_paged_by_keyset(store: ApprovalStore, clock: Clock) -> None:
+    ids = []
+    for i in range(5):
+        clock.now += 1
+        record, _ = await store.request(draft(f"r{i}.md"), ttl=TTL, max_pending=10)
+        ids.append(record.id)
+    await store.request(draft("theirs.md", tenant="globex"), ttl=TTL, max_pending=10)
+    await store.decide(ids[1], tenant="acme", approver="bob", approve=True, require_distinct=False)
+    seen: list[str] = []
+    after = None
+    while True:
+        page = await store.page("acme", None, limit=2, after=after)
+        seen += [a.id for a in page.items]
+        if page.next is None:
+            break
+        after = page.next
+    assert seen == ids[::-1]  # newest first, every record once, no other tenant's
+    pending = await store.page("acme", ApprovalState.PENDING, limit=10, after=None)
+    assert [a.id for a in pending.items] == [i for i in ids[::-1] if i != ids[1]]
+    only = await store.page("acme", ApprovalState.APPROVED, limit=10, after=None)
+    assert [a.id for a in only.items] == [ids[1]] and only.next is None
+
+
+async def test_pending_count_is_every_tenants_open_records(open_store: Opener) -> None:
+    store = await open_store()
+    await store.request(draft("a.md"), ttl=TTL, max_pending=10)
+    await store.request(draft("b.md", tenant="globex"), ttl=TTL, max_pending=10)
+    decided, _ = await store.request(draft("c.md"), ttl=TTL, max_pending=10)
+    await store.decide(decided.id, tenant="acme", approver="bob", approve=True, require_distinct=False)
+    # a new instance (another replica) counts what the first wrote
+    assert (await open_store()).pending_count() == 2
+
+
+# -- races, across two instances over one database --------------------------------------------
+
+
+async def test_consumption_is_exactly_once_across_instances(open_store: Opener) -> None:
+    one, two = await open_store(), await open_store()
+    d = draft()
+    await approved(one, d)
+    open_store.widen_races()
+    results = await asyncio.gather(*(consume(s, d) for _ in range(10) for s in (one, two)))
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1 and winners[0].state is ApprovalState.CONSUMED
+
+
+async def test_decisions_are_first_wins_across_instances(open_store: Opener) -> None:
+    one, two = await open_store(), await open_store()
+    record, _ = await one.request(draft(), ttl=TTL, max_pending=10)
+    open_store.widen_races()
+    results = await asyncio.gather(
+        *(
+            s.decide(record.id, tenant="acme", approver=f"u{i}", approve=i % 2 == 0, require_distinct=False)
+            for i in range(10)
+            for s in (one, two)
+        )
+    )
+    won = [r for r in results if not isinstance(r, DecisionError)]
+    assert len(won) == 1
+    assert all(r is DecisionError.NOT_PENDING for r in results if isinstance(r, DecisionError))
+    final = await two.get(record.id, "acme")
+    assert final is not None and (final.state, final.decided_by) == (won[0].state, won[0].decided_by)
+
+
+async def test_pending_cap_holds_across_instances_for_both_kinds(open_store: Opener) -> None:
+    one, two = await open_store(), await open_store()
+
+    async def ask(i: int) -> bool:
+        s = (one, two)[i % 2]
+        try:
+            if i % 3 == 0:
+                await s.record_in_band(f"{i:032x}", draft(f"in{i}.md"), ttl=TTL, max_pending=3)
+            else:
+                await s.request(draft(f"out{i}.md"), ttl=TTL, max_pending=3)
+        except TooManyPending:
+            return False
+        return True
+
+    created = await asyncio.gather(*(ask(i) for i in range(24)))
+    assert sum(created) == 3
+    assert len((await one.page("acme", ApprovalState.PENDING, limit=50, after=None)).items) == 3
+    # the cap is per tenant
+    await two.request(draft(tenant="globex"), ttl=TTL, max_pending=3)
+
+
+async def test_one_record_per_report_across_instances(open_store: Opener) -> None:
+    one, two = await open_store(), await open_store()
+    results = await asyncio.gather(
+        *(s.request(draft(), ttl=TTL, max_pending=50) for _ in range(5) for s in (one, two))
+    )
+    assert len({r.id for r, _ in results}) == 1 and sum(created for _, created in results) == 1
+
+
+async def test_retention_purges_closed_records_once_across_instances(
+    open_store: Opener, clock: Clock
+) -> None:
+    one, two = await open_store(), await open_store()
+    closed = 0
+    for i in range(30):
+        d = draft(f"c{i}.md")
+        await approved(one, d)
+        await consume(one, d)
+        closed += 1
+    await one.request(draft("expiring.md"), ttl=60, max_pending=100)
+    closed += 1
+    clock.now += 120
+    open_record, _ = await one.request(draft("open.md"), ttl=TTL, max_pending=100)
+    counts = await asyncio.gather(
+        one.purge(closed_before=clock.now - 30), two.purge(closed_before=clock.now - 30)
+    )
+    assert sum(counts) == closed
+    left = await two.page("acme", None, limit=100, after=None)
+    assert [a.id for a in left.items] == [open_record.id]  # open records are never purged
+
+
+# -- schema versions ------------------------------------------------------------------------
+
+
+async def test_sqlite_adopts_a_file_from_before_versioning_and_refuses_a_newer_one(tmp_path: Path) -> None:
+    path = tmp_path / "approvals.sqlite3"
+    legacy = sqlite3.connect(path)
+    legacy.execute(migrations.MIGRATIONS[0].sqlite[0])
+    legacy.execute(
+        "INSERT INTO approvals VALUES "
+        "('x', 'acme', 'a', 'f.md', 's', 1, 'c', 'pending', 1, 9e9, NULL, NULL, NULL)"
+    )
+    legacy.commit()
+    legacy.close()
+    store = SqliteApprovalStore(path)
+    assert await store.get("x", "acme") is not None
+    await store.close()
+    db = sqlite3.connect(path)
+    assert migrations.sqlite_version(db) == migrations.LATEST
+    db.execute("INSERT INTO docbroker_schema VALUES (?, 'future', 0)", (migrations.LATEST + 1,))
+    db.commit()
+    db.close()
+    with pytest.raises(SchemaMismatch, match="newer than this broker"):
+        SqliteApprovalStore(path)
+
+
+async def test_postgres_refuses_an_older_or_newer_schema_and_names_the_command() -> None:
+    with fresh_schema() as url:
+        with pytest.raises(SchemaMismatch) as older:
+            await PostgresApprovalStore.open(pg_settings(url))
+        assert str(older.value) == (
+            f"the approvals database schema is at version 0, this broker needs {migrations.LATEST}: "
+            "run `docbroker db upgrade`"
+        )
+        # concurrent upgrades (replicas' jobs) apply each migration once
+        applied = await asyncio.gather(*(upgraded(url) for _ in range(3)))
+        assert sorted(applied) == [[], [], list(range(1, migrations.LATEST + 1))]
+        store = await PostgresApprovalStore.open(pg_settings(url))
+        await store.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO docbroker_schema VALUES (%s, 'future', 0)", (migrations.LATEST + 1,))
+        with pytest.raises(SchemaMismatch, match="newer than this broker"):
+            await PostgresApprovalStore.open(pg_settings(url))
+
+
+# -- PostgreSQL's failure behaviour -----------------------------------------------------------
+
+
+async def test_a_statement_timeout_bounds_every_query() -> None:
+    with fresh_schema() as url:
+        await upgraded(url)
+        store = await PostgresApprovalStore.open(pg_settings(url, statement_timeout_seconds=0.5))
+        try:
+            # Another session holds the tenant's cap lock and never lets go.
+            with psycopg.connect(url) as holder:
+                holder.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("docbroker/approvals/acme",)
+                )
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable) as exc:
+                    await store.request(draft(), ttl=TTL, max_pending=10)
+                assert time.monotonic() - started < 3
+                assert str(exc.value) == "the approvals database cannot be reached or did not answer in time"
+                holder.rollback()
+            # and the store goes on once the lock is gone
+            _, created = await store.request(draft(), ttl=TTL, max_pending=10)
+            assert created
+        finally:
+            await store.close()
+
+
+async def test_an_unreachable_database_fails_with_a_fixed_message(tmp_path: Path) -> None:
+    url = f"postgresql://docbroker:s3cret-password@/docbroker_test?host={tmp_path}/nowhere"
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as exc:
+        await PostgresApprovalStore.open(pg_settings(url, pool_timeout_seconds=0.5))
+    assert time.monotonic() - started < 10
+    assert "s3cret" not in str(exc.value) and "nowhere" not in str(exc.value)
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"DOCBROKER_DATABASE_URL": "mysql://root:s3cret@db/x"},
+            "DOCBROKER_DATABASE_URL must be a postgresql:// URL",
+        ),
+        (
+            {"DOCBROKER_DATABASE_URL": "postgresql://u:s3cret@h/db?sslmode=%zz"},
+            "is not a valid PostgreSQL URL",
+        ),
+        ({"DOCBROKER_DATABASE_POOL_MIN": "5", "DOCBROKER_DATABASE_POOL_MAX": "2"}, "must not exceed"),
+        (
+            {"DOCBROKER_DATABASE_STATEMENT_TIMEOUT": "0"},
+            "DOCBROKER_DATABASE_STATEMENT_TIMEOUT must be between",
+        ),
+    ],
+)
+def test_database_settings_name_the_variable_never_the_value(extra: dict[str, str], message: str) -> None:
+    from broker.settings import Settings, SettingsError
+
+    env = {
+        "DOCBROKER_AUTH_ISSUER": "i",
+        "DOCBROKER_AUTH_AUDIENCE": "a",
+        "DOCBROKER_AUTH_JWKS_FILE": "/x",
+        **extra,
+    }
+    with pytest.raises(SettingsError, match=message) as exc:
+        Settings.from_env(env)
+    assert "s3cret" not in str(exc.value)
+
+
+def test_the_database_url_is_not_in_the_settings_repr() -> None:
+    settings = DatabaseSettings(url="postgresql://u:s3cret@h/db")
+    assert "s3cret" not in repr(settings)
