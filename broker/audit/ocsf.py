@@ -46,12 +46,15 @@ _EVENT_ACTIVITY: Final = {
     AuditEvent.APPROVAL_REQUESTED: CREATE,
     AuditEvent.APPROVAL_DECIDED: UPDATE,
     AuditEvent.APPROVAL_CONSUMED: UPDATE,
+    AuditEvent.APPROVAL_RELEASED: UPDATE,
     AuditEvent.APPROVAL_VIEWED: READ,
+    AuditEvent.APPROVAL_PURGED: DELETE,
     AuditEvent.SANDBOX_STARTED: CREATE,
     AuditEvent.SANDBOX_STOPPED: DELETE,
     AuditEvent.SANDBOX_FAILED: OTHER,
     AuditEvent.TOOLS_REJECTED: OTHER,
     AuditEvent.CONTRACT_CHANGED: UPDATE,
+    AuditEvent.REPORTS_QUARANTINED: UPDATE,
 }
 _TOOL_ACTIVITY: Final = {"search_documents": READ, "read_document": READ, "save_report": CREATE}
 _READ_METHOD_PREFIXES: Final = ("tools/list", "resources/", "prompts/", "ping", "completion/")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,11 +85,40 @@ except BackendRefused as exc:
 """
 
 
-def connect_as(daemon: Daemon, uid: int, gid: int, groups: list[int]) -> str:
+@pytest.fixture(scope="module")
+def world_readable() -> Iterator[Path]:
+    """The environment and the code, where a user other than root can reach them: the checkout
+    (and its venv) may lie in a folder only root may enter, as a CI clone in a `mktemp -d` does.
+    Hard links where the file system allows (no data is copied), else copies."""
+    top = Path(tempfile.mkdtemp(prefix="docbroker-as-user-", dir="/tmp"))
+    top.chmod(0o755)
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(sys.prefix, top / "venv", symlinks=True, copy_function=link)
+    for part in ("broker", "server"):
+        shutil.copytree(REPO / part, top / "code" / part, copy_function=link,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copy2(SECCOMP, top / "seccomp.json")
+    for folder in (top, *top.rglob("*")):
+        if folder.is_dir() and not folder.is_symlink():
+            folder.chmod(0o755)
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top)
+
+
+def connect_as(daemon: Daemon, top: Path, uid: int, gid: int, groups: list[int]) -> str:
     """DockerBackend.connect in a broker process of that uid, gid and supplementary groups."""
-    env = {"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/"}
+    env = {"PYTHONPATH": str(top / "code"), "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/"}
+    python = top / "venv" / "bin" / "python"
     done = subprocess.run(
-        [sys.executable, "-c", CONNECT, daemon.host, IMAGE, str(SECCOMP)],
+        [str(python), "-c", CONNECT, daemon.host, IMAGE, str(top / "seccomp.json")],
         user=uid,
         group=gid,
         extra_groups=groups,
@@ -101,13 +133,15 @@ def connect_as(daemon: Daemon, uid: int, gid: int, groups: list[int]) -> str:
     return done.stdout.strip()
 
 
-def test_a_broker_not_in_the_sandbox_group_is_refused_by_a_rootful_daemon(daemon: Daemon) -> None:
+def test_a_broker_not_in_the_sandbox_group_is_refused_by_a_rootful_daemon(
+    daemon: Daemon, world_readable: Path
+) -> None:
     """The sandbox's group is 10001 there, not root's: a broker that is neither root nor in it
     could read no report and reach no socket, so it is refused at once, saying why."""
     if rootless(daemon):  # gid 0 in the sandbox is the daemon user's own: no group needed
-        assert connect_as(daemon, daemon.owner_uid, daemon.owner_gid, []) == "connected"
+        assert connect_as(daemon, world_readable, daemon.owner_uid, daemon.owner_gid, []) == "connected"
         return
     socket_group = os.stat(daemon.host.removeprefix("unix://")).st_gid  # may use the daemon
-    refused = connect_as(daemon, NOBODY, NOBODY, [socket_group])
+    refused = connect_as(daemon, world_readable, NOBODY, NOBODY, [socket_group])
     assert refused.startswith("refused:") and "group 10001" in refused, refused
-    assert connect_as(daemon, NOBODY, NOBODY, [socket_group, 10001]) == "connected"
+    assert connect_as(daemon, world_readable, NOBODY, NOBODY, [socket_group, 10001]) == "connected"

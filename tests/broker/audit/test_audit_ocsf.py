@@ -133,6 +133,12 @@ EVERY_EVENT: list[tuple[str, dict[str, Any]]] = [
     ),
     (AuditEvent.TOOLS_REJECTED, {"tenant": "acme", "sandbox": "ctr-2", "reason": "descriptor_mismatch"}),
     (AuditEvent.CONTRACT_CHANGED, {"tenant": "acme", "sandbox": "ctr-2", "tool": "read_document"}),
+    (
+        AuditEvent.APPROVAL_RELEASED,
+        {"tenant": "acme", "subject": "alice", "approval_id": "apr-1", "reason": "not_forwarded"},
+    ),
+    (AuditEvent.APPROVAL_PURGED, {"outcome": "ok", "reason": "retention", "count": 3}),
+    (AuditEvent.REPORTS_QUARANTINED, {"tenant": "acme", "reason": "dropbox_after_save", "count": 2}),
 ]
 
 
