@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    META_COLUMNS,
     Approval,
     ApprovalDetail,
     DecisionError,
@@ -48,26 +49,14 @@ from broker.approvals.store import (
     Position,
     StoreUnavailable,
     TooManyPending,
+    approval_from_row,
+    select,
+    state_filter,
 )
 from broker.settings import DatabaseSettings
 from broker.types import ApprovalState
 
 log = logging.getLogger("docbroker")
-
-_META = (
-    "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
-    "decided_by, decided_at, consumed_at"
-)
-
-_STATE_FILTER: dict[ApprovalState, str] = {
-    ApprovalState.PENDING: "state = 'pending' AND expires_at > %(now)s",
-    ApprovalState.APPROVED: "state = 'approved' AND expires_at > %(now)s",
-    ApprovalState.DENIED: "state = 'denied'",
-    ApprovalState.CONSUMED: "state = 'consumed'",
-    ApprovalState.EXPIRED: (
-        "(state IN ('pending', 'approved') AND expires_at <= %(now)s) OR state = 'expired'"
-    ),
-}
 
 _PURGE_BATCH = 500
 # The pending gauge is a cached count: `pending_count()` is called on the event loop and
@@ -78,13 +67,9 @@ _GAUGE_REFRESH_SECONDS = 5.0
 _RECONNECT_SECONDS = 5.0
 
 
-def _select(columns: str, rest: str) -> str:
-    # Only this module's constants are spliced in; every value is a bound parameter.
-    return f"SELECT {columns} FROM approvals {rest}"  # noqa: S608
-
 
 def _returning(statement: str) -> str:
-    return f"{statement} RETURNING {_META}"
+    return f"{statement} RETURNING {META_COLUMNS}"
 
 
 def connection_kwargs(settings: DatabaseSettings) -> dict[str, Any]:
@@ -193,14 +178,14 @@ class PostgresApprovalStore:
     # -- reads ------------------------------------------------------------------------------
 
     async def get(self, approval_id: str, tenant: str) -> Approval | None:
-        row = await self._one(_select(_META, "WHERE id = %s AND tenant = %s"), (approval_id, tenant))
-        return _approval(row).as_of(self._clock()) if row else None
+        row = await self._one(select(META_COLUMNS, "WHERE id = %s AND tenant = %s"), (approval_id, tenant))
+        return approval_from_row(row).as_of(self._clock()) if row else None
 
     async def detail(self, approval_id: str, tenant: str) -> ApprovalDetail | None:
         row = await self._one(
-            _select(_META + ", content", "WHERE id = %s AND tenant = %s"), (approval_id, tenant)
+            select(META_COLUMNS + ", content", "WHERE id = %s AND tenant = %s"), (approval_id, tenant)
         )
-        return ApprovalDetail(_approval(row).as_of(self._clock()), row[-1]) if row else None
+        return ApprovalDetail(approval_from_row(row).as_of(self._clock()), row[-1]) if row else None
 
     async def page(
         self, tenant: str, state: ApprovalState | None, *, limit: int, after: Position | None
@@ -209,15 +194,16 @@ class PostgresApprovalStore:
         where = ["tenant = %(tenant)s"]
         params: dict[str, Any] = {"tenant": tenant, "now": now, "limit": limit + 1}
         if state is not None:
-            where.append(f"({_STATE_FILTER[state]})")
+            where.append(f"({state_filter(state, '%(now)s')})")
         if after is not None:
             where.append("(created_at < %(at)s OR (created_at = %(at)s AND id < %(id)s))")
             params.update(at=after.created_at, id=after.id)
-        sql = _select(_META, f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT %(limit)s")
+        order = "ORDER BY created_at DESC, id DESC LIMIT %(limit)s"
+        sql = select(META_COLUMNS, f"WHERE {' AND '.join(where)} {order}")
         async with self._conn() as conn:
             cur = await conn.execute(sql, params)
             rows = await cur.fetchall()
-        items = [_approval(r).as_of(now) for r in rows[:limit]]
+        items = [approval_from_row(r).as_of(now) for r in rows[:limit]]
         more = len(rows) > limit
         return Page(items, Position(items[-1].created_at, items[-1].id) if more else None)
 
@@ -238,14 +224,14 @@ class PostgresApprovalStore:
 
     async def denied(self, draft: Draft) -> Approval | None:
         row = await self._one(
-            _select(
-                _META,
+            select(
+                META_COLUMNS,
                 "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
                 "AND state = 'denied' AND expires_at > %s ORDER BY decided_at DESC LIMIT 1",
             ),
             (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
         )
-        return _approval(row) if row else None
+        return approval_from_row(row) if row else None
 
     # -- transitions ------------------------------------------------------------------------
 
@@ -279,8 +265,8 @@ class PostgresApprovalStore:
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("docbroker/approvals/" + draft.tenant,)
         )
         found = await conn.execute(
-            _select(
-                _META,
+            select(
+                META_COLUMNS,
                 "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
                 "AND state IN ('pending', 'approved') AND expires_at > %s "
                 "ORDER BY created_at DESC LIMIT 1",
@@ -293,7 +279,7 @@ class PostgresApprovalStore:
         )
         row = await found.fetchone()
         count = await counted.fetchone()
-        return (_approval(row) if row else None), (int(count[0]) if count else 0)
+        return (approval_from_row(row) if row else None), (int(count[0]) if count else 0)
 
     @staticmethod
     async def _insert_pending(
@@ -345,7 +331,7 @@ class PostgresApprovalStore:
              "tenant": tenant, "distinct": require_distinct},
         )  # fmt: skip
         if row:
-            return _approval(row)
+            return approval_from_row(row)
         # Not decided by us: say why, from the record as it now is (first decision wins).
         current = await self.get(approval_id, tenant)
         if current is None:
@@ -372,7 +358,7 @@ class PostgresApprovalStore:
             ),
             {"now": now, "tenant": tenant, "requester": requester, "filename": filename, "sha256": sha256},
         )
-        return _approval(row) if row else None
+        return approval_from_row(row) if row else None
 
     async def release(self, approval_id: str, tenant: str) -> bool:
         row = await self._one(
@@ -394,7 +380,7 @@ class PostgresApprovalStore:
             ),
             (new_state.value, approver, now, now if approve else None, approval_id, tenant, now),
         )
-        return _approval(row) if row else None
+        return approval_from_row(row) if row else None
 
     async def purge(self, *, closed_before: float) -> int:
         total = 0
@@ -412,18 +398,3 @@ class PostgresApprovalStore:
                 return total
 
 
-def _approval(row: tuple[Any, ...]) -> Approval:
-    return Approval(
-        id=row[0],
-        tenant=row[1],
-        requester=row[2],
-        filename=row[3],
-        sha256=row[4],
-        bytes=row[5],
-        state=ApprovalState(row[6]),
-        created_at=row[7],
-        expires_at=row[8],
-        decided_by=row[9],
-        decided_at=row[10],
-        consumed_at=row[11],
-    )

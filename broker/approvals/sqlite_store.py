@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    META_COLUMNS,
     Approval,
     ApprovalDetail,
     DecisionError,
@@ -30,29 +31,11 @@ from broker.approvals.store import (
     Page,
     Position,
     TooManyPending,
+    approval_from_row,
+    select,
+    state_filter,
 )
 from broker.types import ApprovalState
-
-# Everything but `content`: listings and decisions never read a report's text.
-_META = (
-    "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
-    "decided_by, decided_at, consumed_at"
-)
-
-# How a state filter reads in SQL (`:now` is now): expiry is computed, never written back.
-_STATE_FILTER: dict[ApprovalState, str] = {
-    ApprovalState.PENDING: "state = 'pending' AND expires_at > :now",
-    ApprovalState.APPROVED: "state = 'approved' AND expires_at > :now",
-    ApprovalState.DENIED: "state = 'denied'",
-    ApprovalState.CONSUMED: "state = 'consumed'",
-    ApprovalState.EXPIRED: "(state IN ('pending', 'approved') AND expires_at <= :now) OR state = 'expired'",
-}
-
-
-def _select(columns: str, rest: str) -> str:
-    # Only this module's constants are spliced in; every value is a bound parameter.
-    return f"SELECT {columns} FROM approvals {rest}"  # noqa: S608
-
 
 _PURGE_BATCH = 500  # rows per DELETE: the metrics gauge never waits on one long purge
 
@@ -151,51 +134,50 @@ class SqliteApprovalStore:
 
     def _get(self, approval_id: str, tenant: str) -> Approval | None:
         row = self._db.execute(
-            _select(_META, "WHERE id = ? AND tenant = ?"), (approval_id, tenant)
+            select(META_COLUMNS, "WHERE id = ? AND tenant = ?"), (approval_id, tenant)
         ).fetchone()
-        return _approval(row).as_of(self._clock()) if row else None
+        return approval_from_row(row).as_of(self._clock()) if row else None
 
     def _detail(self, approval_id: str, tenant: str) -> ApprovalDetail | None:
         row = self._db.execute(
-            _select(_META + ", content", "WHERE id = ? AND tenant = ?"), (approval_id, tenant)
+            select(META_COLUMNS + ", content", "WHERE id = ? AND tenant = ?"), (approval_id, tenant)
         ).fetchone()
-        return ApprovalDetail(_approval(row).as_of(self._clock()), row["content"]) if row else None
+        return ApprovalDetail(approval_from_row(row).as_of(self._clock()), row["content"]) if row else None
 
     def _page(self, tenant: str, state: ApprovalState | None, limit: int, after: Position | None) -> Page:
         now = self._clock()
         where = ["tenant = :tenant"]
         if state is not None:
-            where.append(f"({_STATE_FILTER[state]})")
+            where.append(f"({state_filter(state, ':now')})")
         if after is not None:
             where.append("(created_at < :at OR (created_at = :at AND id < :id))")
         params = {"tenant": tenant, "now": now, "limit": limit + 1}
         if after is not None:
             params.update(at=after.created_at, id=after.id)
-        rows = self._db.execute(
-            _select(_META, f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT :limit"),
-            params,
-        ).fetchall()
-        items = [_approval(r).as_of(now) for r in rows[:limit]]
+        order = "ORDER BY created_at DESC, id DESC LIMIT :limit"
+        sql = select(META_COLUMNS, f"WHERE {' AND '.join(where)} {order}")
+        rows = self._db.execute(sql, params).fetchall()
+        items = [approval_from_row(r).as_of(now) for r in rows[:limit]]
         more = len(rows) > limit
         return Page(items, Position(items[-1].created_at, items[-1].id) if more else None)
 
     def _denied(self, draft: Draft) -> Approval | None:
         row = self._db.execute(
-            _select(
-                _META,
+            select(
+                META_COLUMNS,
                 "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
                 "AND state = 'denied' AND expires_at > ? ORDER BY decided_at DESC LIMIT 1",
             ),
             (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
         ).fetchone()
-        return _approval(row) if row else None
+        return approval_from_row(row) if row else None
 
     def _request(self, draft: Draft, ttl: float, max_pending: int) -> tuple[Approval, bool]:
         with self._transaction():
             now = self._clock()
             row = self._db.execute(
-                _select(
-                    _META,
+                select(
+                    META_COLUMNS,
                     "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
                     "AND state IN ('pending', 'approved') AND expires_at > ? "
                     "ORDER BY created_at DESC LIMIT 1",
@@ -203,7 +185,7 @@ class SqliteApprovalStore:
                 (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
             ).fetchone()
             if row:
-                return _approval(row), False
+                return approval_from_row(row), False
             approval_id = secrets.token_hex(16)
             self._insert_pending(approval_id, draft, now, ttl, max_pending)
         created = self._get(approval_id, draft.tenant)
@@ -312,18 +294,3 @@ class SqliteApprovalStore:
         self._db.execute("COMMIT")
 
 
-def _approval(row: sqlite3.Row) -> Approval:
-    return Approval(
-        id=row["id"],
-        tenant=row["tenant"],
-        requester=row["requester"],
-        filename=row["filename"],
-        sha256=row["sha256"],
-        bytes=row["bytes"],
-        state=ApprovalState(row["state"]),
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        decided_by=row["decided_by"],
-        decided_at=row["decided_at"],
-        consumed_at=row["consumed_at"],
-    )

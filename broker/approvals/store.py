@@ -12,9 +12,10 @@ happens and the loser sees the record as it now is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from broker.types import ApprovalState
 
@@ -125,6 +126,51 @@ class Position:
 class Page:
     items: list[Approval]
     next: Position | None  # None: this was the last page
+
+
+# -- what the SQL stores share ----------------------------------------------------------------
+
+# Everything but `content`, in this order (`approval_from_row` reads by position): listings and
+# decisions never read a report's text.
+META_COLUMNS = (
+    "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
+    "decided_by, decided_at, consumed_at"
+)
+
+
+def state_filter(state: ApprovalState, now: str) -> str:
+    """A state as it reads in SQL, `now` being the backend's placeholder for the time: expiry
+    is computed, never written back."""
+    match state:
+        case ApprovalState.PENDING | ApprovalState.APPROVED:
+            return f"state = '{state.value}' AND expires_at > {now}"
+        case ApprovalState.EXPIRED:
+            return f"(state IN ('pending', 'approved') AND expires_at <= {now}) OR state = 'expired'"
+        case _:
+            return f"state = '{state.value}'"
+
+
+def select(columns: str, rest: str) -> str:
+    # Only the stores' own constants are spliced in; every value is a bound parameter.
+    return f"SELECT {columns} FROM approvals {rest}"  # noqa: S608
+
+
+def approval_from_row(row: Sequence[Any]) -> Approval:
+    """A record from a row whose first columns are META_COLUMNS."""
+    return Approval(
+        id=row[0],
+        tenant=row[1],
+        requester=row[2],
+        filename=row[3],
+        sha256=row[4],
+        bytes=row[5],
+        state=ApprovalState(row[6]),
+        created_at=row[7],
+        expires_at=row[8],
+        decided_by=row[9],
+        decided_at=row[10],
+        consumed_at=row[11],
+    )
 
 
 class ApprovalStore(Protocol):
