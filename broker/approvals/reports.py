@@ -32,6 +32,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from broker.audit.schema import AuditEvent
+from broker.threads import to_thread_to_the_end
 from server.contracts import FILENAME_RE, MAX_REPORT_BYTES
 
 log = logging.getLogger("docbroker.reports")
@@ -124,11 +125,11 @@ class ReportStore:
     async def saving(self, on_swept: OnSwept) -> AsyncIterator[None]:
         """One approved save's turn: the drop-box is emptied before it and after it, ok or not."""
         async with self.exclusive():
-            await on_swept(await _finished(self.sweep), SweepReason.BEFORE_SAVE)
+            await on_swept(await to_thread_to_the_end(self.sweep), SweepReason.BEFORE_SAVE)
             try:
                 yield
             finally:
-                await on_swept(await _finished(self.sweep), SweepReason.AFTER_SAVE)
+                await on_swept(await to_thread_to_the_end(self.sweep), SweepReason.AFTER_SAVE)
 
     def sweep(self) -> Swept:
         """Quarantine everything in the drop-box (call it in a turn of `exclusive`)."""
@@ -244,18 +245,6 @@ def _warn(what: str, exc: OSError) -> None:
     log.warning("%s (%s)", what, errno.errorcode.get(exc.errno or 0, "error"))
 
 
-async def _finished(fn: Callable[[], Swept]) -> Swept:
-    """`fn` in a worker thread (a sandbox may have planted many files); a cancelled caller still
-    waits for it, so no sweep runs on after its turn is over."""
-    job = asyncio.ensure_future(asyncio.to_thread(fn))
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
-            await job
-        raise
-
-
 def audit_sweep(emit: Callable[..., Awaitable[None]], **ids: str) -> OnSwept:
     """An `OnSwept` that audits what a sweep found by count and reason, never by name."""
 
@@ -288,4 +277,5 @@ async def sweep_dropboxes(
     for tenant in tenants:
         store = store_for(tenant)
         async with store.exclusive():
-            await audit_sweep(emit, tenant=tenant)(await _finished(store.sweep), SweepReason.STARTUP)
+            swept = await to_thread_to_the_end(store.sweep)
+            await audit_sweep(emit, tenant=tenant)(swept, SweepReason.STARTUP)

@@ -412,16 +412,23 @@ def _witness_problem(record: Any, keys: Keyring) -> str | None:
     return None
 
 
+def load_keys(key_specs: list[str], command: str) -> Keyring | None:
+    """The public keys given on a command line; None (the reason said on stderr) if one is bad."""
+    from broker.audit.checkpoint import KeyFileError, load_public_key
+
+    try:
+        return Keyring([load_public_key(spec) for spec in key_specs])
+    except KeyFileError as exc:
+        sys.stderr.write(f"docbroker audit {command}: {exc}\n")
+        return None
+
+
 def main(
     files: list[str], key_specs: list[str], witness_files: list[str], replica: str | None, as_json: bool
 ) -> int:
     """`docbroker audit verify`: one verdict line per file (or one JSON document); exit 0/1/2."""
-    from broker.audit.checkpoint import KeyFileError, load_public_key
-
-    try:
-        keys = Keyring([load_public_key(spec) for spec in key_specs])
-    except KeyFileError as exc:
-        sys.stderr.write(f"docbroker audit verify: {exc}\n")
+    keys = load_keys(key_specs, "verify")
+    if keys is None:
         return EXIT_USAGE
     try:
         report = verify_logs([Path(f) for f in files], keys, [Path(w) for w in witness_files], replica)

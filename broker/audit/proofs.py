@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.audit.checkpoint import CHECKPOINT_LABEL, Keyring
-from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, EXIT_USAGE, group_files
+from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, EXIT_USAGE, group_files, load_keys
 from broker.audit.merkle import (
     RangeHasher,
     consistency_ranges,
@@ -229,12 +229,8 @@ def main_prove(
 
 
 def main_verify_proof(proof_file: str, key_specs: list[str]) -> int:
-    from broker.audit.checkpoint import KeyFileError, load_public_key
-
-    try:
-        keys = Keyring([load_public_key(spec) for spec in key_specs])
-    except KeyFileError as exc:
-        sys.stderr.write(f"docbroker audit verify-proof: {exc}\n")
+    keys = load_keys(key_specs, "verify-proof")
+    if keys is None:
         return EXIT_USAGE
     try:
         text = sys.stdin.read() if proof_file == "-" else Path(proof_file).read_text(encoding="ascii")

@@ -40,7 +40,6 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +47,7 @@ from broker.runtime.base import BackendRefused, SandboxBackend, SandboxStartErro
 from broker.runtime.daemon import DaemonFacts, daemon_facts
 from broker.runtime.pool import Slot, WarmPool
 from broker.settings import DockerSettings
+from broker.threads import to_thread_to_the_end
 from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
 from server import landlock
 from server.binding import BindingError, send_binding
@@ -199,7 +199,7 @@ class DockerBackend(SandboxBackend):
         slot = await self._pool.take()
         if slot is not None:
             try:
-                return await _to_thread_to_the_end(self._bind, slot, spec)
+                return await to_thread_to_the_end(self._bind, slot, spec)
             except asyncio.CancelledError:
                 # The caller gave up: what the bind made is removed, so no sandbox is left
                 # running that the lifecycle does not know.
@@ -263,7 +263,7 @@ class DockerBackend(SandboxBackend):
             return await asyncio.to_thread(self._running, name)
 
         try:
-            slot.sandbox_id = await _to_thread_to_the_end(self._create_slot, slot, name)
+            slot.sandbox_id = await to_thread_to_the_end(self._create_slot, slot, name)
             if not await wait_ready(endpoint, WARM_START_TIMEOUT_SECONDS, alive):
                 raise SandboxStartError("a warm sandbox did not become ready")
         except BaseException:
@@ -553,24 +553,6 @@ def _check_spec(spec: SandboxSpec) -> None:
             raise SandboxStartError(f"the tenant's {kind} does not exist; provision the tenant first")
     if not os.path.isfile(spec.secret_file):
         raise SandboxStartError("the tenant's secret file does not exist; provision the tenant first")
-
-
-async def _to_thread_to_the_end(fn: Callable[..., _T], *args: Any) -> _T:
-    """`asyncio.to_thread`, but a cancelled caller still waits for the thread to finish.
-
-    A cancelled `to_thread` leaves its thread running, and what it creates (a container)
-    would appear after the caller's clean-up. Here the cancellation is re-raised only once
-    the thread is done, so the caller's clean-up comes after everything it could undo.
-    """
-    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        # The job's own result or error no longer matters (the caller undoes what it did);
-        # a second cancellation must not cut this wait short either.
-        with contextlib.suppress(BaseException):
-            await job
-        raise
 
 
 def _pool_off_reason(settings: DockerSettings, pool_dir: Path | None) -> str | None:
