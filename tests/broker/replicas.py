@@ -180,7 +180,9 @@ class RoundRobin:
     may serve several client threads. `served` counts the answers each replica gave.
     """
 
-    def __init__(self, replicas: Sequence[Broker] | Replicas, *, attempts: int = 4, timeout: float = 30) -> None:
+    def __init__(
+        self, replicas: Sequence[Broker] | Replicas, *, attempts: int = 4, timeout: float = 30
+    ) -> None:
         self._replicas = list(replicas)
         self._next = itertools.count()
         self._lock = threading.Lock()
