@@ -54,7 +54,7 @@ async def _serve(settings: Settings) -> int:
     try:
         audit = await AuditLog.open(settings.audit)
     except AuditSinkError as exc:
-        raise SystemExit(f"docbroker: cannot open the audit log ({exc.code}); refusing to start") from None
+        raise SystemExit(exc.startup_message()) from None
     async with audit:
         try:
             store = await open_store(settings)

@@ -311,6 +311,9 @@ class Settings:
                 f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
                 f"set {PREFIX}ALLOW_INSECURE_LOCAL_RUNTIME=1 to accept that (development and tests only)"
             )
+        replica = r.optional("REPLICA_ID")
+        # Replicas sharing a data dir: each its own chain, key and witness, named by its id.
+        own = f"-{replica}" if replica else ""
         public_url = r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/")
         own_origin = origin_of(public_url)
         if own_origin is None:
@@ -324,14 +327,14 @@ class Settings:
             port=port,
             auth=auth,
             audit=AuditSettings(
-                path=Path(r.text("AUDIT_LOG", str(data_dir / "audit.jsonl"))).absolute(),
+                path=Path(r.text("AUDIT_LOG", str(data_dir / f"audit{own}.jsonl"))).absolute(),
                 fsync=AuditFsync(r.choice("AUDIT_FSYNC", AuditFsync.INTERVAL, tuple(AuditFsync))),
                 fsync_interval_seconds=r.number("AUDIT_FSYNC_INTERVAL", 0.2, low=0.01, high=10),
-                key_file=Path(r.text("AUDIT_KEY_FILE", str(data_dir / "audit-signing.key"))).absolute(),
+                key_file=Path(r.text("AUDIT_KEY_FILE", str(data_dir / f"audit-signing{own}.key"))).absolute(),
                 witness_file=Path(
-                    r.text("AUDIT_WITNESS_FILE", str(data_dir / "audit-witness.jsonl"))
+                    r.text("AUDIT_WITNESS_FILE", str(data_dir / f"audit-witness{own}.jsonl"))
                 ).absolute(),
-                replica=r.text("REPLICA_ID", default_replica_id()),
+                replica=replica or default_replica_id(),
                 checkpoint_every=r.integer("AUDIT_CHECKPOINT_EVERY", 1000, low=1, high=1_000_000),
                 checkpoint_interval_seconds=r.number("AUDIT_CHECKPOINT_INTERVAL", 10.0, low=0.1, high=86_400),
                 rotate_bytes=r.integer("AUDIT_ROTATE_MB", 256, low=0, high=1024 * 1024) * 1024 * 1024,
