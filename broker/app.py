@@ -120,7 +120,8 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, stor
     )
     upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
     metrics = Metrics(runtime.running_count, store.pending_count)
-    limiter = TenantLimiter(policies)  # one budget per tenant, for /mcp and REST alike
+    # one budget per tenant, for /mcp and REST alike: this replica's share of it
+    limiter = TenantLimiter(policies, replicas=settings.replicas)
 
     report_stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
 

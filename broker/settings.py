@@ -216,6 +216,8 @@ class Settings:
     preauth: PreAuthSettings = field(default_factory=PreAuthSettings)
     # Origins a request may carry (DNS rebinding): the public URL's own and any listed.
     allowed_origins: tuple[str, ...] = ()
+    # How many replicas serve the deployment: each enforces its share of a tenant's limits.
+    replicas: int = 1
 
     @property
     def replica_id(self) -> str:
@@ -358,6 +360,7 @@ class Settings:
                 max_addresses=r.integer("PREAUTH_MAX_ADDRESSES", 4096, low=16, high=1_000_000),
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
+            replicas=r.integer("REPLICAS", 1, low=1, high=1000),
             database=DatabaseSettings(
                 url=r.optional("DATABASE_URL"),
                 pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),

@@ -2,6 +2,7 @@
 
     replicas = make_replicas(tmp_path, 2, database_url=url)   # not started
     replicas.start()                       # `docbroker db upgrade` first when a database is given
+    with make_replicas(...) as replicas:   # or: started, and stopped at the end
     a, b = replicas                        # each a harness.Broker (a `Replica`)
     a.token(...)                           # one identity provider: a token works on every replica
     a.kill(); a.start()                    # SIGKILL, then start again on the same port
@@ -109,6 +110,17 @@ class Replicas:
     def stop(self) -> None:
         for member in self.members:
             member.stop()
+
+    def __enter__(self) -> Replicas:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 def make_replicas(
