@@ -8,7 +8,7 @@
     a.kill(); a.start()                    # SIGKILL, then start again on the same port
     lb = RoundRobin(replicas)              # the test's load balancer: no affinity
     lb.post(token, "/mcp", json=..., headers=...)   # next replica; another on a connection error
-    replicas.stop()                        # every replica, SIGTERM then SIGKILL
+    replicas.stop()                        # every replica, SIGTERM then SIGKILL, and orphans
 
 What the replicas share, as a deployment's would: the data dir (tenants' sources and reports,
 run dirs), the master key file, the JWKS file (one signing key: `token()` is valid everywhere),
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import signal
 import subprocess
 import sys
@@ -108,8 +109,11 @@ class Replicas:
             member.start()
 
     def stop(self) -> None:
+        """Stop every replica, then end sandbox processes a SIGKILLed one left behind."""
         for member in self.members:
             member.stop()
+        for member in self.members:
+            reap_orphans(member.data_dir)
 
     def __enter__(self) -> Replicas:
         try:
@@ -121,6 +125,25 @@ class Replicas:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def reap_orphans(data_dir: Path) -> list[int]:
+    """SIGKILL the local runtime's server processes serving sockets under `data_dir`'s run dir
+    (a SIGKILLed broker cannot stop its children). By pid, found in /proc; returns them."""
+    marker = f"--socket {data_dir}/run/".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if marker in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                found.append(int(entry.name))
+    return found
 
 
 def make_replicas(
