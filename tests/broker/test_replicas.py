@@ -14,6 +14,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,12 @@ def test_each_replica_writes_its_own_chain_with_one_terminal_event_per_request_i
     report = json.loads(docbroker(a, "audit", "verify", *files, *keys, *given, "--json").stdout)
     assert report["ok"] and report["signatures_checked"]
     assert sorted(f["replica"] for f in report["files"]) == ["a", "b"]
+    for replica in replicas:  # the OCSF export names the replica as the destination
+        export = docbroker(a, "audit", "export", "--format", "ocsf", replica.audit_file)
+        exported = [json.loads(line) for line in export.stdout.splitlines()]
+        assert len(exported) == len([e for e in events(replica) if not e["event"].startswith("audit.")])
+        assert {e["dst_endpoint"]["uid"] for e in exported} == {replica.replica_id}
+        assert all(e["metadata"]["uid"].startswith(f"{replica.replica_id}:") for e in exported)
 
 
 def test_a_second_broker_on_the_same_audit_log_refuses_to_start_in_one_line(tmp_path: Path) -> None:
@@ -151,6 +158,45 @@ def test_replica_id_names_the_audit_files_only_when_given(tmp_path: Path) -> Non
     for bad in ("0", "two", "-1"):
         with pytest.raises(SettingsError, match="DOCBROKER_REPLICAS") as err:
             Settings.from_env(base | {"DOCBROKER_REPLICAS": bad})
+
+
+def test_a_replica_killed_and_restarted_under_load_fails_no_request(tmp_path: Path) -> None:
+    # Each replica with a sandbox of its own (the sandboxes they share are item 3's tests).
+    replicas = make_replicas(tmp_path, 2, share_data_dir=False)
+    a, b = replicas
+    for replica in replicas:
+        replica.sources("acme").mkdir(parents=True, exist_ok=True)
+        (replica.sources("acme") / "notes.md").write_text("quarterly numbers\n")
+    with replicas:
+        lb = RoundRobin(replicas)
+        token = a.token()
+        stop, failures, calls = threading.Event(), [], [0]
+
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    reply = rpc_reply(call(lb, token, "read_document", {"filename": "notes.md"}))
+                    if reply.get("result", {}).get("structuredContent", {}).get("status") != "ok":
+                        failures.append(str(reply)[:200])
+                except Exception as exc:  # every failure is what the test counts
+                    failures.append(type(exc).__name__)
+                calls[0] += 1
+            lb.close()
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.5)
+        b.kill()
+        served_before = lb.served[1]
+        b.start()
+        time.sleep(1.5)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert failures == [] and calls[0] > 20
+    assert lb.retries >= 1  # calls b could not answer went to a
+    assert lb.served[1] > served_before  # and b serves again after its restart
 
 
 # -- item 4: limits across replicas ----------------------------------------------------------------
