@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 from harness import ROOT, Broker
+from pgtest import fresh_schema
 from replicas import Replica, RoundRobin, make_replicas
 from support import TERMINAL_EVENTS, modern_body, modern_headers, rpc_reply
 
@@ -197,6 +199,31 @@ def test_a_replica_killed_and_restarted_under_load_fails_no_request(tmp_path: Pa
     assert failures == [] and calls[0] > 20
     assert lb.retries >= 1  # calls b could not answer went to a
     assert lb.served[1] > served_before  # and b serves again after its restart
+
+
+def test_replicas_on_one_database_share_approvals_and_each_audits_what_it_served(tmp_path: Path) -> None:
+    with fresh_schema() as url:
+        replicas = make_replicas(tmp_path, 2, database_url=url)
+        a, b = replicas
+        with replicas:  # `docbroker db upgrade` first, then both
+            lb = RoundRobin(replicas)
+            token, name = a.token(), f"shared-{secrets.token_hex(4)}.md"
+            first = rpc_reply(call(lb, token, "save_report", {"filename": name, "content": "once"}))
+            waiting = first["result"]["structuredContent"]
+            assert waiting["status"] == "waiting_approval"
+            approver = b.token(subject="carol", scope="reports:approve")
+            decided = lb.post(approver, f"/v1/approvals/{waiting['data']['approval_id']}/approve")
+            assert decided.status_code == 200
+            second = rpc_reply(call(lb, token, "save_report", {"filename": name, "content": "once"}))
+            assert second["result"]["structuredContent"]["status"] == "ok"
+            lb.close()
+        # a proposed (call 1), b decided (call 2), a consumed (call 3): each in its own log
+        assert (a.reports("acme") / name).read_text() == "once"
+        mine = {r.replica_id: [e["event"] for e in events(r) if e.get("approval_id")] for r in replicas}
+        assert mine == {
+            "a": ["approval.requested", "mcp.request", "approval.consumed", "mcp.request"],
+            "b": ["approval.decided"],
+        }
 
 
 # -- item 4: limits across replicas ----------------------------------------------------------------
