@@ -92,6 +92,7 @@ class AuditSettings:
 
 
 REPLICA_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+INSTANCE_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
 
 
 def default_replica_id() -> str:
@@ -119,6 +120,9 @@ class DockerSettings:
 @dataclass(frozen=True)
 class RuntimeSettings:
     kind: str = "docker"  # "docker" | "local" (insecure, development and tests)
+    # The deployment's name on the engine: its replicas share it (and so their sandboxes);
+    # two deployments on one daemon keep apart by it.
+    instance: str = "default"
     allow_insecure_local: bool = False
     # Local runtime only: the server command (`--socket PATH` is appended). For tests that put
     # a deliberately hostile server behind the real broker.
@@ -234,6 +238,11 @@ class Settings:
         return self.data_dir / "run"
 
     @property
+    def replicas_dir(self) -> Path:
+        """What replicas on this host share: liveness locks, last use (broker/runtime/shared.py)."""
+        return self.run_dir / ".replicas"
+
+    @property
     def pool_dir(self) -> Path:
         """The warm sandboxes' run dirs, beside the tenants' (".pool" is no DNS label)."""
         return self.run_dir / ".pool"
@@ -288,6 +297,7 @@ class Settings:
         )
         runtime = RuntimeSettings(
             kind=r.choice("RUNTIME", "docker", ("docker", "local")),
+            instance=r.text("INSTANCE", "default"),
             allow_insecure_local=r.flag("ALLOW_INSECURE_LOCAL_RUNTIME", False),
             local_command=tuple(shlex.split(r.text("LOCAL_SERVER_COMMAND", ""))) or None,
             max_sandboxes=r.integer("MAX_SANDBOXES", 100, low=1, high=10_000),
@@ -308,6 +318,8 @@ class Settings:
             raise SettingsError(
                 f"{PREFIX}MAX_HEAD_BYTES must exceed {PREFIX}AUTH_MAX_HEADER_BYTES by at least 4096"
             )
+        if not INSTANCE_RE.fullmatch(runtime.instance):
+            raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
         if runtime.kind == "local" and not runtime.allow_insecure_local:
             raise SettingsError(
                 f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
