@@ -8,13 +8,20 @@ file, and what clients get back.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx2
+import psycopg
 from harness import free_port
+from pgtest import fresh_schema
 from replicas import Replica, RoundRobin, running_replicas
 from support import (
     LegacySession,
@@ -212,3 +219,62 @@ def test_a_second_broker_with_the_same_replica_id_refuses_to_start(tmp_path: Pat
             twin.stop()
             raise AssertionError("a second broker with the same replica id started")
         assert search(first, first.token())["status"] == "ok"
+
+
+def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_is_spent_once(
+    tmp_path: Path,
+) -> None:
+    """A save in flight on a when a is SIGKILLed: the approval it consumed is spent (once, by a,
+    never again by b); the retry on b asks for a new approval and, approved, is saved; the bytes
+    the killed call left in the drop-box are quarantined, never accepted unverified."""
+    hostile = Path(__file__).resolve().parents[1] / "fixtures" / "hostile_server.py"
+    env = {
+        "DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join([sys.executable, str(hostile)]),
+        "DOCBROKER_CALL_TIMEOUT": "60",
+    }
+    with (
+        fresh_schema() as url,
+        running_replicas(tmp_path, 2, tenants=("planting",), env=env, database_url=url) as replicas,
+    ):
+        a, b = replicas
+        token = a.token("planting")
+        name, content = "midsave-q3.md", "written, never answered\n"
+        args = {"filename": name, "content": content}
+        with a.http(token) as http:
+            first = tool_status(call_modern(http, "save_report", args))
+        assert first["status"] == "waiting_approval"
+        approval_id = first["data"]["approval_id"]
+        with b.http(token) as http:
+            assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
+
+        def doomed_save() -> None:
+            with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
+                call_modern(http, "save_report", args)
+
+        caller = threading.Thread(target=doomed_save, daemon=True)
+        caller.start()
+        dropbox = a.data_dir / "tenants" / "planting" / "docs" / "reports"
+        assert wait_for(
+            lambda: dropbox.is_dir() and name in os.listdir(dropbox), timeout=20
+        )  # written; now it stalls
+        a.kill()
+        caller.join(10)
+
+        with b.http(token) as http:  # the client's retry, on the other replica
+            retry = tool_status(call_modern(http, "save_report", args))
+        assert retry["status"] == "waiting_approval", retry
+        assert retry["data"]["approval_id"] != approval_id
+        consumed = [e for r in replicas for e in r.audit_events() if e["event"] == "approval.consumed"]
+        assert [(e["approval_id"], e["replica"]) for e in consumed] == [(approval_id, "a")], consumed
+        with psycopg.connect(url) as conn:
+            state = conn.execute("SELECT state FROM approvals WHERE id = %s", (approval_id,)).fetchone()
+        assert state == ("consumed",)
+
+        with b.http(token) as http:
+            assert http.post(f"/v1/approvals/{retry['data']['approval_id']}/approve").status_code == 200
+            saved = tool_status(call_modern(http, "save_report", args))
+        assert saved["status"] == "ok", saved
+        assert (b.reports("planting") / name).read_text() == content
+        quarantine = b.data_dir / "tenants" / "planting" / "quarantine"
+        assert [p.name.rsplit(".", 1)[0] for p in quarantine.iterdir()] == [name]
+        assert os.listdir(dropbox) == []
