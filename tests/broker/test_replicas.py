@@ -10,6 +10,7 @@ dir, master key and identity provider, requests spread by a round-robin client.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
@@ -24,7 +25,7 @@ import pytest
 from harness import ROOT, Broker
 from pgtest import fresh_schema
 from replicas import Replica, RoundRobin, make_replicas
-from support import TERMINAL_EVENTS, modern_body, modern_headers, rpc_reply
+from support import TERMINAL_EVENTS, LegacySession, modern_body, modern_headers, open_http, rpc_reply
 
 from broker.policy import Policies, Share, TenantLimiter, TenantPolicy
 from broker.settings import Settings, SettingsError
@@ -267,6 +268,33 @@ def test_a_tenants_limit_holds_across_two_replicas_within_the_stated_bound(tmp_p
         if e["event"] in TERMINAL_EVENTS and e.get("reason") == "rate_limited"
     ]  # fmt: skip
     assert len(limited) == (16 - got) + (8 - got_pinned)
+
+
+def test_a_tenants_concurrency_cap_is_shared_out_across_two_replicas(tmp_path: Path) -> None:
+    # max_concurrent = 2 over 2 replicas: one request in flight on each, two in all. (A data dir
+    # each: a sandbox of its own, so this does not depend on the sandboxes replicas share.)
+    limits = "[limits]\nrate_per_minute = 100000\nburst = 10000\nmax_concurrent = 2\n"
+    replicas = make_replicas(
+        tmp_path, 2, env={"DOCBROKER_REPLICAS": "2"}, limits=limits, share_data_dir=False
+    )
+    listing = {"jsonrpc": "2.0", "id": 5, "method": "tools/list"}
+    with replicas, contextlib.ExitStack() as stack:
+        sessions = [LegacySession(stack.enter_context(open_http(r, r.token()))) for r in replicas]
+        others = [stack.enter_context(open_http(r, r.token())) for r in replicas]
+
+        def hold(k: int) -> None:
+            """A legacy GET stream: it holds one of the tenant's slots on replica k while open."""
+            client = stack.enter_context(open_http(replicas[k], replicas[k].token()))
+            headers = {**sessions[k].headers(), "accept": "text/event-stream"}
+            stream = stack.enter_context(client.stream("GET", "/mcp", headers=headers))
+            assert stream.status_code == 200
+
+        assert [s.post(listing).status_code for s in sessions] == [200, 200]
+        hold(0)
+        assert sessions[0].post(listing, others[0]).status_code == 429  # a's share (1) is in use
+        assert sessions[1].post(listing, others[1]).status_code == 200  # b's is not
+        hold(1)
+        assert sessions[1].post(listing, others[1]).status_code == 429  # two in flight: the limit
 
 
 def policies_of(**limits: int) -> Policies:
