@@ -10,6 +10,7 @@ the shared container.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import sys
@@ -28,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "broker"))
 from tests.broker.harness import Broker
 from tests.broker.replicas import Replica, Replicas, make_replicas
 from tests.broker.support import call_modern, tool_status, wait_for
+from tests.docker import test_docker_broker_e2e as e2e
 from tests.docker.conftest import IMAGE, SECCOMP, Daemon
-from tests.docker.test_docker_broker_e2e import DOC, _chown_tree, _start_as
+from tests.docker.test_docker_broker_e2e import DOC, _chown_tree, _readable_runtime, _start_as
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -68,7 +70,22 @@ def deployment(daemon: Daemon) -> Iterator[tuple[Replicas, str, Path]]:
 
 
 def start(replica: Broker, daemon: Daemon, base: Path) -> None:
-    _start_as(replica, daemon.owner_uid, daemon.owner_gid, base)
+    """The e2e test's start as the daemon's user; the readable copy of the code it makes for a
+    rootless daemon's user is made once, for every replica and restart."""
+    if daemon.owner_uid == 0 or not (base / "runtime").exists():
+        _start_as(replica, daemon.owner_uid, daemon.owner_gid, base)
+        return
+    made = _readable_runtime
+
+    def reuse(_: Path) -> tuple[str, str]:
+        runtime = base / "runtime"
+        return os.path.realpath(sys.executable), f"{runtime / 'src'}:{runtime / 'site'}"
+
+    e2e._readable_runtime = reuse
+    try:
+        _start_as(replica, daemon.owner_uid, daemon.owner_gid, base)
+    finally:
+        e2e._readable_runtime = made
 
 
 def containers(daemon: Daemon, instance: str) -> list[Any]:
