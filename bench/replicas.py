@@ -2,7 +2,7 @@
 
     python bench/replicas.py                       # ~1-2 min, prints two tables
     python bench/replicas.py --rounds 8 --calls 300 --kill-seconds 40
-    python bench/replicas.py --share-data-dir      # both replicas on one data dir (see below)
+    python bench/replicas.py --own-data-dirs       # a data dir (and sandbox) each (see below)
 
 Two real replicas (`python -m broker serve`, local runtime) of one deployment, set up by the
 tests' harness (tests/broker/replicas.py): one identity provider, one master key, the same
@@ -20,10 +20,11 @@ search_documents and read_document, every answer checked (HTTP 200, tool status 
    (an error after the retries, or an answer that is not "ok"), retries, time b was away.
    Target: zero failed.
 
-Sandboxes: by default each replica has a data dir (and so a sandbox per tenant) of its own;
-`--share-data-dir` gives both one data dir, which needs replicas that share sandboxes (issue 17
-item 3). Exit status: 0 PASS, 1 FAIL, 2 the benchmark could not run. Everything started here is
-stopped, and the temporary folder removed, at exit (also on Ctrl-C / SIGTERM).
+Sandboxes: by default both replicas share one data dir and so one sandbox per tenant (issue 17
+item 3: whichever replica starts it, the other adopts it, and a restarted replica adopts it
+again); `--own-data-dirs` gives each a data dir and sandbox of its own. Exit status: 0 PASS,
+1 FAIL, 2 the benchmark could not run. Everything started here is stopped, and the temporary
+folder removed, at exit (also on Ctrl-C / SIGTERM).
 """
 
 from __future__ import annotations
@@ -241,6 +242,7 @@ def kill_test(replicas: Replicas, token: str, seconds: float, clients: int) -> K
 
 
 def setup(tmp: Path, share: bool) -> Replicas:
+    """Two replicas, not started, with the documents in each data dir (once when shared)."""
     replicas = make_replicas(
         tmp,
         2,
@@ -276,7 +278,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--kill-seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--share-data-dir", action="store_true")
+    parser.add_argument("--own-data-dirs", action="store_true", help="a data dir and sandbox each")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
 
@@ -288,13 +290,13 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        replicas = setup(tmp, args.share_data_dir)
+        replicas = setup(tmp, not args.own_data_dirs)
         replicas.start()
         token = replicas[0].token(
             TENANT, subject="bench-user", scope="docs:read", exp=int(time.time()) + 3000
         )
         print(
-            f"two replicas, local runtime, {'one shared data dir' if args.share_data_dir else SEPARATE}; "
+            f"two replicas, local runtime, {SEPARATE if args.own_data_dirs else 'one shared data dir'}; "
             f"{args.rounds} rounds x {args.calls} calls"
         )
         targets = reads(replicas, token, args.rounds, args.calls, args.concurrency)
