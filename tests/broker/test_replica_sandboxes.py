@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx2
 import psycopg
-from harness import free_port
+from harness import free_port, make_broker
 from pgtest import fresh_schema
 from replicas import Replica, RoundRobin, running_replicas
 from support import (
@@ -280,3 +280,16 @@ def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_i
         quarantine = b.data_dir / "tenants" / "planting" / "quarantine"
         assert [p.name.rsplit(".", 1)[0] for p in quarantine.iterdir()] == [name]
         assert os.listdir(dropbox) == []
+
+
+def test_an_instance_name_that_is_no_dns_label_is_refused_in_one_line(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path, env={"DOCBROKER_INSTANCE": "Prod_1/../x"})
+    try:
+        broker.start()
+    except RuntimeError:
+        log = broker.logs()
+        assert "DOCBROKER_INSTANCE must be 1-32 of a-z 0-9 -" in log
+        assert "Traceback" not in log and "Prod_1" not in log
+    else:
+        broker.stop()
+        raise AssertionError("a broker started with an instance name that is no DNS label")
