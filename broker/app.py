@@ -42,6 +42,7 @@ from broker.origin import refusal as origin_refusal
 from broker.origin import surface as origin_surface
 from broker.policy import Policies, TenantLimiter
 from broker.runtime.base import Runtime, SandboxBackend
+from broker.runtime.shared import Replicas
 from broker.settings import Settings, origin_of
 from broker.tenants import Tenants
 from broker.web import page
@@ -52,13 +53,20 @@ log = logging.getLogger("docbroker")
 
 async def make_backend(settings: Settings) -> SandboxBackend:
     """The sandbox backend the settings name; Docker is connected (and checked) here."""
+    replicas = Replicas(settings.replicas_dir, settings.replica_id)
     if settings.runtime.kind == "local":
         from broker.runtime.local import LocalProcessBackend
 
-        return LocalProcessBackend(settings.runtime.local_command)
+        command = settings.runtime.local_command
+        return LocalProcessBackend(command, run_dir=settings.run_dir, replicas=replicas)
     from broker.runtime.docker import DockerBackend
 
-    return await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.pool_dir)
+    return await DockerBackend.connect(
+        settings.runtime.docker,
+        instance=settings.runtime.instance,
+        pool_dir=settings.pool_dir,
+        replicas=replicas,
+    )
 
 
 async def open_store(settings: Settings) -> ApprovalStore:
@@ -120,7 +128,8 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, stor
     )
     upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
     metrics = Metrics(runtime.running_count, store.pending_count)
-    limiter = TenantLimiter(policies)  # one budget per tenant, for /mcp and REST alike
+    # one budget per tenant, for /mcp and REST alike: this replica's share of it
+    limiter = TenantLimiter(policies, replicas=settings.replicas)
 
     report_stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
 

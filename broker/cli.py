@@ -49,12 +49,13 @@ async def _serve(settings: Settings) -> int:
     from broker.http_edge import edge_protocol
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
+    from broker.runtime.shared import ReplicaTaken
     from broker.serving import BrokerServer
 
     try:
         audit = await AuditLog.open(settings.audit)
     except AuditSinkError as exc:
-        raise SystemExit(f"docbroker: cannot open the audit log ({exc.code}); refusing to start") from None
+        raise SystemExit(exc.startup_message()) from None
     async with audit:
         try:
             store = await open_store(settings)
@@ -62,8 +63,9 @@ async def _serve(settings: Settings) -> int:
             raise SystemExit(f"docbroker: cannot start: {exc}") from None
         try:
             backend = await make_backend(settings)
+            await backend.replicas.join()  # before serving: a twin replica id stops here, in one line
             app = build_app(settings, audit, backend, store)
-        except (KeyError_, PolicyError, RuntimeErrorBase, ValueError, OSError) as exc:
+        except (KeyError_, PolicyError, RuntimeErrorBase, ReplicaTaken, ValueError, OSError) as exc:
             await store.close()
             raise SystemExit(f"docbroker: cannot start: {exc}") from None
         config = uvicorn.Config(

@@ -117,24 +117,58 @@ class Policies:
         return self.by_tenant[tenant]
 
 
-class TenantLimiter:
-    """Per-tenant token bucket and concurrency cap. Single event loop: no locks needed."""
+@dataclass(frozen=True)
+class Share:
+    """One replica's part of a tenant's limits: each of `replicas` enforces ceil(limit / replicas).
 
-    def __init__(self, policies: Policies, clock: Callable[[], float] = time.monotonic) -> None:
+    With requests spread evenly the tenant gets at most its limit (plus at most replicas - 1 of
+    rounding); with all of them on one replica, 1/replicas of it. No state is shared: a replica
+    that dies takes its part with it, and nothing on the request path waits for a peer.
+    """
+
+    rate_per_minute: int
+    burst: int
+    max_concurrent: int
+
+    @classmethod
+    def of(cls, policy: TenantPolicy, replicas: int) -> Share:
+        def part(limit: int) -> int:
+            return max(1, math.ceil(limit / replicas))
+
+        return cls(part(policy.rate_per_minute), part(policy.burst), part(policy.max_concurrent))
+
+
+class TenantLimiter:
+    """Per-tenant token bucket and concurrency cap, this replica's share of them (`Share`).
+    Single event loop: no locks needed."""
+
+    def __init__(
+        self, policies: Policies, clock: Callable[[], float] = time.monotonic, *, replicas: int = 1
+    ) -> None:
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
         self._policies = policies
         self._clock = clock
+        self._replicas = replicas
+        self._shares: dict[str, Share] = {}
         self._tokens: dict[str, float] = {}
         self._stamp: dict[str, float] = {}
         self._active: dict[str, int] = {}
 
+    def share(self, tenant: str) -> Share:
+        found = self._shares.get(tenant)
+        if found is None:
+            found = self._shares[tenant] = Share.of(self._policies.get(tenant), self._replicas)
+        return found
+
     def take(self, tenant: str) -> float:
         """Take one request token. Returns 0 when allowed, else seconds until one is free."""
-        policy = self._policies.get(tenant)
+        share = self.share(tenant)
         now = self._clock()
-        rate = policy.rate_per_minute / 60.0
+        rate = share.rate_per_minute / 60.0
         tokens = min(
-            float(policy.burst),
-            self._tokens.get(tenant, float(policy.burst)) + (now - self._stamp.get(tenant, now)) * rate,
+            float(share.burst),
+            self._tokens.get(tenant, float(share.burst)) + (now - self._stamp.get(tenant, now)) * rate,
         )
         self._stamp[tenant] = now
         if tokens >= 1.0:
@@ -144,7 +178,7 @@ class TenantLimiter:
         return max(math.ceil((1.0 - tokens) / rate), 1)
 
     def enter(self, tenant: str) -> bool:
-        if self._active.get(tenant, 0) >= self._policies.get(tenant).max_concurrent:
+        if self._active.get(tenant, 0) >= self.share(tenant).max_concurrent:
             return False
         self._active[tenant] = self._active.get(tenant, 0) + 1
         return True

@@ -92,6 +92,7 @@ class AuditSettings:
 
 
 REPLICA_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+INSTANCE_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
 
 
 def default_replica_id() -> str:
@@ -119,6 +120,9 @@ class DockerSettings:
 @dataclass(frozen=True)
 class RuntimeSettings:
     kind: str = "docker"  # "docker" | "local" (insecure, development and tests)
+    # The deployment's name on the engine: its replicas share it (and so their sandboxes);
+    # two deployments on one daemon keep apart by it.
+    instance: str = "default"
     allow_insecure_local: bool = False
     # Local runtime only: the server command (`--socket PATH` is appended). For tests that put
     # a deliberately hostile server behind the real broker.
@@ -216,6 +220,8 @@ class Settings:
     preauth: PreAuthSettings = field(default_factory=PreAuthSettings)
     # Origins a request may carry (DNS rebinding): the public URL's own and any listed.
     allowed_origins: tuple[str, ...] = ()
+    # How many replicas serve the deployment: each enforces its share of a tenant's limits.
+    replicas: int = 1
 
     @property
     def replica_id(self) -> str:
@@ -230,6 +236,11 @@ class Settings:
     @property
     def run_dir(self) -> Path:
         return self.data_dir / "run"
+
+    @property
+    def replicas_dir(self) -> Path:
+        """What replicas on this host share: liveness locks, last use (broker/runtime/shared.py)."""
+        return self.run_dir / ".replicas"
 
     @property
     def pool_dir(self) -> Path:
@@ -286,6 +297,7 @@ class Settings:
         )
         runtime = RuntimeSettings(
             kind=r.choice("RUNTIME", "docker", ("docker", "local")),
+            instance=r.text("INSTANCE", "default"),
             allow_insecure_local=r.flag("ALLOW_INSECURE_LOCAL_RUNTIME", False),
             local_command=tuple(shlex.split(r.text("LOCAL_SERVER_COMMAND", ""))) or None,
             max_sandboxes=r.integer("MAX_SANDBOXES", 100, low=1, high=10_000),
@@ -306,11 +318,16 @@ class Settings:
             raise SettingsError(
                 f"{PREFIX}MAX_HEAD_BYTES must exceed {PREFIX}AUTH_MAX_HEADER_BYTES by at least 4096"
             )
+        if not INSTANCE_RE.fullmatch(runtime.instance):
+            raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
         if runtime.kind == "local" and not runtime.allow_insecure_local:
             raise SettingsError(
                 f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
                 f"set {PREFIX}ALLOW_INSECURE_LOCAL_RUNTIME=1 to accept that (development and tests only)"
             )
+        replica = r.optional("REPLICA_ID")
+        # Replicas sharing a data dir: each its own chain, key and witness, named by its id.
+        own = f"-{replica}" if replica else ""
         public_url = r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/")
         own_origin = origin_of(public_url)
         if own_origin is None:
@@ -324,14 +341,14 @@ class Settings:
             port=port,
             auth=auth,
             audit=AuditSettings(
-                path=Path(r.text("AUDIT_LOG", str(data_dir / "audit.jsonl"))).absolute(),
+                path=Path(r.text("AUDIT_LOG", str(data_dir / f"audit{own}.jsonl"))).absolute(),
                 fsync=AuditFsync(r.choice("AUDIT_FSYNC", AuditFsync.INTERVAL, tuple(AuditFsync))),
                 fsync_interval_seconds=r.number("AUDIT_FSYNC_INTERVAL", 0.2, low=0.01, high=10),
-                key_file=Path(r.text("AUDIT_KEY_FILE", str(data_dir / "audit-signing.key"))).absolute(),
+                key_file=Path(r.text("AUDIT_KEY_FILE", str(data_dir / f"audit-signing{own}.key"))).absolute(),
                 witness_file=Path(
-                    r.text("AUDIT_WITNESS_FILE", str(data_dir / "audit-witness.jsonl"))
+                    r.text("AUDIT_WITNESS_FILE", str(data_dir / f"audit-witness{own}.jsonl"))
                 ).absolute(),
-                replica=r.text("REPLICA_ID", default_replica_id()),
+                replica=replica or default_replica_id(),
                 checkpoint_every=r.integer("AUDIT_CHECKPOINT_EVERY", 1000, low=1, high=1_000_000),
                 checkpoint_interval_seconds=r.number("AUDIT_CHECKPOINT_INTERVAL", 10.0, low=0.1, high=86_400),
                 rotate_bytes=r.integer("AUDIT_ROTATE_MB", 256, low=0, high=1024 * 1024) * 1024 * 1024,
@@ -355,6 +372,7 @@ class Settings:
                 max_addresses=r.integer("PREAUTH_MAX_ADDRESSES", 4096, low=16, high=1_000_000),
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
+            replicas=r.integer("REPLICAS", 1, low=1, high=1000),
             database=DatabaseSettings(
                 url=r.optional("DATABASE_URL"),
                 pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),

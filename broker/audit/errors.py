@@ -26,6 +26,16 @@ class AuditSinkError(AuditError):
         super().__init__(f"audit log unavailable ({code})")
         self.code = code
 
+    def startup_message(self) -> str:
+        """The one line a broker that cannot open its log exits with (no path: names only)."""
+        if self.code == "locked":
+            # Two replicas on one chain would fork it: the second one refuses to start.
+            return (
+                "docbroker: cannot start: the audit log is held by another running broker; give each "
+                "replica its own DOCBROKER_REPLICA_ID (its log: audit-<id>.jsonl) or DOCBROKER_AUDIT_LOG"
+            )
+        return f"docbroker: cannot open the audit log ({self.code}); refusing to start"
+
 
 class UnknownEventError(AuditError, ValueError):
     """`emit` was called with an event name that the schema does not define."""

@@ -105,8 +105,11 @@ class AuditLog:
         fsync_interval_seconds: float = 0.2,
         clock: Clock = time.time_ns,
         evidence: Evidence | None = None,
+        replica: str | None = None,
     ) -> None:
-        """Prefer `AuditLog.open(settings)` or `AuditLog.with_sink(sink)`, which also start it."""
+        """Prefer `AuditLog.open(settings)` or `AuditLog.with_sink(sink)`, which also start it.
+
+        `replica`: stamped on every line (the broker always gives its DOCBROKER_REPLICA_ID)."""
         self._sink = sink
         self._fsync = fsync
         self._interval = fsync_interval_seconds
@@ -116,8 +119,8 @@ class AuditLog:
         self._evidence = evidence or Evidence()
         self._notary = self._evidence.notary
         self._writer = _ChainedWriter(sink, self._chain, self._evidence.stdout)
-        self._pipeline = build_logger(self._writer, self._chain, self._counters, clock)
-        self._header = AddHeader(self._chain, clock)
+        self._pipeline = build_logger(self._writer, self._chain, self._counters, clock, replica)
+        self._header = AddHeader(self._chain, clock, replica)
         self._clock = clock
         self._healthy = False
         self._closed = True
@@ -142,6 +145,7 @@ class AuditLog:
             fsync_interval_seconds=settings.fsync_interval_seconds,
             clock=clock,
             evidence=_evidence(settings, clock),
+            replica=settings.replica,
         )
 
     @classmethod
@@ -153,9 +157,15 @@ class AuditLog:
         fsync_interval_seconds: float = 0.2,
         clock: Clock = time.time_ns,
         evidence: Evidence | None = None,
+        replica: str | None = None,
     ) -> AuditLog:
         log = cls(
-            sink, fsync=fsync, fsync_interval_seconds=fsync_interval_seconds, clock=clock, evidence=evidence
+            sink,
+            fsync=fsync,
+            fsync_interval_seconds=fsync_interval_seconds,
+            clock=clock,
+            evidence=evidence,
+            replica=replica,
         )
         with log._lock:
             try:

@@ -98,17 +98,21 @@ class ValidateValues:
 
 
 class AddHeader:
-    """Stamp schema version, next sequence number, time, and the hash of the previous line.
+    """Stamp schema version, next sequence number, time, the hash of the previous line and, when
+    the log has one, the replica that writes it (DESIGN §9: every line names its replica).
 
     It reads the chain but does not advance it: only a successful write does, so a failed write
     leaves seq and prev where the file says they are.
     """
 
-    def __init__(self, chain: Chain, clock: Clock) -> None:
+    def __init__(self, chain: Chain, clock: Clock, replica: str | None = None) -> None:
         self._chain = chain
         self._clock = clock
+        self._replica = replica
 
     def __call__(self, _: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        if self._replica is not None:
+            event_dict["replica"] = self._replica
         event_dict["v"] = SCHEMA_VERSION
         event_dict["seq"] = self._chain.seq + 1
         event_dict["ts"] = rfc3339_ms(self._clock())
@@ -176,11 +180,13 @@ class AuditPipeline(BoundLoggerBase):
         self._logger.write(*args, **kwargs)
 
 
-def build_logger(writer: LineWriter, chain: Chain, counters: Counters, clock: Clock) -> AuditPipeline:
+def build_logger(
+    writer: LineWriter, chain: Chain, counters: Counters, clock: Clock, replica: str | None = None
+) -> AuditPipeline:
     processors: list[Processor] = [
         FilterKeys(counters),
         ValidateValues(counters),
-        AddHeader(chain, clock),
+        AddHeader(chain, clock, replica),
         render_json,
     ]
     return AuditPipeline(writer, processors=processors, context={})

@@ -188,6 +188,7 @@ SYSTEM_FIELDS: Final[dict[str, Validator]] = {
     "seq": _count(1, MAX_COUNT),
     "ts": _pattern(_TS),
     "prev": _pattern(_SHA256),
+    "replica": _pattern(_ID),  # the replica that wrote the line (DESIGN §9); the broker stamps every line
     "invalid": _invalid_names,  # names of fields whose values were refused (never the values)
     "dropped": _count(1, MAX_COUNT),  # how many unknown keys were dropped (never their names)
 }

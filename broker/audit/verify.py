@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final
 
 from broker.audit.chain import GENESIS, line_hash
 from broker.audit.merkle import leaf_hash
@@ -140,7 +140,7 @@ def _parse(raw: bytes, leaf: bool = False) -> _Record | str:
     event = record["event"]
     wanted = SYSTEM_EVENT_FIELDS.get(event, frozenset())
     evidence = record.keys() & EVIDENCE_FIELDS.keys()
-    if evidence != wanted or (wanted and record.keys() - REQUIRED_FIELDS - wanted):
+    if evidence != wanted or (wanted and record.keys() - REQUIRED_FIELDS - _HEADER_EXTRAS - wanted):
         return "fields do not fit the event (evidence fields on an ordinary line, or missing)"
     return _Record(
         seq=record["seq"],
@@ -150,6 +150,10 @@ def _parse(raw: bytes, leaf: bool = False) -> _Record | str:
         fields=record if event.startswith("audit.") else None,
         leaf=leaf_hash(body) if leaf else b"",
     )
+
+
+# Header fields a line may carry besides the required ones, on the log's own lines too.
+_HEADER_EXTRAS: Final = frozenset({"replica"})
 
 
 class _Duplicate(Exception):

@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from broker.runtime.shared import Replicas, SharedUse
 from broker.types import DaemonMode, Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, SandboxState
 
 log = logging.getLogger("docbroker.runtime")
@@ -52,10 +53,15 @@ class SandboxBackend(ABC):
     """Creates, checks and deletes single sandboxes. Knows nothing of idleness or caps."""
 
     name: str = "abstract"
+    # Who else runs on this engine (set by the backend's constructor; alone by default).
+    replicas: Replicas = Replicas(None, "local")
 
     @abstractmethod
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
-        """Start a sandbox for `spec` and return it; readiness is waited for by the caller."""
+        """Start a sandbox for `spec` and return it; readiness is waited for by the caller.
+
+        Replicas share one sandbox per tenant: when another replica's sandbox for the tenant
+        runs (or wins a race to start one), return that one with `details["adopted"]` set."""
 
     @abstractmethod
     async def alive(self, info: SandboxInfo) -> bool:
@@ -67,7 +73,8 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     async def discover(self) -> list[SandboxInfo]:
-        """Sandboxes left behind by an earlier broker process (to adopt or clean up)."""
+        """The sandboxes of this deployment the engine holds, each with `details["replica"]`
+        naming the replica that started it (to adopt or clean up)."""
 
     async def remove_tenant(self, tenant: str, run_dir: str) -> int:
         """Remove every sandbox of `tenant` the engine holds, found by what marks it there
@@ -120,34 +127,35 @@ class Runtime:
         self._inflight: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._replicas = backend.replicas
+        self._use = SharedUse(self._replicas, every=min(5.0, idle_timeout / 4))
 
     # -- public surface ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Adopt what an earlier broker left running, then start the idle reaper."""
-        for info in await self.backend.discover():
-            if (
-                info.endpoint is not None
-                and await self.backend.alive(info)
-                and await wait_ready(info.endpoint, 2.0)
-            ):
-                info.last_used = self._clock()
-                self._sandboxes[info.tenant] = info
-                log.info("adopted sandbox", extra={"backend": self.backend.name})
-            else:
-                await self.backend.delete(info)
+        """Join the replicas on this engine, adopt what runs, then start the idle reaper."""
+        await self._replicas.join()
+        await self._sync_with_engine(startup=True)
         await self.backend.start()
         self._reaper = asyncio.create_task(self._reap_forever(), name="sandbox-reaper")
 
     async def close(self) -> None:
-        """Stop every sandbox: nothing is left running after a clean shutdown."""
+        """Stop every sandbox, unless another replica still runs: its sandboxes are shared, and
+        the replicas left take them on (`_sync_with_engine`) and reap them when idle. The last
+        replica out leaves nothing running."""
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for tenant in list(self._sandboxes):
-            await self.stop(tenant, reason="shutdown")
+        if self._replicas.peers_alive():
+            self._sandboxes.clear()
+        else:
+            for tenant in list(self._sandboxes):
+                await self.stop(tenant, reason="shutdown")
+            for info in await self.backend.discover():  # what crashed peers left
+                await self.backend.delete(info)
         await self.backend.close()
+        self._replicas.leave()
 
     def lease(self, tenant: str) -> Lease:
         """`async with runtime.lease(tenant) as sandbox`: the tenant's running sandbox, kept
@@ -158,6 +166,7 @@ class Runtime:
         endpoint = await self.ensure(tenant)
         info = self._sandboxes[tenant]
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+        self._use.touch(tenant)
         return RunningSandbox(tenant, info.backend_id, endpoint)
 
     def _release(self, tenant: str) -> None:
@@ -165,6 +174,7 @@ class Runtime:
         current = self._sandboxes.get(tenant)
         if current is not None:
             current.last_used = self._clock()
+        self._use.touch(tenant)
 
     async def ensure(self, tenant: str) -> Endpoint:
         info = self._sandboxes.get(tenant)
@@ -228,6 +238,8 @@ class Runtime:
             if len(self._sandboxes) >= self._max:
                 raise CapacityError("sandbox cap reached")
         started = self._clock()
+        # A use before the start: a replica sweeping orphans must not take this one for idle.
+        self._use.touch(tenant, force=True)
         try:
             info = await self.backend.create(self._spec_for(tenant))
         except RuntimeErrorBase:
@@ -242,8 +254,12 @@ class Runtime:
             raise SandboxStartError("sandbox did not become ready")
         info.state = SandboxState.RUNNING
         info.last_used = self._clock()
-        details = {**self.backend.describe(), "start_ms": round((self._clock() - started) * 1000, 1)}
-        await self._on_event("sandbox.started", tenant, info.backend_id, details)
+        if info.details.get("adopted"):
+            # Another replica's (it won the race, or started it earlier): its start is in its audit.
+            log.info("adopted sandbox", extra={"backend": self.backend.name})
+        else:
+            details = {**self.backend.describe(), "start_ms": round((self._clock() - started) * 1000, 1)}
+            await self._on_event("sandbox.started", tenant, info.backend_id, details)
         return info.endpoint
 
     async def _remove(self, tenant: str, *, reason: str, event: str = "sandbox.stopped") -> None:
@@ -255,7 +271,16 @@ class Runtime:
         finally:
             await self._on_event(event, tenant, info.backend_id, {"reason": reason})
 
+    def _idle_everywhere(self, tenant: str) -> bool:
+        """Has no replica used the tenant's sandbox for the idle timeout? Each replica's touch
+        may lag its last use by `every` seconds: that is the margin."""
+        idle = self._use.idle_for(tenant)
+        return idle is None or idle >= self._idle_timeout + self._use.every
+
     async def _reap_idle(self, *, force_one: bool = False) -> None:
+        for tenant, count in self._inflight.items():
+            if count:  # a long call (a GET stream) here: the other replicas see it as use
+                self._use.touch(tenant, force=True)
         now = self._clock()
         idle = sorted(
             (s for s in self._sandboxes.values() if not self._inflight.get(s.tenant)),
@@ -263,15 +288,62 @@ class Runtime:
         )
         for info in idle:
             if now - info.last_used >= self._idle_timeout:
-                await self.stop(info.tenant, reason="idle")
+                await self._reap(info)
             elif force_one:
                 return  # nothing idle enough: the cap holds
+
+    async def _reap(self, info: SandboxInfo) -> None:
+        """Stop an idle sandbox, if no replica has used it meanwhile. Under the tenant's create
+        lock (after this replica's own, the order `ensure` takes them in): a peer starting or
+        adopting it waits, and of peers reaping at once one stops it, the others let it go."""
+        tenant = info.tenant
+        async with (
+            self._locks.setdefault(tenant, asyncio.Lock()),
+            self._replicas.creating(tenant, self._start_timeout),
+        ):
+            if self._sandboxes.get(tenant) is not info or not self._idle_everywhere(tenant):
+                return
+            if not await self.backend.alive(info):
+                del self._sandboxes[tenant]  # a peer stopped it: that is in the peer's audit
+                return
+            await self._remove(tenant, reason="idle")
+
+    async def _sync_with_engine(self, *, startup: bool = False) -> None:
+        """Take on the sandboxes the engine runs that this replica does not know yet.
+
+        At start-up every running, ready one is adopted, whichever replica started it. Later
+        (each reaper pass) only those of replicas no longer alive, so that a crashed or
+        stopped replica's sandboxes are reaped by idleness like any other. A sandbox that is
+        not running and ready is removed only if the replica that started it is gone: a live
+        peer may be starting it right now.
+        """
+        for info in await self.backend.discover():
+            if not info.tenant or info.tenant in self._sandboxes:
+                continue
+            creator = str(info.details.get("replica", ""))
+            peer = creator != self._replicas.me and self._replicas.alive(creator)
+            if peer and not startup:
+                continue
+            if (
+                info.endpoint is not None
+                and info.state is SandboxState.RUNNING
+                and await self.backend.alive(info)
+                and await wait_ready(info.endpoint, 0.05 if peer else 2.0)
+            ):
+                idle = self._use.idle_for(info.tenant)
+                info.state = SandboxState.RUNNING
+                info.last_used = self._clock() - (idle or 0.0)
+                self._sandboxes[info.tenant] = info
+                log.info("adopted sandbox", extra={"backend": self.backend.name})
+            elif not peer:
+                await self.backend.delete(info)
 
     async def _reap_forever(self) -> None:
         interval = max(0.5, min(self._idle_timeout / 4, 30.0))
         while True:
             await asyncio.sleep(interval)
             try:
+                await self._sync_with_engine()
                 await self._reap_idle()
             except Exception:
                 log.exception("reaper pass failed")

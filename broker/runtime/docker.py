@@ -20,7 +20,14 @@ Each container gets, and why:
   cgroups; `describe()` says which (a rootless daemon on cgroup v1 has none).
 - mounts: sources read-only, the drop-box read-write, the tenant's secret read-only as one
   file, the run dir for the socket. Never the Docker socket, never a host system folder.
-- labels naming the tenant, so a restarted broker finds (adopts) its containers.
+- labels naming the tenant and the replica that started it, so a restarted broker finds
+  (adopts) its containers, and replicas on one daemon share them (see Replicas below).
+
+Replicas: the daemon is the source of truth. A tenant's container has a fixed name, so of
+replicas racing to start one, the daemon lets one create it (or rename a warm one to it) and
+the others get a conflict and adopt the winner's. A warm spare carries its replica's label and
+a per-process tag in its name: a starting replica leaves a live peer's spares alone and
+removes those of replicas that are gone.
 
 Paths inside the sandbox: DOCS_ROOT=/srv/docs (sources/, reports/ = drop-box), the socket
 /run/docs/mcp.sock, the secret /run/secrets/approval.key. DESIGN §1 draws the secret at
@@ -46,6 +53,7 @@ from typing import Any, TypeVar
 from broker.runtime.base import BackendRefused, SandboxBackend, SandboxStartError, wait_ready
 from broker.runtime.daemon import DaemonFacts, daemon_facts
 from broker.runtime.pool import Slot, WarmPool
+from broker.runtime.shared import Replicas
 from broker.settings import DockerSettings
 from broker.threads import to_thread_to_the_end
 from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
@@ -66,12 +74,14 @@ BIND_SOCKET_NAME = "bind.sock"
 POOL_NAME_TAG = ".pool-"  # a dot: no tenant id (a DNS label) can make a name like it
 BIND_TIMEOUT_SECONDS = 5.0
 WARM_START_TIMEOUT_SECONDS = 60.0  # generous: a warm start is in the background, on a busy host
+WINNER_WAIT_SECONDS = 10.0  # for a peer's container still being started ("created")
 
 LABEL_MANAGED = "io.docbroker.managed"
 LABEL_TENANT = "io.docbroker.tenant"
 LABEL_INSTANCE = "io.docbroker.instance"
 LABEL_SOCKET = "io.docbroker.socket"
 LABEL_POOL = "io.docbroker.pool"  # started tenant-less; its tenant is in its name once bound
+LABEL_REPLICA = "io.docbroker.replica"  # the replica that started it
 
 
 class DaemonUnavailable(BackendRefused):
@@ -80,6 +90,10 @@ class DaemonUnavailable(BackendRefused):
 
 class ImageMissing(BackendRefused):
     reason = "sandbox_image_missing"
+
+
+class _NameTaken(Exception):
+    """Another replica's container got the tenant's name first."""
 
 
 def load_seccomp_profile(path: Path) -> str:
@@ -106,6 +120,7 @@ class DockerBackend(SandboxBackend):
         seccomp_json: str,
         instance: str = "default",
         pool_dir: Path | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         """Use `connect()`: it talks to the daemon (blocking) and applies the refusals.
 
@@ -118,6 +133,7 @@ class DockerBackend(SandboxBackend):
         self._seccomp = seccomp_json
         self._instance = instance
         self._pool_dir = pool_dir
+        self.replicas = replicas or Replicas(None, "local")
         # In every warm sandbox's name: `discover()` removes an earlier broker's spares, not ours.
         self._pool_tag = f"{POOL_NAME_TAG}{secrets.token_hex(3)}-"
         self._pool = WarmPool(
@@ -129,7 +145,12 @@ class DockerBackend(SandboxBackend):
 
     @classmethod
     async def connect(
-        cls, settings: DockerSettings, *, instance: str = "default", pool_dir: Path | None = None
+        cls,
+        settings: DockerSettings,
+        *,
+        instance: str = "default",
+        pool_dir: Path | None = None,
+        replicas: Replicas | None = None,
     ) -> DockerBackend:
         """Connect, learn the daemon's mode, and refuse what the settings do not accept.
 
@@ -159,7 +180,15 @@ class DockerBackend(SandboxBackend):
                 "the Docker daemon does not enforce sandbox limits",
                 extra={"mode": facts.mode.value, "cgroup_driver": facts.cgroup_driver},
             )
-        return cls(settings, client, facts, seccomp_json=seccomp_json, instance=instance, pool_dir=pool_dir)
+        return cls(
+            settings,
+            client,
+            facts,
+            seccomp_json=seccomp_json,
+            instance=instance,
+            pool_dir=pool_dir,
+            replicas=replicas,
+        )
 
     # -- SandboxBackend ---------------------------------------------------------------------
 
@@ -196,10 +225,18 @@ class DockerBackend(SandboxBackend):
         # An unprovisioned tenant is the caller's error, not a broken warm sandbox: refuse it
         # before one is taken from the pool.
         _check_spec(spec)
+        name = self.container_name(spec.tenant)
+        winner = await asyncio.to_thread(self._winner, name)
+        if winner is not None:  # another replica's, running: share it, keep the warm slot
+            return winner
         slot = await self._pool.take()
         if slot is not None:
             try:
                 return await to_thread_to_the_end(self._bind, slot, spec)
+            except _NameTaken:
+                # Lost the race to another replica: this slot is bound to the tenant now, so it
+                # goes; the winner is adopted below.
+                await self._remove_slot(slot)
             except asyncio.CancelledError:
                 # The caller gave up: what the bind made is removed, so no sandbox is left
                 # running that the lifecycle does not know.
@@ -212,17 +249,7 @@ class DockerBackend(SandboxBackend):
                     str(exc) if isinstance(exc, (BindingError, SandboxStartError)) else type(exc).__name__
                 )
                 await self._pool.discard(slot, why=reason)
-        started = time.monotonic()
-        container_id = await asyncio.to_thread(self._create_and_start, spec)
-        return SandboxInfo(
-            tenant=spec.tenant,
-            state=SandboxState.STARTING,
-            endpoint=Endpoint(url="http://localhost/mcp", uds=spec.socket_path),
-            backend_id=container_id,
-            started_at=started,
-            last_used=started,
-            details={"container": container_id[:12]},
-        )
+        return await asyncio.to_thread(self._create_and_start, spec)
 
     async def alive(self, info: SandboxInfo) -> bool:
         return await asyncio.to_thread(self._running, info.backend_id)
@@ -317,11 +344,13 @@ class DockerBackend(SandboxBackend):
         )
         _remove_stale_socket(slot.bind_socket)
         name = self.container_name(spec.tenant)
-        self._remove(name)  # a leftover of that name: the lifecycle has decided to replace it
         try:
-            # The name is how a restarted broker knows the tenant: labels cannot change.
+            # The name is how a restarted broker knows the tenant (labels cannot change), and
+            # what replicas agree on: the daemon gives it to one container only.
             self._client.api.rename(slot.sandbox_id, name)
         except docker.errors.APIError as exc:
+            if getattr(exc, "status_code", None) == 409:
+                raise _NameTaken from exc
             raise SandboxStartError("the Docker daemon could not rename a warm sandbox") from exc
         return SandboxInfo(
             tenant=spec.tenant,
@@ -340,26 +369,72 @@ class DockerBackend(SandboxBackend):
 
     # -- blocking helpers (worker threads) ---------------------------------------------------
 
-    def _create_and_start(self, spec: SandboxSpec) -> str:
+    def _create_and_start(self, spec: SandboxSpec) -> SandboxInfo:
+        """The tenant's container: a running one of that name (another replica's) is adopted,
+        a dead one removed, and of replicas creating at once the daemon lets one win."""
         import docker.errors
 
         name = self.container_name(spec.tenant)
-        # A container of that name is a leftover (crash, or a broker killed mid-create): the
-        # lifecycle has already decided to replace it.
-        self._remove(name)
-        _remove_stale_socket(spec.socket_path)
-        try:
-            container = self._client.containers.create(**self._container_options(spec, name))
-        except docker.errors.ImageNotFound as exc:
-            raise ImageMissing(_image_hint(self._settings.image)) from exc
-        except docker.errors.APIError as exc:
-            raise SandboxStartError("the Docker daemon refused to create the sandbox") from exc
-        try:
-            container.start()
-        except docker.errors.APIError as exc:
-            self._remove(container.id)
-            raise SandboxStartError("the Docker daemon could not start the sandbox") from exc
-        return str(container.id)
+        for _ in range(3):
+            winner = self._winner(name)
+            if winner is not None:
+                return winner
+            _remove_stale_socket(spec.socket_path)
+            started = time.monotonic()
+            try:
+                container = self._client.containers.create(**self._container_options(spec, name))
+            except docker.errors.ImageNotFound as exc:
+                raise ImageMissing(_image_hint(self._settings.image)) from exc
+            except docker.errors.APIError as exc:
+                if getattr(exc, "status_code", None) == 409:
+                    continue  # another replica created it first: adopt it
+                raise SandboxStartError("the Docker daemon refused to create the sandbox") from exc
+            try:
+                container.start()
+            except docker.errors.APIError as exc:
+                self._remove(container.id)
+                raise SandboxStartError("the Docker daemon could not start the sandbox") from exc
+            return SandboxInfo(
+                tenant=spec.tenant,
+                state=SandboxState.STARTING,
+                endpoint=Endpoint(url="http://localhost/mcp", uds=spec.socket_path),
+                backend_id=str(container.id),
+                started_at=started,
+                last_used=started,
+                details={"container": str(container.id)[:12]},
+            )
+        raise SandboxStartError("the tenant's sandbox kept being replaced while starting")
+
+    def _winner(self, name: str) -> SandboxInfo | None:
+        """The running container of this name, whichever replica started it, as adopted; None
+        if there is none. One still being started ("created") is waited for a while; one that
+        has stopped (a crash, a broker killed mid-create) is removed."""
+        import docker.errors
+
+        deadline = time.monotonic() + WINNER_WAIT_SECONDS
+        while True:
+            try:
+                container = self._client.containers.get(name)
+            except docker.errors.NotFound:
+                return None
+            labels = container.labels or {}
+            socket_path = labels.get(LABEL_SOCKET)
+            if container.status == "running" and socket_path:
+                now = time.monotonic()
+                return SandboxInfo(
+                    tenant=labels.get(LABEL_TENANT) or self._bound_tenant(container.name or "") or "",
+                    state=SandboxState.STARTING,
+                    endpoint=Endpoint(url="http://localhost/mcp", uds=socket_path),
+                    backend_id=str(container.id),
+                    started_at=now,
+                    last_used=now,
+                    details={"container": str(container.id)[:12], "adopted": True},
+                )
+            if container.status in ("created", "restarting") and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            self._remove(str(container.id))
+            return None
 
     def _container_options(self, spec: SandboxSpec, name: str) -> dict[str, Any]:
         return self._hardened_options(
@@ -395,7 +470,12 @@ class DockerBackend(SandboxBackend):
             "name": name,
             "user": self.sandbox_user,
             "environment": environment,
-            "labels": {LABEL_MANAGED: "true", LABEL_INSTANCE: self._instance, **labels},
+            "labels": {
+                LABEL_MANAGED: "true",
+                LABEL_INSTANCE: self._instance,
+                LABEL_REPLICA: self.replicas.me,
+                **labels,
+            },
             "mounts": [Mount(target, source, type="bind", read_only=ro) for target, source, ro in mounts],
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges:true", f"seccomp={self._seccomp}"],
@@ -451,7 +531,10 @@ class DockerBackend(SandboxBackend):
                 tenant = self._bound_tenant(container.name or "")
                 if tenant is None and self._pool_tag in (container.name or ""):
                     continue  # one of this broker's own spares
-                if tenant is None:  # still warm, never bound: an earlier broker's spare
+                owner = labels.get(LABEL_REPLICA, "")
+                if tenant is None and owner != self.replicas.me and self.replicas.alive(owner):
+                    continue  # a live peer's spare: its own to give out
+                if tenant is None:  # still warm, never bound: a spare of a broker that is gone
                     self._remove(container.id)
                     if socket_path:
                         self._remove_slot_dir(os.path.dirname(socket_path))
@@ -467,6 +550,7 @@ class DockerBackend(SandboxBackend):
                     backend_id=container.id,
                     started_at=now,
                     last_used=now,
+                    details={"replica": labels.get(LABEL_REPLICA, "")},
                 )
             )
         return found

@@ -60,9 +60,20 @@ async def test_line_is_canonical_json(audit: AuditLog, log_path: Path) -> None:
     record = json.loads(line)
     assert line == json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n"
     assert record == {
-        "v": 1, "seq": 1, "ts": record["ts"], "prev": GENESIS,
+        "v": 1, "seq": 1, "ts": record["ts"], "prev": GENESIS, "replica": "local",
         "event": "auth.denied", "reason": "token_expired", "status": 401, "header_names": [],
     }  # fmt: skip
+
+
+async def test_every_line_names_its_replica_and_a_caller_cannot_change_it(log_path: Path) -> None:
+    settings = AuditSettings(path=log_path, replica="broker-b")
+    async with await AuditLog.open(settings) as log:
+        await log.emit("auth.denied", reason="token_expired", status=401)
+        await log.emit("auth.denied", reason="token_expired", status=401, replica="broker-a")
+    records = [json.loads(line) for line in log_path.read_bytes().splitlines()]
+    assert [r["replica"] for r in records] == ["broker-b", "broker-b"]
+    assert records[1]["dropped"] == 1  # the caller's `replica` is an unknown key, dropped
+    assert verify_file(log_path).ok
 
 
 async def test_timestamp_is_rfc3339_utc_milliseconds(log_path: Path) -> None:

@@ -63,20 +63,25 @@ def lines_of(path: Path) -> list[dict]:
 
 
 def test_broker_signs_its_log_and_the_team_verifies_and_proves_it(tmp_path: Path) -> None:
-    broker = make_broker(
-        tmp_path, env={"DOCBROKER_AUDIT_CHECKPOINT_EVERY": "3", "DOCBROKER_REPLICA_ID": "broker-a"}
-    )
+    # A replica id of its own: the key and witness are named by it (the log is named here, so
+    # that the harness's `audit_file` finds it).
+    env = {
+        "DOCBROKER_AUDIT_CHECKPOINT_EVERY": "3",
+        "DOCBROKER_REPLICA_ID": "broker-a",
+        "DOCBROKER_AUDIT_LOG": str(tmp_path / "data" / "audit.jsonl"),
+    }
+    broker = make_broker(tmp_path, env=env)
     canary = f"cnry{secrets.token_hex(6)}"
     broker.start()
     try:
-        key_file = broker.data_dir / "audit-signing.key"
+        key_file = broker.data_dir / "audit-signing-broker-a.key"
         assert key_file.stat().st_mode & 0o777 == 0o600
         assert key_file.read_bytes() != (broker.data_dir / "master.key").read_bytes()
         pem = public_key(broker, tmp_path)
         canary_calls(broker, canary)
     finally:
         broker.stop()
-    log, witness = broker.audit_file, broker.data_dir / "audit-witness.jsonl"
+    log, witness = broker.audit_file, broker.data_dir / "audit-witness-broker-a.jsonl"
     events = lines_of(log)
     assert events[-1]["event"] == "audit.checkpoint"  # written at shutdown, over every line before it
     assert events[-1]["checkpoint"]["size"] == len(events) - 1

@@ -1,0 +1,162 @@
+"""What replicas on one host share about sandboxes, through a folder of the shared data dir.
+
+    <data_dir>/run/.replicas/<replica>.lock   held (flock) by each live replica for its lifetime
+    <data_dir>/run/.replicas/<tenant>.use     its mtime: the tenant's sandbox's last use, any replica
+    <data_dir>/run/.replicas/<tenant>.create  held while a replica finds or starts the tenant's sandbox
+
+Liveness is a lock, not a heartbeat: the kernel drops a process's locks the moment it dies
+(SIGKILL included), so "is replica R alive?" has an exact answer with no clock and no timeout
+to tune. Last use is a file's mtime, touched by each replica at most once every `every`
+seconds (one `utime` on the hot path now and then, never a database). The folder is the
+broker's own (0o700) and is never mounted into a sandbox: a sandbox cannot keep itself alive
+or fake another replica. (A Kubernetes runtime keeps the same two facts in the API instead.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+FOLDER = ".replicas"  # not a DNS label: no tenant's run dir can be named so
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class ReplicaTaken(Exception):
+    """Another live broker already runs with this replica id on this data dir."""
+
+
+class Replicas:
+    """This replica's presence on the host, and which of its peers are alive."""
+
+    def __init__(self, folder: Path | None, replica_id: str) -> None:
+        """`folder` None: a replica alone (no peers, nothing shared), as a bare runtime in tests."""
+        self.folder = folder
+        self.me = replica_id
+        self._fd: int | None = None
+
+    def _path(self, name: str, suffix: str) -> Path:
+        assert self.folder is not None
+        return self.folder / f"{name}{suffix}"
+
+    async def join(self, wait: float = 3.0) -> None:
+        """Hold this replica's lock for the process's lifetime. A peer's liveness probe holds
+        it for an instant, hence the short retry; a live broker with the same id: ReplicaTaken."""
+        if self.folder is None or self._fd is not None:
+            return
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self._path(self.me, ".lock"), _OPEN_FLAGS, 0o600)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise ReplicaTaken(
+                        "another broker with this DOCBROKER_REPLICA_ID runs on this data dir"
+                    ) from None
+                await asyncio.sleep(0.05)
+        self._fd = fd
+
+    def leave(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+    def alive(self, replica: str) -> bool:
+        """Is `replica` a broker running now on this data dir? (This one always is.)"""
+        if replica == self.me:
+            return True
+        if self.folder is None or not replica or "/" in replica:
+            return False
+        try:
+            fd = os.open(self._path(replica, ".lock"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False  # never started here
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # also releases the probe's lock, if it got it
+        return False
+
+    def peers_alive(self) -> bool:
+        """Does any other replica run on this data dir now?"""
+        if self.folder is None:
+            return False
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return False
+        peers = (n.removesuffix(".lock") for n in names if n.endswith(".lock"))
+        return any(peer != self.me and self.alive(peer) for peer in peers)
+
+    @contextlib.asynccontextmanager
+    async def creating(self, tenant: str, timeout: float) -> AsyncIterator[None]:
+        """Held while this replica finds or starts `tenant`'s sandbox: of replicas racing to
+        create one, the others wait and then find the winner's (engines without names that
+        conflict need it: the local runtime). Polled, so a cancelled caller never leaves a
+        thread blocked in flock."""
+        if self.folder is None:
+            yield
+            return
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self._path(tenant, ".create"), _OPEN_FLAGS, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError("another replica holds the tenant's sandbox start") from None
+                    await asyncio.sleep(0.01)
+            yield
+        finally:
+            os.close(fd)
+
+
+class SharedUse:
+    """When a tenant's sandbox was last used by any replica on this host."""
+
+    def __init__(self, replicas: Replicas, every: float) -> None:
+        self._replicas = replicas
+        self.every = every  # how stale this replica's own touch may be: the reaper's margin
+        self._touched: dict[str, float] = {}
+
+    def touch(self, tenant: str, *, force: bool = False) -> None:
+        folder = self._replicas.folder
+        if folder is None:
+            return
+        now = time.monotonic()
+        last = self._touched.get(tenant)
+        if not force and last is not None and now - last < self.every:
+            return
+        self._touched[tenant] = now
+        path = folder / f"{tenant}.use"
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, _OPEN_FLAGS, 0o600))
+        except OSError:
+            pass  # the folder is gone or full: the reaper then sees an older use, never a newer
+
+    def idle_for(self, tenant: str) -> float | None:
+        """Seconds since any replica last touched the tenant's use; None if none ever did."""
+        folder = self._replicas.folder
+        if folder is None:
+            return None
+        try:
+            mtime = os.stat(folder / f"{tenant}.use").st_mtime
+        except OSError:
+            return None
+        return max(0.0, time.time() - mtime)

@@ -1,0 +1,295 @@
+"""Replicas share one sandbox per tenant and never fight over it (issue 17 item 3, DESIGN §9).
+
+Two or three real brokers (`python -m broker serve`) on one host share a data dir and a master
+key, on the local runtime (the fast path: a sandbox is a process found by its pid file). Each
+test watches what an operator would: the tenant's server processes, each replica's own audit
+file, and what clients get back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import psycopg
+from harness import free_port, make_broker
+from pgtest import fresh_schema
+from replicas import Replica, RoundRobin, running_replicas
+from support import (
+    LegacySession,
+    call_modern,
+    gone,
+    modern_body,
+    modern_headers,
+    server_pids,
+    tool_status,
+    wait_for,
+)
+
+SEARCH = ("search_documents", {"query": "shared"})
+
+
+def seed(replica: Replica, tenant: str = "acme") -> None:
+    sources = replica.sources(tenant)
+    sources.mkdir(parents=True, exist_ok=True)
+    (sources / "notes.md").write_text("a shared sandbox\n")
+
+
+def search(replica: Replica, token: str) -> dict[str, Any]:
+    with replica.http(token) as http:
+        return tool_status(call_modern(http, *SEARCH))
+
+
+def events(replica: Replica, name: str, tenant: str = "acme") -> list[dict[str, Any]]:
+    return [e for e in replica.audit_events() if e["event"] == name and e.get("tenant") == tenant]
+
+
+def only_pid(replica: Replica, tenant: str = "acme") -> int:
+    pids = server_pids(replica, tenant)
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def test_a_create_race_ends_with_one_sandbox_both_serving(tmp_path: Path) -> None:
+    with running_replicas(tmp_path, 3) as replicas:
+        seed(replicas[0])
+        token = replicas[0].token()
+        start = threading.Barrier(6)
+
+        def first_call(replica: Replica) -> dict[str, Any]:
+            start.wait()
+            return search(replica, token)
+
+        # Every replica's first call for the tenant at once, two each: all of them start it.
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(first_call, [r for r in replicas for _ in range(2)]))
+        assert [r["status"] for r in results] == ["ok"] * 6, results
+        pid = only_pid(replicas[0])
+        started = [e for r in replicas for e in events(r, "sandbox.started")]
+        assert len(started) == 1, started
+        # And every replica keeps serving from that one.
+        for replica in replicas:
+            assert search(replica, token)["status"] == "ok"
+        assert server_pids(replicas[0], "acme") == [pid]
+
+
+def test_an_idle_replica_does_not_reap_the_sandbox_another_is_busy_with(tmp_path: Path) -> None:
+    with running_replicas(tmp_path, 2, env={"DOCBROKER_IDLE_TIMEOUT": "2"}) as replicas:
+        a, b = replicas
+        seed(a)
+        token = a.token()
+        assert search(a, token)["status"] == "ok"  # a starts it, then sits idle
+        pid = only_pid(a)
+        # b keeps it busy for three idle timeouts (and holds a long call's lease meanwhile).
+        deadline = time.monotonic() + 6.5
+        while time.monotonic() < deadline:
+            assert search(b, token)["status"] == "ok"
+            assert server_pids(a, "acme") == [pid]
+            time.sleep(0.3)
+        assert events(a, "sandbox.stopped") == [] and events(b, "sandbox.stopped") == []
+        # Once nobody uses it, it is reaped all the same (by whichever replica sees it first).
+        assert wait_for(lambda: gone(pid), timeout=15)
+
+        def stopped() -> list[str]:
+            return [e["reason"] for r in replicas for e in events(r, "sandbox.stopped")]
+
+        assert wait_for(lambda: stopped() != [], timeout=5)
+        time.sleep(1.0)  # both reapers have had their turn: only one stopped it
+        assert stopped() == ["idle"]
+
+
+def test_a_replica_killed_and_restarted_adopts_and_loses_nothing(tmp_path: Path) -> None:
+    with running_replicas(tmp_path, 2) as replicas:
+        a, b = replicas
+        seed(a)
+        token = a.token()
+        assert search(a, token)["status"] == "ok"
+        pid = only_pid(a)
+        failures: list[str] = []
+        served = [0]
+        stop = threading.Event()
+
+        def load() -> None:
+            lb = RoundRobin(replicas)
+            while not stop.is_set():
+                try:
+                    reply = tool_status(
+                        lb.post(
+                            token,
+                            "/mcp",
+                            json=modern_body("tools/call", {"name": SEARCH[0], "arguments": SEARCH[1]}),
+                            headers=modern_headers("tools/call", SEARCH[0]),
+                        )
+                    )
+                    served[0] += 1
+                    if reply["status"] != "ok":
+                        failures.append(str(reply["status"]))
+                except Exception as exc:  # every failure is one the test counts
+                    failures.append(type(exc).__name__)
+            lb.close()
+
+        clients = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+        for client in clients:
+            client.start()
+        try:
+            time.sleep(1.0)
+            a.kill()  # mid-load: calls in flight on a are retried on b by the load balancer
+            time.sleep(1.0)
+            assert server_pids(a, "acme") == [pid]  # the sandbox outlives the replica that started it
+            a.start()  # its start-up adopts the sandbox b is using; it removes nothing
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for client in clients:
+                client.join()
+        assert failures == [], failures
+        assert served[0] > 20
+        assert server_pids(a, "acme") == [pid]
+        assert search(a, token)["status"] == "ok" and search(b, token)["status"] == "ok"
+        assert server_pids(a, "acme") == [pid]
+        assert len([e for r in replicas for e in events(r, "sandbox.started")]) == 1
+        assert [e for r in replicas for e in events(r, "sandbox.stopped")] == []
+
+
+def test_a_legacy_session_continues_through_another_replica(tmp_path: Path) -> None:
+    with running_replicas(tmp_path, 2) as replicas:
+        a, b = replicas
+        seed(a)
+        token = a.token()
+        with a.http(token) as http_a, b.http(token) as http_b:
+            session = LegacySession(http_a)  # the handshake on a
+            assert tool_status(session.call(*SEARCH))["status"] == "ok"
+            pid = only_pid(a)
+            # The next requests of that session reach b: the same sandbox serves them.
+            for _ in range(3):
+                assert tool_status(session.call(*SEARCH, http=http_b))["status"] == "ok"
+            assert server_pids(a, "acme") == [pid]
+        # On b still bound to its principal: another subject of the tenant gets 404.
+        with b.http(a.token(subject="mallory")) as other:
+            assert session.call(*SEARCH, http=other).status_code == 404
+
+
+def test_a_clean_shutdown_leaves_the_shared_sandbox_to_the_replica_still_running(tmp_path: Path) -> None:
+    with running_replicas(tmp_path, 2) as replicas:
+        a, b = replicas
+        seed(a)
+        token = a.token()
+        assert search(a, token)["status"] == "ok"
+        pid = only_pid(a)
+        a.stop()  # SIGTERM: a peer still runs, so the sandbox stays
+        assert server_pids(b, "acme") == [pid]
+        assert search(b, token)["status"] == "ok"
+        b.stop()  # the last one out stops it, though it never started it
+        assert wait_for(lambda: gone(pid), timeout=10)
+
+
+def test_a_second_broker_with_the_same_replica_id_refuses_to_start(tmp_path: Path) -> None:
+    with running_replicas(tmp_path, 1) as replicas:
+        first = replicas[0]
+        port = free_port()
+        twin = Replica(
+            url=f"http://127.0.0.1:{port}",
+            data_dir=first.data_dir,
+            log_file=tmp_path / "twin.log",
+            # Its own audit files: what refuses it is the replica lock, not the audit log's.
+            env={
+                **first.env,
+                "DOCBROKER_PORT": str(port),
+                "DOCBROKER_AUDIT_LOG": str(tmp_path / "twin-audit.jsonl"),
+                "DOCBROKER_AUDIT_KEY_FILE": str(tmp_path / "twin.key"),
+                "DOCBROKER_AUDIT_WITNESS_FILE": str(tmp_path / "twin-witness.jsonl"),
+            },
+            private_key=first.private_key,
+            kid=first.kid,
+            replica_id=first.replica_id,
+        )
+        try:
+            twin.start()
+        except RuntimeError:
+            log = twin.logs()
+            assert "another broker with this DOCBROKER_REPLICA_ID runs on this data dir" in log
+            assert "Traceback" not in log
+        else:
+            twin.stop()
+            raise AssertionError("a second broker with the same replica id started")
+        assert search(first, first.token())["status"] == "ok"
+
+
+def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_is_spent_once(
+    tmp_path: Path,
+) -> None:
+    """A save in flight on a when a is SIGKILLed: the approval it consumed is spent (once, by a,
+    never again by b); the retry on b asks for a new approval and, approved, is saved; the bytes
+    the killed call left in the drop-box are quarantined, never accepted unverified."""
+    hostile = Path(__file__).resolve().parents[1] / "fixtures" / "hostile_server.py"
+    env = {
+        "DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join([sys.executable, str(hostile)]),
+        "DOCBROKER_CALL_TIMEOUT": "60",
+    }
+    with (
+        fresh_schema() as url,
+        running_replicas(tmp_path, 2, tenants=("planting",), env=env, database_url=url) as replicas,
+    ):
+        a, b = replicas
+        token = a.token("planting")
+        name, content = "midsave-q3.md", "written, never answered\n"
+        args = {"filename": name, "content": content}
+        with a.http(token) as http:
+            first = tool_status(call_modern(http, "save_report", args))
+        assert first["status"] == "waiting_approval"
+        approval_id = first["data"]["approval_id"]
+        with b.http(token) as http:
+            assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
+
+        def doomed_save() -> None:
+            with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
+                call_modern(http, "save_report", args)
+
+        caller = threading.Thread(target=doomed_save, daemon=True)
+        caller.start()
+        dropbox = a.data_dir / "tenants" / "planting" / "docs" / "reports"
+        assert wait_for(
+            lambda: dropbox.is_dir() and name in os.listdir(dropbox), timeout=20
+        )  # written; now it stalls
+        a.kill()
+        caller.join(10)
+
+        with b.http(token) as http:  # the client's retry, on the other replica
+            retry = tool_status(call_modern(http, "save_report", args))
+        assert retry["status"] == "waiting_approval", retry
+        assert retry["data"]["approval_id"] != approval_id
+        consumed = [e for r in replicas for e in r.audit_events() if e["event"] == "approval.consumed"]
+        assert [(e["approval_id"], e["replica"]) for e in consumed] == [(approval_id, "a")], consumed
+        with psycopg.connect(url) as conn:
+            state = conn.execute("SELECT state FROM approvals WHERE id = %s", (approval_id,)).fetchone()
+        assert state == ("consumed",)
+
+        with b.http(token) as http:
+            assert http.post(f"/v1/approvals/{retry['data']['approval_id']}/approve").status_code == 200
+            saved = tool_status(call_modern(http, "save_report", args))
+        assert saved["status"] == "ok", saved
+        assert (b.reports("planting") / name).read_text() == content
+        quarantine = b.data_dir / "tenants" / "planting" / "quarantine"
+        assert [p.name.rsplit(".", 1)[0] for p in quarantine.iterdir()] == [name]
+        assert os.listdir(dropbox) == []
+
+
+def test_an_instance_name_that_is_no_dns_label_is_refused_in_one_line(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path, env={"DOCBROKER_INSTANCE": "Prod_1/../x"})
+    try:
+        broker.start()
+    except RuntimeError:
+        log = broker.logs()
+        assert "DOCBROKER_INSTANCE must be 1-32 of a-z 0-9 -" in log
+        assert "Traceback" not in log and "Prod_1" not in log
+    else:
+        broker.stop()
+        raise AssertionError("a broker started with an instance name that is no DNS label")
