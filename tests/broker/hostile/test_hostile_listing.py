@@ -106,7 +106,7 @@ def test_a_bad_descriptor_excludes_only_that_tool(hostile: Broker, tenant: str) 
 def test_rejections_are_audited_by_name_never_by_content(hostile: Broker) -> None:
     rejections = events(hostile, "tools.rejected")
     assert rejections
-    allowed = {"v", "seq", "ts", "prev", "event", "tenant", "sandbox", "tool", "reason", "outcome"}
+    allowed = {"v", "seq", "ts", "prev", "event", "replica", "tenant", "sandbox", "tool", "reason", "outcome"}
     for event in rejections:
         assert set(event) <= allowed and event["outcome"] == "rejected", event
     text = hostile.audit_file.read_text()
