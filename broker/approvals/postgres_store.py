@@ -50,6 +50,7 @@ from broker.approvals.store import (
     StoreUnavailable,
     TooManyPending,
     approval_from_row,
+    refusal,
     select,
     state_filter,
 )
@@ -334,15 +335,7 @@ class PostgresApprovalStore:
             return approval_from_row(row)
         # Not decided by us: say why, from the record as it now is (first decision wins).
         current = await self.get(approval_id, tenant)
-        if current is None:
-            return DecisionError.NOT_FOUND
-        if current.state is ApprovalState.EXPIRED:
-            return DecisionError.EXPIRED
-        if current.state is not ApprovalState.PENDING:
-            return DecisionError.NOT_PENDING
-        if require_distinct and approver == current.requester:
-            return DecisionError.SAME_PERSON
-        return DecisionError.NOT_PENDING
+        return refusal(current, approver, require_distinct) or DecisionError.NOT_PENDING
 
     async def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
         now = self._clock()

@@ -32,6 +32,7 @@ from broker.approvals.store import (
     Position,
     TooManyPending,
     approval_from_row,
+    refusal,
     select,
     state_filter,
 )
@@ -217,14 +218,9 @@ class SqliteApprovalStore:
         self, approval_id: str, tenant: str, approver: str, approve: bool, require_distinct: bool
     ) -> Approval | DecisionError:
         current = self._get(approval_id, tenant)
-        if current is None:
-            return DecisionError.NOT_FOUND
-        if current.state is ApprovalState.EXPIRED:
-            return DecisionError.EXPIRED
-        if current.state is not ApprovalState.PENDING:
-            return DecisionError.NOT_PENDING
-        if require_distinct and approver == current.requester:
-            return DecisionError.SAME_PERSON
+        refused = refusal(current, approver, require_distinct)
+        if refused is not None:
+            return refused
         new_state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
         now = self._clock()
         cur = self._db.execute(

@@ -150,6 +150,19 @@ def state_filter(state: ApprovalState, now: str) -> str:
             return f"state = '{state.value}'"
 
 
+def refusal(current: Approval | None, approver: str, require_distinct: bool) -> DecisionError | None:
+    """Why a decision on this record (as it now reads) cannot be recorded; None if it can."""
+    if current is None:
+        return DecisionError.NOT_FOUND
+    if current.state is ApprovalState.EXPIRED:
+        return DecisionError.EXPIRED
+    if current.state is not ApprovalState.PENDING:
+        return DecisionError.NOT_PENDING
+    if require_distinct and approver == current.requester:
+        return DecisionError.SAME_PERSON
+    return None
+
+
 def select(columns: str, rest: str) -> str:
     # Only the stores' own constants are spliced in; every value is a bound parameter.
     return f"SELECT {columns} FROM approvals {rest}"  # noqa: S608
