@@ -13,6 +13,7 @@ A tenant is known when its policy file exists (policies/tenants/<tenant>.toml).
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 from broker.approvals.secrets import tenant_secret
@@ -87,14 +88,20 @@ class Tenants:
         secrets_dir.mkdir(parents=True, exist_ok=True)
         secrets_dir.chmod(0o700)
         path = secrets_dir / f"{tenant}.key"
-        tmp = secrets_dir / f".{tenant}.key.tmp"
+        # A temporary name of this writer's own: replicas sharing the data dir provision the
+        # same tenant at the same moment, and one's rename must not take the other's file.
+        tmp = secrets_dir / f".{tenant}.key.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         # 0o444: a rootless sandbox reads it under a sub-uid; only this tenant's file is
         # mounted into this tenant's sandbox, and the folder (0o700) is closed to other users.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o444)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(self.secret(tenant))
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(self.secret(tenant))
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
 

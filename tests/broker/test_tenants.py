@@ -52,3 +52,24 @@ def test_provision_closes_every_folder_above_the_passed_ones(settings: Settings)
     assert _mode(spec.secret_file) == 0o444
     assert Path(spec.sources_dir).is_dir()
     assert settings.pool_dir == settings.run_dir / ".pool"  # warm slots: never a tenant's name
+
+
+def test_replicas_provisioning_one_tenant_at_once_never_fail(settings: Settings) -> None:
+    # Replicas share the data dir and start a tenant's first sandbox at the same moment: each
+    # writes the secret file, and one's rename must not take the other's temporary file.
+    import multiprocessing
+
+    key = os.urandom(32)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        specs = pool.starmap(_provision_many, [(settings, key)] * 4)
+    assert all(specs)
+    secrets_dir = settings.secrets_dir
+    assert sorted(p.name for p in secrets_dir.iterdir()) == ["acme.key"]  # no temporary left
+
+
+def _provision_many(settings: Settings, key: bytes) -> bool:
+    tenants = Tenants(settings, key)
+    for _ in range(200):
+        tenants.provision("acme")
+    return True
