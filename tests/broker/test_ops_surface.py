@@ -167,7 +167,7 @@ async def test_crashed_server_gives_clean_error_then_a_fresh_sandbox(
     assert any(e["event"] == "sandbox.started" and e["tenant"] == crashy for e in events)
 
 
-async def test_an_approved_save_that_meets_a_dead_server_goes_to_its_successor_once(
+async def test_an_approved_save_that_meets_a_dead_server_is_sent_once_or_unknown_never_twice(
     broker: Broker, crashy: str
 ) -> None:
     """No connection to the dead server could be made, so the save cannot have run there: it is
@@ -188,14 +188,26 @@ async def test_an_approved_save_that_meets_a_dead_server_goes_to_its_successor_o
     assert time.monotonic() - started < NEVER_HANG_SECONDS
     assert response.status_code == 200
     result = response.json()["result"]["structuredContent"]
-    assert result["status"] == "ok", result
-    assert (broker.reports(crashy) / name).read_text() == content
     async with open_mcp(broker, token, mode="auto") as client:
         with anyio.fail_after(NEVER_HANG_SECONDS):
             after = structured(await client.call_tool("read_document", {"filename": "survivor.md"}))
             again = structured(await client.call_tool("save_report", {"filename": name, "content": content}))
     assert after["status"] == "ok"
-    assert (again["status"], again["message"]) == ("rejected", "a report with this name already exists")
+    if result["status"] == "ok":
+        # No connection to the dead server could be made: sent once to its successor.
+        assert (broker.reports(crashy) / name).read_text() == content
+        assert (again["status"], again["message"]) == ("rejected", "a report with this name already exists")
+    else:
+        # A kept-alive connection the broker had not yet seen close took the bytes: the write
+        # may or may not have happened, so it is never retried nor reported ok; the approval
+        # is spent and nothing landed.
+        assert result == {
+            "status": "result_unknown",
+            "message": "report write did not complete; it may or may not exist",
+            "data": None,
+        }
+        assert not (broker.reports(crashy) / name).exists()
+        assert again["status"] == "waiting_approval"
 
 
 async def test_hung_server_times_out_cleanly(broker: Broker, crashy: str) -> None:
