@@ -170,9 +170,10 @@ async def test_crashed_server_gives_clean_error_then_a_fresh_sandbox(
 async def test_an_approved_save_that_meets_a_dead_server_is_sent_once_or_unknown_never_twice(
     broker: Broker, crashy: str
 ) -> None:
-    """No connection to the dead server could be made, so the save cannot have run there: it is
-    sent once, to a fresh sandbox. (A server that dies *during* a save makes it result_unknown,
-    never retried: tests/broker/hostile/test_hostile_failures.py.)"""
+    """A save whose server was killed before it: when no connection could be made it is sent
+    once, to a fresh sandbox; when a kept-alive connection took the bytes first, it is
+    result_unknown. Never ok without a report, never written twice. (A server that dies
+    *during* a save: tests/broker/hostile/test_hostile_failures.py.)"""
     token = broker.token(tenant=crashy)
     name, content = unique("crash"), "the sandbox died before this was sent"
     async with open_mcp(broker, token, mode="legacy") as client:
