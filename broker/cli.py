@@ -35,7 +35,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("docbroker").warning("created a new master key file")
     import uvloop
 
-    # uvloop and httptools: measured ~0.3 ms less broker CPU per call than asyncio + h11.
+    # uvloop and httptools: less broker CPU per call than asyncio + h11 (bench/REPORT.md).
     return uvloop.run(_serve(settings))
 
 
@@ -43,7 +43,7 @@ async def _serve(settings: Settings) -> int:
     import uvicorn
 
     from broker.app import build_app, make_backend, open_store
-    from broker.approvals.secrets import KeyError_
+    from broker.approvals.secrets import MasterKeyError
     from broker.approvals.store import StoreError
     from broker.audit import AuditLog, AuditSinkError
     from broker.http_edge import edge_protocol
@@ -65,7 +65,7 @@ async def _serve(settings: Settings) -> int:
             backend = await make_backend(settings)
             await backend.replicas.join()  # before serving: a twin replica id stops here, in one line
             app = build_app(settings, audit, backend, store)
-        except (KeyError_, PolicyError, RuntimeErrorBase, ReplicaTaken, ValueError, OSError) as exc:
+        except (MasterKeyError, PolicyError, RuntimeErrorBase, ReplicaTaken, ValueError, OSError) as exc:
             await store.close()
             raise SystemExit(f"docbroker: cannot start: {exc}") from None
         config = uvicorn.Config(

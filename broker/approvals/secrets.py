@@ -21,7 +21,7 @@ _SEAL_LABEL = b"docbroker/request-state/v1"
 _SESSION_LABEL = b"docbroker/mcp-session/v1"
 
 
-class KeyError_(Exception):
+class MasterKeyError(Exception):
     """The master key is missing, unreadable or weak. Never carries key material."""
 
 
@@ -43,15 +43,15 @@ def load_master_key(path: Path) -> bytes:
         info = path.stat()
         raw = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
-        raise KeyError_(f"master key file cannot be read: {path.name}") from None
+        raise MasterKeyError(f"master key file cannot be read: {path.name}") from None
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise KeyError_("master key file must not be readable by group or others (chmod 600)")
+        raise MasterKeyError("master key file must not be readable by group or others (chmod 600)")
     try:
         key = bytes.fromhex(raw)
     except ValueError:
-        raise KeyError_("master key file must hold hex") from None
+        raise MasterKeyError("master key file must hold hex") from None
     if len(key) < MIN_MASTER_KEY_BYTES:
-        raise KeyError_(f"master key must be at least {MIN_MASTER_KEY_BYTES} bytes")
+        raise MasterKeyError(f"master key must be at least {MIN_MASTER_KEY_BYTES} bytes")
     return key
 
 
