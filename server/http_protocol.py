@@ -4,8 +4,8 @@ uvicorn writes a response's head and its body with two `transport.write` calls: 
 calls and, with TCP_NODELAY, two TCP segments, so the reader may also wake twice for one
 answer. Nearly every answer on the call path is whole (head and body sent back to back): the
 sandbox's to the broker, the broker's to its client. Measured side by side in
-bench/broker_overhead.py on the dev VM, in the broker alone: ~0.17 ms less added p50 latency
-at concurrency 1 and ~90 µs less broker CPU per call. The broker imports it from here: the
+bench/broker_overhead.py, in the broker alone: less added p50 latency at concurrency 1 and
+less broker CPU per call. The broker imports it from here: the
 server package is the one both sides have (the sandbox image holds nothing else).
 
 `OneWriteTransport` holds the latest write until either the next write (the two go out as one)

@@ -8,12 +8,12 @@
 Ordering: a lock covers "stamp seq/prev, render, write(2), advance the chain", so the file's
 order is the chain's order however many tasks or threads emit at once.
 
-Durability (measured on the broker's budget of 1.5 ms p50 for everything it adds): write(2) of a
-line costs microseconds, fsync about a millisecond. With `AuditFsync.INTERVAL` (default) every line
-is in the kernel before `emit` returns, so a broker crash loses nothing, and a background thread
-fsyncs at most every `fsync_interval_seconds`: only a kernel crash or power cut can lose that
-window. `AuditFsync.ALWAYS` fsyncs before `emit` returns (in a worker thread, so the event loop
-keeps running; concurrent emits share one fsync when they overlap).
+Durability (against the broker's latency budget for everything it adds): write(2) of a line
+is cheap, fsync is not (bench/audit_throughput.py measures both). With `AuditFsync.INTERVAL`
+(default) every line is in the kernel before `emit` returns, so a broker crash loses nothing,
+and a background thread fsyncs at most every `fsync_interval_seconds`: only a kernel crash or
+power cut can lose that window. `AuditFsync.ALWAYS` fsyncs before `emit` returns (in a worker
+thread, so the event loop keeps running; concurrent emits share one fsync when they overlap).
 
 Failure: any failed write, short write or fsync marks the log unhealthy and raises
 `AuditSinkError`; `check()` then refuses every call. The next `emit` (the refused request's own

@@ -123,7 +123,7 @@ class AddHeader:
 def render_json(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
     # ensure_ascii: no raw U+2028 or newline can split a line; sorted keys, compact separators:
     # one canonical form, so `verify` can also reject lines edited into another form.
-    # orjson writes the same bytes ~8x faster whenever the line is pure ASCII (nearly always:
+    # orjson writes the same bytes several times faster whenever the line is pure ASCII (nearly always:
     # every value but a subject is an identifier); anything else takes the exact slow path.
     if _orjson_agrees(event_dict):
         try:

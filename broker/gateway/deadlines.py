@@ -13,8 +13,8 @@ class Deadlines:
 
     The HTTP client's timeout bounds each read only, so a sandbox that keeps sending bytes (SSE
     comments, a trickle) would otherwise hold a call forever; expiry is reported like any other
-    upstream timeout. A timer per call (`asyncio.timeout`) costs ~9 µs on uvloop, an entry
-    here ~1 µs; a deadline may pass up to one tick late, which a deadline of seconds does not
+    upstream timeout. A timer per call (`asyncio.timeout`) costs several times what an entry
+    here costs; a deadline may pass up to one tick late, which a deadline of seconds does not
     mind. The tick runs only while a deadline is pending.
 
         async with deadlines.within(30.0):

@@ -5,8 +5,8 @@ the sandbox is not trusted with anyone's credentials.
 
 This hop is on every call's path, so the client is a small one of our own on asyncio's
 protocol API, with llhttp (httptools, the parser uvicorn itself uses) doing all the parsing.
-Measured per request on the dev VM, aiohttp cost ~270 µs of CPU here, httpx2 ~2 ms, this
-~40 µs (bench/broker_overhead.py). It speaks what the sandboxes need and nothing more: one
+Measured per request (bench/broker_overhead.py), aiohttp and httpx cost several times the CPU
+of this client. It speaks what the sandboxes need and nothing more: one
 request at a time per connection, bodies sent with Content-Length, responses with
 Content-Length, chunked or close-delimited bodies, streamed chunk by chunk (a short
 Content-Length body is handed over whole, after one wake-up).
