@@ -27,7 +27,9 @@ from broker.approvals.sealing import StateSealer
 from broker.approvals.secrets import load_master_key, sealing_key, session_key
 from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import ApprovalStore
+from broker.audit import fields as audit_fields
 from broker.audit.log import AuditLog
+from broker.audit.schema import AuditEvent
 from broker.auth.preauth import PreAuthLimiter, client_address, write_counts
 from broker.auth.service import AuthService
 from broker.gateway.breaker import CircuitBreakers
@@ -95,7 +97,9 @@ class Components:
     metrics: Metrics
 
 
-def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, store: ApprovalStore) -> McpFirst:
+def build_app(
+    settings: Settings, audit: AuditLog, backend: SandboxBackend, store: ApprovalStore
+) -> BrokerApp:
     """The app, wired. The audit log, the backend and the store are opened by the caller first."""
     master_key = load_master_key(settings.master_key_file)
     policies = Policies.load(settings.policies_dir)
@@ -106,17 +110,7 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, stor
     )
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
-        fields = {
-            "tenant": tenant,
-            "sandbox": sandbox_id[:64],
-            "reason": details.get("reason", event.split(".")[1]),
-        }
-        if "mode" in details:
-            fields["sandbox_mode"] = details["mode"]
-        limits = details.get("limits_enforced")
-        if limits is not None:  # Docker reports memory/cpu/pids separately: all must hold
-            fields["limits_enforced"] = all(limits.values()) if isinstance(limits, dict) else bool(limits)
-        await audit.emit(event, outcome="ok" if event == "sandbox.started" else "error", **fields)
+        await audit.emit(event, **audit_fields.sandbox_event(event, tenant, sandbox_id, details))
 
     runtime = Runtime(
         backend,
@@ -247,10 +241,10 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, stor
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.components = parts
     origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
-    return McpFirst(app, gateway, origins=origins, preauth=preauth, audit=audit)
+    return BrokerApp(app, gateway, origins=origins, preauth=preauth, audit=audit)
 
 
-class McpFirst:
+class BrokerApp:
     """Refuses a disallowed `Origin` on every surface, then sends `/mcp` straight to the
     gateway and everything else through Starlette.
 
@@ -297,7 +291,7 @@ class McpFirst:
             # Refused either way: a log that cannot be written changes nothing about the answer.
             with contextlib.suppress(Exception):
                 await self._audit.emit(
-                    "auth.denied",
+                    AuditEvent.AUTH_DENIED,
                     outcome="denied",
                     reason=ORIGIN_REFUSED,
                     method=origin_surface(path),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from broker.gateway import jsonrpc as rpc
+from broker.protocol import jsonrpc as rpc
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from broker.gateway import jsonrpc as rpc
+from broker.protocol import jsonrpc as rpc
 
 REASON = "origin_not_allowed"
 

@@ -25,14 +25,14 @@ from pydantic import ValidationError
 
 from broker.approvals import visible
 from broker.approvals.reports import ReportStore
-from broker.approvals.sealing import ApprovalState as SealedApproval
-from broker.approvals.sealing import StateSealer
+from broker.approvals.sealing import SealedApproval, StateSealer
 from broker.approvals.store import ApprovalStore, Draft, StoreUnavailable, TooManyPending
+from broker.audit.schema import AuditEvent
 from broker.errors import Denial, Denied
-from broker.gateway.jsonrpc import RpcMessage
-from broker.gateway.results import broker_result
-from broker.gateway.tools_filter import BROKER_ONLY_ARGUMENT
 from broker.policy import TenantPolicy
+from broker.protocol.answers import BROKER_ONLY_ARGUMENT, broker_result
+from broker.protocol.jsonrpc import RpcMessage
+from broker.protocol.versions import MODERN
 from broker.settings import ApprovalSettings
 from broker.types import Outcome, Principal, Scope
 from server import contracts as c
@@ -40,7 +40,6 @@ from server.approval import content_sha256, mint_token
 
 log = logging.getLogger("docbroker")
 
-MODERN_PROTOCOL = "2026-07-28"
 INPUT_KEY = "approval"
 DENIED_MESSAGE = "the report was not approved"
 TOO_MANY_MESSAGE = "too many reports are waiting for approval"
@@ -141,7 +140,7 @@ class ApprovalFlow:
             tenant=draft.tenant, requester=draft.requester, filename=draft.filename, sha256=draft.sha256
         )
         if approved is not None:
-            await self._audit("approval.consumed", approval_id=approved.id, outcome="ok", **ids)
+            await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok", **ids)
             return self._forward(draft, approved.id)
 
         refused = await self._store.denied(draft)
@@ -163,7 +162,9 @@ class ApprovalFlow:
         except TooManyPending:
             return _rejected(TOO_MANY_MESSAGE, "too_many_pending_approvals")
         if created:
-            await self._audit("approval.requested", approval_id=record.id, outcome="waiting_approval", **ids)
+            await self._audit(
+                AuditEvent.APPROVAL_REQUESTED, approval_id=record.id, outcome="waiting_approval", **ids
+            )
         data = c.PendingApprovalData(
             approval_id=record.id,
             filename=draft.filename,
@@ -179,7 +180,7 @@ class ApprovalFlow:
     def _in_band_possible(self, principal: Principal, policy: TenantPolicy, msg: RpcMessage) -> bool:
         # The human answering in-band is the caller: only when they may approve, and the
         # tenant does not demand a second person.
-        if msg.protocol_version != MODERN_PROTOCOL or "elicitation" not in msg.client_capabilities():
+        if msg.protocol_version != MODERN or "elicitation" not in msg.client_capabilities():
             return False
         if self._distinct_approver(policy):
             return False
@@ -229,7 +230,9 @@ class ApprovalFlow:
                 },
             },
         }
-        await self._audit("approval.requested", approval_id=approval_id, outcome="waiting_approval", **ids)
+        await self._audit(
+            AuditEvent.APPROVAL_REQUESTED, approval_id=approval_id, outcome="waiting_approval", **ids
+        )
         result = {
             "resultType": "input_required",
             "inputRequests": {INPUT_KEY: question},
@@ -275,7 +278,9 @@ class ApprovalFlow:
         if record is None:  # answered before: a replayed state
             return _rejected(c.Message.APPROVAL_INVALID.value, "approval_replayed")
         decision = "approved" if approve else "denied"
-        await self._audit("approval.decided", approval_id=record.id, decision=decision, outcome="ok", **ids)
+        await self._audit(
+            AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome="ok", **ids
+        )
         if not approve:
             return Answer(
                 broker_result(c.Status.REJECTED, DENIED_MESSAGE),
@@ -283,7 +288,7 @@ class ApprovalFlow:
                 "approval_denied",
                 record.id,
             )
-        await self._audit("approval.consumed", approval_id=record.id, outcome="ok", **ids)
+        await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome="ok", **ids)
         return self._forward(draft, record.id)
 
     async def release(self, forward: Forward, ids: dict[str, str]) -> None:
@@ -295,7 +300,7 @@ class ApprovalFlow:
             log.warning("an unsent approval could not be given back: the store is unavailable")
             return
         if released:
-            await self._audit("approval.released", approval_id=forward.approval_id, outcome="ok",
+            await self._audit(AuditEvent.APPROVAL_RELEASED, approval_id=forward.approval_id, outcome="ok",
                               reason="not_forwarded", **ids)  # fmt: skip
 
     # -- forwarding -------------------------------------------------------------------------

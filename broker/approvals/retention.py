@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from broker.approvals.store import ApprovalStore
 from broker.audit import AuditSinkError
+from broker.audit.schema import AuditEvent
 
 log = logging.getLogger("docbroker")
 
@@ -34,7 +35,7 @@ async def purge_once(
     audit_ready()  # raises AuditSinkError: nothing is deleted while the deletion cannot be recorded
     count = await store.purge(closed_before=clock() - retention_seconds)
     if count:
-        await audit("approval.purged", outcome="ok", reason="retention", count=count)
+        await audit(AuditEvent.APPROVAL_PURGED, outcome="ok", reason="retention", count=count)
     return count
 
 

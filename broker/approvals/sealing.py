@@ -24,7 +24,7 @@ MAX_STATE_CHARS = 4096
 
 
 @dataclass(frozen=True)
-class ApprovalState:
+class SealedApproval:
     approval_id: str
     tenant: str
     subject: str
@@ -38,13 +38,13 @@ class StateSealer:
         self._aead = AESGCM(key)
         self._clock = clock
 
-    def seal(self, state: ApprovalState) -> str:
+    def seal(self, state: SealedApproval) -> str:
         nonce = os.urandom(12)
         plain = json.dumps(asdict(state), separators=(",", ":"), sort_keys=True).encode()
         sealed = nonce + self._aead.encrypt(nonce, plain, _AAD)
         return _PREFIX + base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
-    def open(self, token: str) -> ApprovalState | None:
+    def open(self, token: str) -> SealedApproval | None:
         """The state if it is ours, intact and unexpired; otherwise None."""
         if not isinstance(token, str) or len(token) > MAX_STATE_CHARS or not token.startswith(_PREFIX):
             return None
@@ -52,7 +52,7 @@ class StateSealer:
         try:
             raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
             plain = self._aead.decrypt(raw[:12], raw[12:], _AAD)
-            state = ApprovalState(**json.loads(plain))
+            state = SealedApproval(**json.loads(plain))
         except (binascii.Error, ValueError, InvalidTag, TypeError):
             return None
         if not isinstance(state.expires, int) or state.expires <= self._clock():

@@ -17,7 +17,6 @@ Compare the final `head` with a copy kept elsewhere (`AuditLog.head`) to catch t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -27,6 +26,7 @@ from broker.audit.merkle import leaf_hash
 from broker.audit.processors import canonical
 from broker.audit.schema import ALL_FIELDS, EVIDENCE_FIELDS, INVALID, REQUIRED_FIELDS, SYSTEM_EVENT_FIELDS
 from broker.audit.sink import MAX_LINE_BYTES
+from broker.protocol.codec import loads_strict
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ def _parse(raw: bytes, leaf: bool = False) -> _Record | str:
     body = raw[:-1]
     try:
         text = body.decode("ascii")
-        record = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except (ValueError, _Duplicate):
+        record = loads_strict(text)  # duplicate keys refused: readers disagree on which wins
+    except ValueError:
         return "not a JSON line (or not ASCII, or a duplicate key)"
     if not isinstance(record, dict):
         return "not a JSON object"
@@ -154,22 +154,6 @@ def _parse(raw: bytes, leaf: bool = False) -> _Record | str:
 
 # Header fields a line may carry besides the required ones, on the log's own lines too.
 _HEADER_EXTRAS: Final = frozenset({"replica"})
-
-
-class _Duplicate(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json keeps the last of two equal keys; a reader might keep the first: refuse the ambiguity.
-    record = dict(pairs)
-    if len(record) != len(pairs):
-        raise _Duplicate
-    return record
-
-
-def _no_constants(_: str) -> Any:
-    raise ValueError("NaN and Infinity are not JSON")
 
 
 def _broken(lines: _Lines, line: int, problem: str) -> VerifyReport:

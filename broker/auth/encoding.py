@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
-import math
 import re
 from typing import Any
+
+from broker.protocol.codec import loads_strict
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 
@@ -36,39 +36,11 @@ def b64url_decode(segment: str) -> bytes | None:
     return raw
 
 
-class _Rejected(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # Two "alg" or two "aud" members: parsers disagree on which one wins, so refuse both.
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        raise _Rejected("duplicate member")
-    return obj
-
-
-def _no_constants(name: str) -> Any:
-    raise _Rejected("NaN and Infinity are not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 parses to inf: not a number a claim can hold
-        raise _Rejected("number out of range")
-    return value
-
-
 def json_object(raw: bytes) -> dict[str, Any] | None:
     """A strict UTF-8 JSON object (no duplicate members, no NaN/Infinity), else None."""
     try:
         text = raw.decode("utf-8")
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constants,
-            parse_float=_finite,
-        )
+        value = loads_strict(text, finite=True)
     # RecursionError: "[[[[…" a few thousand deep exhausts the parser's stack; ValueError
     # covers bad JSON, our rejections and integers longer than Python will convert.
     except (UnicodeDecodeError, ValueError, RecursionError):

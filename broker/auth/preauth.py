@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import Scope
 
+from broker.audit.schema import AuditEvent
 from broker.settings import PreAuthSettings
 
 LIMITED = "preauth_limited"  # the reason a 429 of this limiter is counted under
@@ -134,7 +135,7 @@ async def write_counts(limiter: PreAuthLimiter, emit: Callable[..., Awaitable[No
     counts = limiter.drain()
     for reason in list(counts):
         try:
-            await emit("auth.denied", outcome="denied", reason=reason, count=counts[reason])
+            await emit(AuditEvent.AUTH_DENIED, outcome="denied", reason=reason, count=counts[reason])
         except Exception:
             limiter.restore(counts)
             raise

@@ -31,18 +31,17 @@ from starlette.types import Receive, Scope, Send
 
 from broker.approvals.flow import Answer, ApprovalFlow
 from broker.approvals.reports import Accepted, ReportStore, audit_sweep
-from broker.audit import AuditSinkError
+from broker.audit import AuditEvent, AuditSinkError
+from broker.audit.fields import sandbox_field
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.errors import Denial, Denied
-from broker.gateway import jsonrpc as rpc
-from broker.gateway import listing, results, sse, wire
+from broker.gateway import listing, results, wire
 from broker.gateway.admission import Admission, admit
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins, Pin
 from broker.gateway.deadlines import Deadlines
-from broker.gateway.methods import audit_method, client_may_send, sandbox_may_send
 from broker.gateway.responder import CallRecord, Responder
 from broker.gateway.sessions import SessionSealer
 from broker.gateway.tools_filter import may_call, visible_tools
@@ -61,6 +60,11 @@ from broker.gateway.upstream import (
 from broker.gateway.upstream import session_id as upstream_session_id
 from broker.metrics import Metrics
 from broker.policy import Policies, TenantLimiter
+from broker.protocol import answers, sse
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.codec import loads_sandbox
+from broker.protocol.methods import audit_method, client_may_send, sandbox_may_send
+from broker.protocol.versions import LEGACY
 from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
 from broker.types import Outcome, Principal, RunningSandbox
 from server import contracts as c
@@ -68,9 +72,8 @@ from server import contracts as c
 log = logging.getLogger("docbroker.gateway")
 
 MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
-LEGACY_PROTOCOL = "2025-11-25"
 _RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
-_OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x) is ~10x slower
+_OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x) is much slower
 # The `Mcp-Param-*` names the tools' contract declares (`x-mcp-header`): any other such name is
 # the client's own invention, a value (`Mcp-Param-Secret-Q3-Layoffs-Plan.Md`), audited as "other".
 _KNOWN_PARAM_HEADERS = {
@@ -165,7 +168,7 @@ class McpGateway:
             finally:
                 await self._keep_unsent_approval(call)
         except AuthError as exc:
-            call.event, call.outcome, call.reason = "auth.denied", Outcome.DENIED, exc.reason.value
+            call.event, call.outcome, call.reason = AuditEvent.AUTH_DENIED, Outcome.DENIED, exc.reason.value
             call.audited = exc.counted  # on the pre-auth limiter's counted line for the interval
             await self._finish_json(
                 out, call, exc.status, wire.auth_error_body(exc), self._auth.challenge(exc)
@@ -173,7 +176,7 @@ class McpGateway:
         except Denied as exc:
             call.outcome = Outcome.DENIED if exc.denial.status in (403, 404, 405, 429) else Outcome.ERROR
             if exc.denial in (Denial.TOOL_NOT_ALLOWED, Denial.METHOD_NOT_FOUND):
-                call.event, call.outcome = "policy.denied", Outcome.DENIED
+                call.event, call.outcome = AuditEvent.POLICY_DENIED, Outcome.DENIED
             call.reason = exc.reason
             headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else {}
             body = rpc.error(call.rpc_id, exc.denial.code, exc.denial.message)
@@ -270,7 +273,7 @@ class McpGateway:
                         decision.approval_id,
                     )
                     await self._finish_json(
-                        out, call, 200, rpc.result(msg.id, wire.typed(msg, decision.result))
+                        out, call, 200, rpc.result(msg.id, answers.typed(msg, decision.result))
                     )
                     return
                 call.save, call.approval_id = decision, decision.approval_id
@@ -306,7 +309,7 @@ class McpGateway:
         for attempt in (1, 2):
             try:
                 async with self._runtime.lease(tenant) as sandbox:
-                    call.sandbox = sandbox.backend_id[:64]
+                    call.sandbox = sandbox_field(sandbox.backend_id)
                     client = self._upstreams.client(sandbox.endpoint)
                     try:
                         # One deadline for a POST's whole exchange, pinning included. A GET
@@ -353,12 +356,12 @@ class McpGateway:
             if msg is not None and msg.id is not None and not call.audited:
                 if call.save is not None:
                     call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
-                    unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
-                    body = rpc.result(msg.id, wire.typed(msg, unknown))
+                    unknown = answers.write_unknown()
+                    body = rpc.result(msg.id, answers.typed(msg, unknown))
                 else:
                     call.outcome, call.reason = Outcome.ERROR, reason
                     body = rpc.error(msg.id, denial.code, denial.message)
-                await self._answer_in_stream(out, call, wire.sse_event(body))
+                await self._answer_in_stream(out, call, sse.frame(rpc.encode(body)))
             else:
                 call.outcome, call.reason = Outcome.ERROR, reason
                 await self._emit_terminal(call)
@@ -367,8 +370,8 @@ class McpGateway:
         if call.save is not None and msg is not None and call.forwarded:
             # The approved write was sent: it may or may not have happened.
             call.outcome, call.reason = Outcome.RESULT_UNKNOWN, reason
-            unknown = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
-            await self._finish_json(out, call, 200, rpc.result(msg.id, wire.typed(msg, unknown)))
+            unknown = answers.write_unknown()
+            await self._finish_json(out, call, 200, rpc.result(msg.id, answers.typed(msg, unknown)))
             return
         raise Denied(denial, reason)
 
@@ -380,7 +383,8 @@ class McpGateway:
             pin = self._pins.pin(principal.tenant, sandbox.backend_id, admission)
             for tool, reason in admission.rejected:
                 await self._audit.emit(
-                    "tools.rejected", tenant=principal.tenant, sandbox=sandbox.backend_id[:64],
+                    AuditEvent.TOOLS_REJECTED, tenant=principal.tenant,
+                    sandbox=sandbox_field(sandbox.backend_id),
                     tool=tool if tool in c.TOOL_NAMES else None, reason=reason, outcome="rejected",
                 )  # fmt: skip
         if pin.broken:
@@ -421,14 +425,14 @@ class McpGateway:
         """Answer from the pin, after a fresh listing shows the sandbox still offers the same."""
         principal, call = turn.principal, turn.call
         if turn.sealed_session is not None:
-            protocol = turn.headers.get("mcp-protocol-version", LEGACY_PROTOCOL)
+            protocol = turn.headers.get("mcp-protocol-version", LEGACY)
             if not await listing.session_alive(client, turn.headers["mcp-session-id"], protocol):
                 raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
         fresh = await self._list_and_admit(client, sandbox)
         if not self._pins.matches(pin, fresh):
             await self._audit.emit(
-                "contract.changed", tenant=principal.tenant, subject=principal.subject,
-                sandbox=sandbox.backend_id[:64], request_id=call.request_id, outcome="denied",
+                AuditEvent.CONTRACT_CHANGED, tenant=principal.tenant, subject=principal.subject,
+                sandbox=sandbox_field(sandbox.backend_id), request_id=call.request_id, outcome="denied",
                 reason="descriptors_changed",
             )  # fmt: skip
             await self._replace_changed(principal.tenant, sandbox)
@@ -471,7 +475,7 @@ class McpGateway:
             try:
                 async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
                     data = event.data
-                    parsed = wire.parse_json(data)
+                    parsed = loads_sandbox(data)
                     if (
                         ours is not None
                         and isinstance(parsed, dict)
@@ -498,7 +502,7 @@ class McpGateway:
             if ours is not None and not call.audited:
                 reply = await self._consume(turn, {}, 0, ours, descriptor)
                 call.reason = "upstream_no_answer"
-                await self._answer_in_stream(out, call, wire.sse_event(reply))
+                await self._answer_in_stream(out, call, sse.frame(rpc.encode(reply)))
             elif not call.audited:
                 call.outcome, call.reason = wire.plain_outcome(status)
                 await self._emit_terminal(call)
@@ -520,7 +524,7 @@ class McpGateway:
             call.outcome, call.reason = wire.plain_outcome(status)
             await self._finish_raw(out, call, status, b"", passed)
             return
-        parsed = wire.parse_json(raw)
+        parsed = loads_sandbox(raw)
         if descriptor is not None:
             status = 200  # a tool's answer is the broker's checked (or own) result, whatever the sandbox said
         if not (isinstance(parsed, dict) and parsed.get("id") == ours.id and "method" not in parsed):
@@ -553,7 +557,7 @@ class McpGateway:
         breaker (which is for a sandbox that cannot answer), and the sandbox stays."""
         reply = await self._consume(turn, {}, max(limit, self._max_response) + 1, ours, descriptor)
         if stream:
-            await self._answer_in_stream(turn.out, turn.call, wire.sse_event(reply))
+            await self._answer_in_stream(turn.out, turn.call, sse.frame(rpc.encode(reply)))
             await turn.out.end()
         else:
             await self._finish_json(turn.out, turn.call, 200, reply)
@@ -589,20 +593,20 @@ class McpGateway:
             accepted = self._reports_for(turn.principal.tenant).accept(call.save.filename, call.save.sha256)
             if accepted is not Accepted.OK:
                 call.outcome, call.reason = Outcome.RESULT_UNKNOWN, f"report_{accepted.value}"
-                result = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
+                result = answers.write_unknown()
         elif call.save is not None and _says_report_exists(result):
             # Only the broker's store knows which reports exist; the drop-box was emptied just
             # before this save, so a sandbox that says "exists" and has no such report lies.
             if not self._reports_for(turn.principal.tenant).exists(call.save.filename):
                 call.outcome, call.reason = Outcome.FAILED, "report_exists_unconfirmed"
-                result = results.broker_result(c.Status.FAILED, c.Message.WRITE_FAILED.value)
-        return rpc.result(msg.id, wire.typed(msg, result))
+                result = answers.write_failed()
+        return rpc.result(msg.id, answers.typed(msg, result))
 
     async def _refused_from_sandbox(self, turn: _Turn, message: dict[str, Any]) -> None:
         """A request or unexpected notification from the sandbox: dropped, and audited by name."""
         method = message.get("method")
         await self._audit.emit(
-            "policy.denied",
+            AuditEvent.POLICY_DENIED,
             tenant=turn.principal.tenant,
             subject=turn.principal.subject,
             request_id=turn.call.request_id,

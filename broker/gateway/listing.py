@@ -14,13 +14,13 @@ as a broken sandbox: no retry, no breaker.
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
-from broker.gateway import sse
 from broker.gateway.upstream import BodyTooLarge, Upstream
+from broker.protocol import sse
+from broker.protocol.codec import encode, loads_sandbox
+from broker.protocol.versions import META_CAPABILITIES, META_PROTOCOL, MODERN
 
-MODERN = "2026-07-28"
 MAX_PAGES = 4
 MAX_PAGE_BYTES = 2 * 1024 * 1024
 PAGE_TOO_LARGE = "page_too_large"
@@ -36,10 +36,7 @@ class ListingError(Exception):
 async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
     """One modern (2026-07-28) request from the broker itself; returns the `result` value."""
     request_id = f"broker-{next(_ids)}"
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
+    meta = {META_PROTOCOL: MODERN, META_CAPABILITIES: {}}
     body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
     headers = {
         "host": "localhost",
@@ -48,13 +45,13 @@ async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
         "mcp-protocol-version": MODERN,
         "mcp-method": method,
     }
-    async with client.stream("POST", headers, json.dumps(body).encode()) as response:
+    async with client.stream("POST", headers, encode(body)) as response:
         if response.status_code != 200:
             raise ListingError(f"upstream_http_{response.status_code}")
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             try:
                 async for event in sse.events(response.aiter_raw(), MAX_PAGE_BYTES):
-                    message = _json(event.data)
+                    message = loads_sandbox(event.data)
                     if isinstance(message, dict) and message.get("id") == request_id:
                         return _result(message)
             except sse.EventTooLarge:
@@ -64,7 +61,7 @@ async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
             raw = await response.read(MAX_PAGE_BYTES)
         except BodyTooLarge:
             raise ListingError(PAGE_TOO_LARGE) from None
-        message = _json(raw)
+        message = loads_sandbox(raw)
         if not isinstance(message, dict) or message.get("id") != request_id:
             raise ListingError("invalid_response")
         return _result(message)
@@ -82,7 +79,7 @@ async def session_alive(client: Upstream, session_id: str, protocol: str) -> boo
         "mcp-protocol-version": protocol,
         "mcp-session-id": session_id,
     }
-    async with client.stream("POST", headers, json.dumps(body).encode()) as response:
+    async with client.stream("POST", headers, encode(body)) as response:
         return response.status_code != 404
 
 
@@ -123,9 +120,3 @@ def _result(message: dict[str, Any]) -> Any:
         raise ListingError("upstream_error")
     return message.get("result")
 
-
-def _json(raw: bytes | None) -> Any:
-    try:
-        return json.loads(raw) if raw else None
-    except (ValueError, RecursionError):
-        return None

@@ -10,8 +10,9 @@ from typing import Any
 from starlette.types import Send
 
 from broker.approvals.flow import Forward
-from broker.gateway import jsonrpc as rpc
-from broker.gateway.methods import audit_method
+from broker.audit.schema import AuditEvent
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.methods import audit_method
 from broker.types import Outcome, Principal
 from server import contracts as c
 
@@ -35,7 +36,7 @@ class CallRecord:
     bytes_out: int = 0
     approval_id: str | None = None
     sandbox: str | None = None
-    event: str = "mcp.request"
+    event: str = AuditEvent.MCP_REQUEST
     save: Forward | None = None
     rpc_id: rpc.RequestId | None = None
     audited: bool = False

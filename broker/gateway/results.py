@@ -28,7 +28,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from broker.gateway import jsonrpc as rpc
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.answers import broker_result, compact_text, write_unknown
+from broker.protocol.versions import META_SERVER_INFO
 from server import contracts as c
 
 MAX_TEXT_BLOCK_CHARS = 1_024
@@ -38,7 +40,6 @@ _SANDBOX_STATUSES = frozenset(
 INVALID_RESULT_MESSAGE = "the tool sandbox returned an invalid result"
 INSTRUCTIONS = "Document tools over one tenant's files. Reports need a human's approval."
 SERVER_INFO = {"name": "docbroker", "version": "1"}
-_SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 _VERSION = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _MAX_VERSIONS = 8
 
@@ -58,12 +59,6 @@ class Consumed:
     result: dict[str, Any]  # what the client receives as the JSON-RPC `result`
     status: str  # the tool result status (for the audit outcome)
     reason: str  # fixed code
-
-
-def broker_result(status: c.Status, message: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A CallToolResult in the tools' one result shape, written by the broker."""
-    structured = {"status": status.value, "message": message, "data": data}
-    return {"content": [_text_block(structured)], "structuredContent": structured, "isError": False}
 
 
 def consume(
@@ -88,7 +83,7 @@ def consume(
         )
     if tool == c.TOOL_SAVE:
         return Consumed(
-            broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value), "result_unknown", checked
+            write_unknown(), "result_unknown", checked
         )
     return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", checked)
 
@@ -148,7 +143,7 @@ def handshake(method: str, result: dict[str, Any]) -> dict[str, Any] | None:
             "resultType": "complete",
             "ttlMs": 0,
             "cacheScope": "private",
-            "_meta": {_SERVER_INFO_META: SERVER_INFO},
+            "_meta": {META_SERVER_INFO: SERVER_INFO},
         }
     if method == "initialize":
         version = result.get("protocolVersion")
@@ -189,7 +184,7 @@ def _check(
     structured = result.get("structuredContent")
     if not isinstance(structured, dict) or structured.get("status") not in _SANDBOX_STATUSES:
         return "structured_content_invalid"
-    text = _compact(structured)
+    text = compact_text(structured)
     validator = _VALIDATORS.get(tool)
     if validator is None or not _valid(validator, text):
         return "output_schema_mismatch"
@@ -271,11 +266,3 @@ def _utf8_size(content: Any) -> int:
         return len(content.encode("utf-8")) if isinstance(content, str) else -1
     except UnicodeEncodeError:
         return -1
-
-
-def _text_block(structured: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "text", "text": _compact(structured)}
-
-
-def _compact(value: dict[str, Any]) -> str:
-    return rpc.encode(value).decode()

@@ -11,10 +11,9 @@ import copy
 from typing import Any
 
 from broker.policy import TenantPolicy
+from broker.protocol.answers import BROKER_ONLY_ARGUMENT
 from broker.types import Principal, Scope
 from server.contracts import TOOL_READ, TOOL_SAVE, TOOL_SEARCH
-
-BROKER_ONLY_ARGUMENT = "approval_token"
 
 _REQUIRED_SCOPE = {TOOL_SEARCH: Scope.DOCS_READ, TOOL_READ: Scope.DOCS_READ, TOOL_SAVE: Scope.DOCS_WRITE}
 

@@ -1,4 +1,4 @@
-"""The gateway's HTTP plumbing: ASGI headers and bodies, SSE framing, JSON-RPC shaping.
+"""The gateway's HTTP plumbing: ASGI headers and bodies, and the client-facing checks.
 
 Small functions with no state, kept apart from the pipeline in handler.py.
 """
@@ -10,13 +10,12 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
-import orjson
 from starlette.types import Receive, Scope
 
 from broker.auth import AuthError
 from broker.errors import Denial, Denied
-from broker.gateway import jsonrpc as rpc
 from broker.http_edge import READ_DEADLINE
+from broker.protocol import jsonrpc as rpc
 from broker.types import Outcome
 
 
@@ -100,29 +99,6 @@ def forward_body(msg: rpc.RpcMessage, arguments: dict[str, Any]) -> bytes:
     params = {k: v for k, v in msg.params.items() if k not in ("requestState", "inputResponses")}
     params["arguments"] = arguments
     return rpc.encode({**msg.body, "params": params})
-
-
-def typed(msg: rpc.RpcMessage, result: dict[str, Any]) -> dict[str, Any]:
-    """2026-07-28 results carry their type; handshake-era results do not."""
-    if msg.protocol_version is None:
-        return {k: v for k, v in result.items() if k != "resultType"}
-    return {"resultType": "complete", **result}
-
-
-def sse_event(body: dict[str, Any]) -> bytes:
-    return b"event: message\ndata: " + rpc.encode(body) + b"\n\n"
-
-
-def parse_json(raw: bytes | None) -> Any:
-    """A sandbox's JSON, or None. orjson: ~5x faster than `json` on a few KB, and stricter
-    (no NaN, depth capped at 1024); an integer past 64 bits becomes a float, so an answer
-    with such an id matches no request, which is how the gateway treats any stray answer."""
-    if not raw:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
 
 
 def plain_outcome(status: int) -> tuple[Outcome, str]:

@@ -1,4 +1,4 @@
-"""JSON-RPC inspection: what a request asks for, in names only, and how to answer it.
+"""JSON-RPC: what a request asks for, in names only; the error codes; answers' envelopes.
 
 The broker reads a request just far enough to route, authorise and audit it; the body is
 forwarded as received unless the broker must change it (an approval token injected).
@@ -6,12 +6,11 @@ forwarded as received unless the broker must change it (an approval token inject
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from typing import Any
 
-import orjson
+from broker.protocol.codec import encode as encode
+from broker.protocol.codec import loads_client
+from broker.protocol.versions import META_CAPABILITIES, META_PROTOCOL
 
 # JSON-RPC 2.0 codes, plus the MCP code for routing headers that disagree with the body.
 PARSE_ERROR = -32700
@@ -25,9 +24,6 @@ UNAVAILABLE = -32001
 RATE_LIMITED = -32002
 FORBIDDEN = -32003
 AUDIT_UNAVAILABLE = -32004
-
-META_PROTOCOL = "io.modelcontextprotocol/protocolVersion"
-META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 
 RequestId = str | int
 
@@ -84,14 +80,10 @@ class RpcMessage:
         value = self.meta.get(META_CAPABILITIES)
         return value if isinstance(value, dict) else {}
 
-    def with_arguments(self, arguments: dict[str, Any]) -> bytes:
-        body = {**self.body, "params": {**self.params, "arguments": arguments}}
-        return encode(body)
-
 
 def parse(raw: bytes) -> RpcMessage:
     try:
-        body = _loads(raw)
+        body = loads_client(raw)
     except (ValueError, RecursionError):
         raise RpcParseError(PARSE_ERROR, "parse_error", "Parse error: body is not JSON") from None
     if isinstance(body, list):
@@ -102,54 +94,6 @@ def parse(raw: bytes) -> RpcMessage:
     if not message.is_response and message.method is None:
         raise RpcParseError(INVALID_REQUEST, "invalid_request", "Invalid Request: method missing")
     return message
-
-
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-
-
-class _Unencodable(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _Unencodable("NaN and Infinity are not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400: a number the broker could not write back as JSON
-        raise _Unencodable("number out of range")
-    return value
-
-
-def _loads(raw: bytes) -> Any:
-    """Strict RFC 8259 JSON in UTF-8, and only what the broker can write back unchanged.
-
-    Anything the broker reads it must also be able to encode (an answer carries the request's
-    id; a forwarded body may be rebuilt), and read the way the sandbox will: a value accepted
-    here but not encodable (a lone surrogate) failed only after the call had run. So NaN,
-    infinities, lone surrogates, a BOM and other encodings are refused, as orjson refuses
-    them. The standard library only reads what orjson reads differently: an integer past
-    64 bits (orjson makes it a float), held in a run of 19 digits."""
-    if _LONG_DIGITS.search(raw) is None:
-        return orjson.loads(raw)
-    body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite)
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be
-    except UnicodeEncodeError:
-        raise _Unencodable("lone surrogate") from None
-    return body
-
-
-def encode(body: dict[str, Any]) -> bytes:
-    """Compact UTF-8 JSON, the same bytes as `json.dumps(separators=(",", ":"), ensure_ascii=False)`.
-
-    orjson: every answer passes through here, and at a few KB it encodes in ~1 µs where the
-    standard library takes ~20 µs (bench/broker_overhead.py)."""
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # an integer past 64 bits (a client's own request id): the slow, exact way
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def error(request_id: RequestId | None, code: int, message: str) -> dict[str, Any]:

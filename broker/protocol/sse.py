@@ -1,4 +1,4 @@
-"""Incremental Server-Sent Events parsing, one event at a time.
+"""Server-Sent Events: parsed incrementally, one event at a time, and framed.
 
 The gateway must see each JSON-RPC message in an SSE stream (to filter and audit it) without
 buffering the whole response: events are forwarded as soon as their blank-line terminator
@@ -33,10 +33,15 @@ class Event:
         client waits to reconnect), its event type and comments are the sandbox's words."""
         ids = [line[3:].strip() for line in self.raw.split(b"\n") if line.startswith(b"id:")]
         head = b"id: " + ids[-1] + b"\n" if ids and _EVENT_ID.fullmatch(ids[-1]) else b""
-        return head + b"event: message\ndata: " + data + b"\n\n"
+        return head + frame(data)
 
     def framed(self) -> bytes:
         return self.raw + b"\n\n"
+
+
+def frame(data: bytes) -> bytes:
+    """One `message` event of the broker's framing carrying `data` (a JSON-RPC message)."""
+    return b"event: message\ndata: " + data + b"\n\n"
 
 
 async def events(chunks: AsyncIterator[bytes], max_event_bytes: int) -> AsyncIterator[Event]:

@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from broker.audit.schema import AuditEvent
 from broker.runtime.shared import Replicas, SharedUse
 from broker.types import DaemonMode, Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, SandboxState
 
@@ -203,7 +204,9 @@ class Runtime:
                 return  # replaced or marked meanwhile
             if not await self.backend.alive(info):
                 info.state = SandboxState.FAILED
-                await self._on_event("sandbox.failed", tenant, info.backend_id, {"reason": "crashed"})
+                await self._on_event(
+                    AuditEvent.SANDBOX_FAILED, tenant, info.backend_id, {"reason": "crashed"}
+                )
                 return
 
     async def replace(self, tenant: str, backend_id: str, *, reason: str) -> bool:
@@ -245,12 +248,12 @@ class Runtime:
         except RuntimeErrorBase:
             raise
         except Exception as exc:
-            await self._on_event("sandbox.failed", tenant, "", {"reason": "create_failed"})
+            await self._on_event(AuditEvent.SANDBOX_FAILED, tenant, "", {"reason": "create_failed"})
             raise SandboxStartError("sandbox could not be created") from exc
         self._sandboxes[tenant] = info
         assert info.endpoint is not None
         if not await wait_ready(info.endpoint, self._start_timeout, lambda: self.backend.alive(info)):
-            await self._remove(tenant, reason="not_ready", event="sandbox.failed")
+            await self._remove(tenant, reason="not_ready", event=AuditEvent.SANDBOX_FAILED)
             raise SandboxStartError("sandbox did not become ready")
         info.state = SandboxState.RUNNING
         info.last_used = self._clock()
@@ -259,10 +262,10 @@ class Runtime:
             log.info("adopted sandbox", extra={"backend": self.backend.name})
         else:
             details = {**self.backend.describe(), "start_ms": round((self._clock() - started) * 1000, 1)}
-            await self._on_event("sandbox.started", tenant, info.backend_id, details)
+            await self._on_event(AuditEvent.SANDBOX_STARTED, tenant, info.backend_id, details)
         return info.endpoint
 
-    async def _remove(self, tenant: str, *, reason: str, event: str = "sandbox.stopped") -> None:
+    async def _remove(self, tenant: str, *, reason: str, event: str = AuditEvent.SANDBOX_STOPPED) -> None:
         info = self._sandboxes.pop(tenant, None)
         if info is None:
             return

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from broker.gateway import jsonrpc as rpc
+from broker.protocol import jsonrpc as rpc
 
 PING = b'"jsonrpc":"2.0","id":1,"method":"ping"'
 BODIES = {

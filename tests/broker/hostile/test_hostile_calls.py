@@ -20,7 +20,7 @@ import pytest
 from harness import Broker, structured
 from hostile_helpers import Reply, Rpc, events, last_request, sandbox_calls, tool_calls, unique
 
-from broker.gateway.methods import audit_method
+from broker.protocol.methods import audit_method
 
 TENANTS = (
     "honest", "headers", "wrongtypes", "oversized", "huge", "injected", "iserror", "sampling",

@@ -1,0 +1,30 @@
+"""Audit fields the broker builds from its own objects, shaped in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.audit.schema import AuditEvent
+
+MAX_SANDBOX_CHARS = 64
+
+
+def sandbox_field(backend_id: str) -> str:
+    """A sandbox as the audit names it: the backend's id, cut to the field's length."""
+    return backend_id[:MAX_SANDBOX_CHARS]
+
+
+def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a runtime's `sandbox.*` event (runtime.base's `on_event` arguments)."""
+    fields: dict[str, Any] = {
+        "outcome": "ok" if event == AuditEvent.SANDBOX_STARTED else "error",
+        "tenant": tenant,
+        "sandbox": sandbox_field(sandbox_id),
+        "reason": details.get("reason", event.split(".")[1]),
+    }
+    if "mode" in details:
+        fields["sandbox_mode"] = details["mode"]
+    limits = details.get("limits_enforced")
+    if limits is not None:  # Docker reports memory/cpu/pids separately: all must hold
+        fields["limits_enforced"] = all(limits.values()) if isinstance(limits, dict) else bool(limits)
+    return fields
