@@ -1,7 +1,7 @@
 """A reference point for broker_overhead.py: the least a Python MCP proxy can do on this host.
 
 uvicorn (uvloop + httptools, one write per response, as the broker runs) and the broker's own sandbox client
-(`broker.gateway.upstream`), forwarding each POST body to one unix socket and the answer
+(`broker.upstream`), forwarding each POST body to one unix socket and the answer
 back. No authentication, no policy, no checks, no audit: nothing the broker is for. Its
 added latency and throughput are the floor under the broker's on the same machine, measured
 in the same run, so a target can be read against what the machine allows at all.
@@ -19,8 +19,9 @@ from typing import Any
 import uvicorn
 import uvloop
 
-from broker.gateway.upstream import Upstream, request_headers
+from broker.gateway.forwarding import request_headers
 from broker.types import Endpoint
+from broker.upstream import Upstream
 from server.http_protocol import OneWriteHttpToolsProtocol
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +34,11 @@ from broker.auth.preauth import PreAuthLimiter, client_address, write_counts
 from broker.auth.service import AuthService
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins
+from broker.gateway.gate import Gate
 from broker.gateway.handler import McpGateway
+from broker.gateway.pinning import Pinning
+from broker.gateway.relay import Relay
 from broker.gateway.sessions import SessionSealer
-from broker.gateway.upstream import Upstreams
 from broker.metrics import Metrics
 from broker.origin import REASON as ORIGIN_REFUSED
 from broker.origin import Origins
@@ -47,6 +49,7 @@ from broker.runtime.base import Runtime, SandboxBackend
 from broker.runtime.shared import Replicas
 from broker.settings import Settings, origin_of
 from broker.tenants import Tenants
+from broker.upstream import Upstreams
 from broker.web import page
 from broker.web.api import ApprovalsApi
 
@@ -143,24 +146,9 @@ def build_app(
         public_url=settings.public_url,
         audit=audit.emit,
     )
-    gateway = McpGateway(
-        auth=auth,
-        policies=policies,
-        limiter=limiter,
-        runtime=runtime,
-        upstreams=upstreams,
-        sessions=SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds),
-        approvals=approvals,
-        reports_for=reports_for,
-        audit=audit,
-        metrics=metrics,
-        breakers=CircuitBreakers(
-            threshold=settings.runtime.breaker_threshold, cooldown=settings.runtime.breaker_cooldown_seconds
-        ),
-        pins=ContractPins(),
-        max_body_bytes=settings.max_body_bytes,
-        max_response_bytes=settings.max_response_bytes,
-    )
+    sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
+    gateway = _gateway(settings, auth, policies, limiter, runtime, upstreams, sessions, approvals,
+                       reports_for, audit, metrics)  # fmt: skip
     api = ApprovalsApi(
         auth=auth,
         store=store,
@@ -242,6 +230,49 @@ def build_app(
     app.state.components = parts
     origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
     return BrokerApp(app, gateway, origins=origins, preauth=preauth, audit=audit)
+
+
+def _gateway(
+    settings: Settings,
+    auth: AuthService,
+    policies: Policies,
+    limiter: TenantLimiter,
+    runtime: Runtime,
+    upstreams: Upstreams,
+    sessions: SessionSealer,
+    approvals: ApprovalFlow,
+    reports_for: Callable[[str], ReportStore],
+    audit: AuditLog,
+    metrics: Metrics,
+) -> McpGateway:
+    """The `/mcp` pipeline: gate, relay (with the pinned contracts), one responder per call."""
+    breakers = CircuitBreakers(
+        threshold=settings.runtime.breaker_threshold, cooldown=settings.runtime.breaker_cooldown_seconds
+    )
+    pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, policies=policies, audit=audit)
+    gate = Gate(
+        auth=auth,
+        policies=policies,
+        limiter=limiter,
+        sessions=sessions,
+        approvals=approvals,
+        audit=audit,
+        pinned_without=pinning.pinned_without,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    relay = Relay(
+        runtime=runtime,
+        upstreams=upstreams,
+        breakers=breakers,
+        pinning=pinning,
+        sessions=sessions,
+        reports_for=reports_for,
+        audit=audit,
+        max_response_bytes=settings.max_response_bytes,
+    )
+    return McpGateway(
+        gate=gate, relay=relay, approvals=approvals, limiter=limiter, audit=audit, metrics=metrics
+    )
 
 
 class BrokerApp:

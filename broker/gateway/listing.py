@@ -16,10 +16,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from broker.gateway.upstream import BodyTooLarge, Upstream
 from broker.protocol import sse
 from broker.protocol.codec import encode, loads_sandbox
 from broker.protocol.versions import META_CAPABILITIES, META_PROTOCOL, MODERN
+from broker.upstream import BodyTooLarge, Upstream
 
 MAX_PAGES = 4
 MAX_PAGE_BYTES = 2 * 1024 * 1024

@@ -1,110 +1,114 @@
-"""Sending one HTTP response from raw ASGI: whole, or streamed chunk by chunk, and the
-per-request record (`CallRecord`) that becomes the request's terminal audit event."""
+"""One answer per request, sent only once it is audited: the one owner of that rule.
+
+Every way a request ends goes through here: a whole JSON answer, the one answer inside a
+stream, a stream's end, or no answer at all (a client that left). The terminal audit event is
+written first; if it cannot be, nothing the sandbox said is released: before a response has
+started the client gets the audit refusal, after it the connection simply ends.
+"""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Any
+import logging
+from typing import Any, Protocol
 
 from starlette.types import Send
 
-from broker.approvals.flow import Forward
-from broker.audit.schema import AuditEvent
+from broker.errors import Denial
+from broker.gateway.record import CallRecord
 from broker.protocol import jsonrpc as rpc
-from broker.protocol.methods import audit_method
-from broker.types import Outcome, Principal
-from server import contracts as c
+
+log = logging.getLogger("docbroker.gateway")
+
+_JSON = (b"content-type", b"application/json")
 
 
-@dataclass
-class CallRecord:
-    """Everything known about one request, in names and numbers only."""
+class AuditLike(Protocol):
+    """What the gateway needs of the audit log (see broker.audit)."""
 
-    request_id: str
-    started: float
-    method: str = "-"
-    tool: str | None = None
-    arg_names: list[str] = field(default_factory=list)
-    header_names: list[str] = field(default_factory=list)
-    protocol: str | None = None
-    principal: Principal | None = None
-    outcome: Outcome = Outcome.ERROR
-    reason: str = "unhandled"
-    status: int = 500
-    bytes_in: int = 0
-    bytes_out: int = 0
-    approval_id: str | None = None
-    sandbox: str | None = None
-    event: str = AuditEvent.MCP_REQUEST
-    save: Forward | None = None
-    rpc_id: rpc.RequestId | None = None
-    audited: bool = False
-    limited_tenant: str | None = None  # set when a concurrency slot was taken
-    request_fields: dict[str, Any] | None = None  # describe_request(), once forwarded
-    forwarded: bool = False  # the request's bytes went to the sandbox: a write may have happened
+    def check(self) -> None: ...
 
-    def audit_fields(self) -> dict[str, Any]:
-        fields = self.request_fields if self.request_fields is not None else self.describe_request()
-        ending = {
-            "outcome": self.outcome.value,
-            "reason": self.reason,
-            "status": self.status,
-            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
-            "bytes_out": self.bytes_out,
-        }
-        if self.sandbox is not None:  # may change on a retry, after the request is fixed
-            ending["sandbox"] = self.sandbox
-        return {**fields, **ending}
+    async def emit(self, event: str, /, **fields: Any) -> None: ...
 
-    def fix_request(self) -> None:
-        """Describe the request now, once it is forwarded and nothing about it changes any more:
-        the gateway calls this while the sandbox works, so the answer's path is shorter."""
-        self.forwarded = True
-        self.request_fields = self.describe_request()
-
-    def describe_request(self) -> dict[str, Any]:
-        # Names the client chose freely (unknown methods, tools, argument keys) are recorded as
-        # "other": a name must not become a channel for values into the audit log.
-        fields: dict[str, Any] = {
-            "request_id": self.request_id,
-            "method": audit_method(self.method),
-            "bytes_in": self.bytes_in,
-            "tool": _known(self.tool, c.TOOL_NAMES),
-            "protocol": self.protocol,
-            "approval_id": self.approval_id,
-            "arg_names": _declared_args(self.tool, self.arg_names),
-            "header_names": self.header_names or None,
-        }
-        if self.principal is not None:
-            fields["tenant"] = self.principal.tenant
-            fields["subject"] = self.principal.subject
-        return {k: v for k, v in fields.items() if v is not None}
+    def settle(self) -> None: ...
 
 
-def _known(name: str | None, allowed: tuple[str, ...]) -> str | None:
-    if name is None:
-        return None
-    return name if name in allowed else "other"
-
-
-_DECLARED_ARGS = {tool: frozenset(model.model_fields) for tool, model in c.INPUT_MODELS.items()}
-
-
-def _declared_args(tool: str | None, names: list[str]) -> list[str] | None:
-    declared = _DECLARED_ARGS.get(tool or "", frozenset())
-    return sorted({n if n in declared else "other" for n in names}) or None
+class AuditFailed(Exception):
+    """The terminal event could not be written: the answer is held back."""
 
 
 class Responder:
-    """Sends one HTTP response: whole, or as a stream of chunks."""
+    """Sends the one HTTP response of a request, whole or as a stream, each after its audit."""
 
-    def __init__(self, send: Send, call: CallRecord) -> None:
+    def __init__(self, send: Send, record: CallRecord, audit: AuditLike) -> None:
         self._send = send
-        self._call = call
+        self._record = record
+        self._audit = audit
         self.started = False
 
-    async def whole(self, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    # -- whole answers ----------------------------------------------------------------------
+
+    async def json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items() if k != "content-type"]
+        await self.raw(status, rpc.encode(body), [_JSON, *extra])
+
+    async def refuse(self, denial: Denial, headers: dict[str, str] | None = None) -> None:
+        """The denial's own status, JSON-RPC code and fixed text."""
+        body = rpc.error(self._record.rpc_id, denial.code, denial.message)
+        await self.json(denial.status, body, headers)
+
+    async def raw(self, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        record = self._record
+        record.status = status
+        record.bytes_out = len(payload)
+        try:
+            await self.audit()
+        except AuditFailed:
+            if self.started:
+                return
+            denial = Denial.AUDIT_UNAVAILABLE
+            status, payload = denial.status, rpc.encode(rpc.error(record.rpc_id, denial.code, denial.message))
+            headers = [_JSON]
+        await self._whole(status, payload, headers)
+
+    # -- streams ----------------------------------------------------------------------------
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self._record.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def chunk(self, data: bytes) -> None:
+        """A part of the stream that is not the answer (a notification)."""
+        self._record.bytes_out += len(data)
+        await self._body(data)
+
+    async def answer(self, framed: bytes) -> None:
+        """The request's one answer inside a stream, held until it is audited."""
+        self._record.bytes_out += len(framed)
+        await self.audit()
+        await self._body(framed)
+
+    async def end(self) -> None:
+        await self._send({"type": "http.response.body", "body": b""})
+
+    # -- the audit --------------------------------------------------------------------------
+
+    async def audit(self) -> None:
+        """Write the terminal event, once; raise AuditFailed if it cannot be written."""
+        record = self._record
+        if record.audited:
+            return
+        record.audited = True
+        try:
+            await self._audit.emit(record.event, **record.audit_fields())
+        except Exception:
+            log.error("audit write failed; refusing the response")
+            raise AuditFailed from None
+
+    def close(self) -> None:
+        self._audit.settle()  # the answer has left: finish the audit line's bookkeeping now
+
+    async def _whole(self, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         if self.started:
             return
         self.started = True
@@ -112,15 +116,5 @@ class Responder:
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": payload})
 
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        self._call.status = status
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def chunk(self, data: bytes, *, counted: bool = False) -> None:
-        if not counted:
-            self._call.bytes_out += len(data)
+    async def _body(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def end(self) -> None:
-        await self._send({"type": "http.response.body", "body": b""})

@@ -8,8 +8,8 @@ import time
 import pytest
 import uvloop
 
-from broker.gateway.deadlines import Deadlines
-from broker.gateway.upstream import UpstreamTimeout
+from broker.upstream import UpstreamTimeout
+from broker.upstream.deadlines import Deadlines
 
 TICK = 0.05
 

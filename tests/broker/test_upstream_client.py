@@ -16,8 +16,8 @@ from typing import Protocol
 
 import pytest
 
-from broker.gateway import upstream as up
 from broker.types import Endpoint
+from broker.upstream import client as up
 
 pytestmark = pytest.mark.anyio
 

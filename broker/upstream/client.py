@@ -1,7 +1,4 @@
-"""Connections to the sandboxes: pooled keep-alive HTTP/1.1, headers allow-listed.
-
-Only protocol headers cross to the sandbox. The caller's `Authorization` header never does:
-the sandbox is not trusted with anyone's credentials.
+"""Connections to the sandboxes: pooled keep-alive HTTP/1.1.
 
 This hop is on every call's path, so the client is a small one of our own on asyncio's
 protocol API, with llhttp (httptools, the parser uvicorn itself uses) doing all the parsing.
@@ -15,44 +12,24 @@ The sandbox is not trusted, so everything it sends is bounded: header bytes and 
 bytes buffered before the reader takes them (reading pauses above a high-water mark), and
 every wait (connect, headers, each body read). A connection that saw anything unexpected
 (bytes before a request, a second response, a parse error) is closed, never reused.
-Failures surface as `UpstreamError` / `UpstreamTimeout`; the gateway knows nothing else.
+Failures surface as `UpstreamError` and its subclasses; the gateway knows nothing else.
+Which headers cross is the caller's business (broker.gateway.forwarding).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 
 from broker.types import Endpoint
-
-# Request headers forwarded to the sandbox (lower-case); `mcp-param-*` is matched by prefix.
-FORWARD_REQUEST = frozenset(
-    {
-        "content-type",
-        "accept",
-        "mcp-protocol-version",
-        "mcp-method",
-        "mcp-name",
-        "mcp-session-id",
-        "last-event-id",
-    }
-)
-PARAM_PREFIX = "mcp-param-"
-# Response headers passed back to the client, each rebuilt or checked (the values are the
-# sandbox's words): the media type as one of the two the protocol uses, a session id only in
-# the protocol's form, and the broker's own `cache-control` (a sandbox must not be able to make
-# a shared cache keep a tenant's documents).
-_MEDIA_TYPES = ((b"text/event-stream", "text/event-stream"), (b"application/json", "application/json"))
-_SESSION_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII (MCP transport spec)
-_NO_STORE = (b"cache-control", b"no-store")
+from broker.upstream.errors import BodyTooLarge, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 
 MAX_HEADER_BYTES = 64 * 1024  # status line and headers of one response
 MAX_HEADERS = 64
@@ -63,48 +40,6 @@ MAX_IDLE = 16  # idle connections kept per sandbox
 # sends a head and its body in two writes, and one wake-up per answer instead of two is
 # measurably cheaper at low load. Larger or open-ended bodies are handed over as they come.
 WHOLE_BODY_BYTES = 64 * 1024
-
-
-class UpstreamError(Exception):
-    """The sandbox could not be reached, or the connection broke."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """The sandbox did not answer in time."""
-
-
-class UpstreamUnreachable(UpstreamError):
-    """No connection could be made: nothing of the request was sent (a gone sandbox)."""
-
-
-class BodyTooLarge(UpstreamError):
-    """The sandbox's answer is longer than the caller will read."""
-
-
-def request_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    out = {name: value for name, value in headers if name in FORWARD_REQUEST or name.startswith(PARAM_PREFIX)}
-    out["host"] = "localhost"
-    return out
-
-
-def response_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """What the client gets of a sandbox's response headers (names lower-cased, as parsed)."""
-    out = [_NO_STORE]
-    ctype = headers.get("content-type", "")
-    for media, prefix in _MEDIA_TYPES:
-        if ctype.startswith(prefix):
-            out.append((b"content-type", media))
-            break
-    session = session_id(headers)
-    if session is not None:
-        out.append((b"mcp-session-id", session.encode("ascii")))
-    return out
-
-
-def session_id(headers: Mapping[str, str]) -> str | None:
-    """The sandbox's `mcp-session-id`, if it has the protocol's form (else there is none)."""
-    value = headers.get("mcp-session-id")
-    return value if value is not None and _SESSION_ID.fullmatch(value) else None
 
 
 class _Connection(asyncio.Protocol):
@@ -301,6 +236,22 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(UpstreamTimeout("sandbox did not answer in time"))
 
 
+class InFlight:
+    """A request on its way: `response()` waits for the head (and must be awaited next)."""
+
+    def __init__(self, upstream: Upstream, conn: _Connection) -> None:
+        self._upstream = upstream
+        self._conn = conn
+
+    async def response(self) -> UpstreamResponse:
+        try:
+            await self._conn.read_head(self._upstream.read_timeout)
+        except BaseException:
+            self._conn.close()  # cancelled or failed half-way: the connection's state is unknown
+            raise
+        return UpstreamResponse(self._upstream, self._conn)
+
+
 class UpstreamResponse:
     """A response from a sandbox whose body is read as it arrives."""
 
@@ -341,28 +292,22 @@ class Upstream:
         self._idle: list[_Connection] = []
         self._closed = False
 
-    async def send(
-        self,
-        method: str,
-        headers: Mapping[str, str],
-        body: bytes | None,
-        *,
-        meanwhile: Callable[[], object] | None = None,
-    ) -> UpstreamResponse:
-        """Send a request and wait for the response's head. `meanwhile` runs once the request
-        is on its way: the caller's own work that the sandbox's answer does not change is then
-        done while the sandbox works, not after it answers."""
+    async def send(self, method: str, headers: Mapping[str, str], body: bytes | None) -> UpstreamResponse:
+        """Send a request and wait for the response's head."""
+        return await (await self.start(method, headers, body)).response()
+
+    async def start(self, method: str, headers: Mapping[str, str], body: bytes | None) -> InFlight:
+        """Write a request; the response's head is awaited on the returned `InFlight`. Between
+        the two, the caller may do its own work that the sandbox's answer does not change, so
+        it is done while the sandbox works, not after it answers."""
         head = _render(method, self._target, headers, body)
         conn = await self._connection()
         try:
             conn.send(head, body)
-            if meanwhile is not None:
-                meanwhile()
-            await conn.read_head(self.read_timeout)
         except BaseException:
-            conn.close()  # cancelled or failed half-way: the connection's state is unknown
+            conn.close()
             raise
-        return UpstreamResponse(self, conn)
+        return InFlight(self, conn)
 
     @contextlib.asynccontextmanager
     async def stream(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 
-from broker.gateway.upstream import UpstreamTimeout
+from broker.upstream.errors import UpstreamTimeout
 
 
 class Deadlines:

@@ -1,0 +1,196 @@
+"""The gate: everything decided about a request before any sandbox is involved.
+
+In order: authentication, the HTTP method, the body and its JSON-RPC parse, the method
+allow-list and routing headers, the tenant's rate and concurrency limits, the session, the
+audit log's health, the tool allow-list and pinned contract, and the approval decision for a
+save. It returns a value — `Passed` (what goes on to the sandbox) or `Answered` (the broker's
+own answer) — and raises `AuthError` / `Denied` for a refusal; it never calls on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Receive, Scope
+
+from broker.approvals.flow import Answer, ApprovalFlow
+from broker.auth import AuthError
+from broker.auth.preauth import client_address
+from broker.auth.service import AuthService
+from broker.errors import Denial, Denied
+from broker.gateway import forwarding
+from broker.gateway.record import CallRecord
+from broker.gateway.responder import AuditLike
+from broker.gateway.sessions import SessionSealer
+from broker.gateway.tools_filter import may_call
+from broker.http_edge import READ_DEADLINE
+from broker.policy import Policies, TenantLimiter
+from broker.protocol import answers
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.methods import client_may_send
+from broker.types import Principal
+from server import contracts as c
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A request the gate lets through to the sandbox."""
+
+    http_method: str
+    headers: dict[str, str]  # `mcp-session-id` is the sandbox's own, unsealed
+    body: bytes
+    msg: rpc.RpcMessage | None  # None for GET and DELETE
+    principal: Principal
+    sealed_session: str | None  # the session id as the client holds it
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The broker's own answer (a parse error, an approval's result): no sandbox is asked."""
+
+    status: int
+    body: dict[str, Any]
+
+
+class Gate:
+    def __init__(
+        self,
+        *,
+        auth: AuthService,
+        policies: Policies,
+        limiter: TenantLimiter,
+        sessions: SessionSealer,
+        approvals: ApprovalFlow,
+        audit: AuditLike,
+        pinned_without: Callable[[str, str], bool],
+        max_body_bytes: int,
+    ) -> None:
+        self._auth = auth
+        self._policies = policies
+        self._limiter = limiter
+        self._sessions = sessions
+        self._approvals = approvals
+        self._audit = audit
+        self._pinned_without = pinned_without  # was the tenant's sandbox pinned without this tool?
+        self._max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, record: CallRecord) -> Passed | Answered:
+        http_method = scope["method"]
+        headers = _headers_of(scope)
+        record.method = http_method
+        # Authentication first: a refusal before it would be one audit line per request that
+        # no pre-auth limit counts (an unauthenticated flood of PUTs would fill the disk).
+        record.principal = principal = await self._auth.authenticate(
+            _all_values(scope, b"authorization"), client_address(scope)
+        )
+        if http_method not in ("POST", "GET", "DELETE"):
+            raise Denied(Denial.METHOD_NOT_ALLOWED, "http_method_not_allowed")
+        record.header_names = forwarding.param_header_names(headers)
+
+        msg: rpc.RpcMessage | None = None
+        body = b""
+        if http_method == "POST":
+            body = await _read_body(scope, receive, self._max_body, headers)
+            record.bytes_in = len(body)
+            try:
+                msg = rpc.parse(body)
+            except rpc.RpcParseError as exc:
+                # JSON-RPC's own code and a fixed text that says what was wrong (-32700 for
+                # non-JSON, "batches are not supported"), not a bare "Invalid request".
+                record.reason = exc.reason
+                return Answered(400, rpc.error(None, exc.code, exc.message))
+            record.read(msg, msg.protocol_version or headers.get("mcp-protocol-version"))
+            if not client_may_send(msg.method, is_notification=msg.id is None):
+                raise Denied(Denial.METHOD_NOT_FOUND, "method_not_allowed")
+            forwarding.check_routing_headers(msg, headers)
+
+        self._limit(principal.tenant, record)
+        sealed_session = headers.get("mcp-session-id")
+        if sealed_session is not None:
+            session_id = self._sessions.open(sealed_session, principal)
+            if session_id is None:
+                raise Denied(Denial.SESSION_NOT_FOUND, "session_not_owned")
+            headers["mcp-session-id"] = session_id  # forwarded as the sandbox issued it
+        elif http_method in ("GET", "DELETE"):
+            raise Denied(Denial.BAD_REQUEST, "session_required")
+        # Before the approval gate too: a broken audit log must not consume or open approvals.
+        self._audit_ready()
+
+        if msg is not None and msg.method == "tools/call":
+            answered = await self._tool_call(principal, msg, record)
+            if answered is not None:
+                return answered
+            if record.save is not None:
+                body = forwarding.forward_body(msg, record.save.arguments)
+        return Passed(http_method, headers, body, msg, principal, sealed_session)
+
+    def challenge(self, exc: AuthError) -> dict[str, str]:
+        """The `WWW-Authenticate` header of an authentication refusal."""
+        return self._auth.challenge(exc)
+
+    def _limit(self, tenant: str, record: CallRecord) -> None:
+        retry_after = self._limiter.take(tenant)
+        if retry_after:
+            raise Denied(Denial.RATE_LIMITED, "rate_limited", retry_after=int(retry_after))
+        if not self._limiter.enter(tenant):
+            raise Denied(Denial.TOO_MANY_CONCURRENT, "concurrency_limited", retry_after=1)
+        record.limited_tenant = tenant  # the slot is given back when the request ends
+
+    async def _tool_call(
+        self, principal: Principal, msg: rpc.RpcMessage, record: CallRecord
+    ) -> Answered | None:
+        policy = self._policies.get(principal.tenant)
+        if record.tool is None or not may_call(principal, policy, record.tool):
+            raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_allowed")
+        if self._pinned_without(principal.tenant, record.tool):
+            # Before the approval gate: no human is asked to approve a call bound to be refused.
+            raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
+        if record.tool != c.TOOL_SAVE:
+            return None
+        decision = await self._approvals.gate(principal, policy, msg, record.request_id)
+        if isinstance(decision, Answer):
+            record.end(decision.outcome, decision.reason)
+            record.approval_id = decision.approval_id
+            return Answered(200, rpc.result(msg.id, answers.typed(msg, decision.result)))
+        record.save, record.approval_id = decision, decision.approval_id
+        return None
+
+    def _audit_ready(self) -> None:
+        try:
+            self._audit.check()
+        except Exception:
+            raise Denied(Denial.AUDIT_UNAVAILABLE, "audit_unavailable") from None
+
+
+def _headers_of(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _all_values(scope: Scope, name: bytes) -> list[str]:
+    """Every value of a header: two Authorization headers must be refused, not merged."""
+    return [v.decode("latin-1") for k, v in scope["headers"] if k == name]
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int, headers: dict[str, str]) -> bytes:
+    if not headers.get("content-type", "").lower().startswith("application/json"):
+        raise Denied(Denial.UNSUPPORTED_MEDIA, "unsupported_media_type")
+    declared = headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise Denied(Denial.TOO_LARGE, "body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if READ_DEADLINE in (scope.get("extensions") or {}):  # the edge closed a too-slow client
+                raise Denied(Denial.READ_TIMEOUT, "read_timeout")
+            raise Denied(Denial.BAD_REQUEST, "client_disconnected")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Denied(Denial.TOO_LARGE, "body_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)

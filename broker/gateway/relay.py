@@ -1,0 +1,391 @@
+"""The relay: the sandbox leg of a request the gate let through.
+
+It leases the tenant's sandbox, checks its circuit breaker and its pinned contract (tool
+descriptors admitted and pinned when the sandbox started), forwards the request over the
+sandbox's socket and streams SSE event by event, retrying once where that cannot do a thing
+twice. What comes back is checked (broker.gateway.consume) and answered through the
+responder; `tools/list` is answered from the pin, after a fresh listing proves it unchanged
+(a changed sandbox is replaced).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from starlette.types import Receive
+
+from broker.approvals.reports import ReportStore, audit_sweep
+from broker.audit import AuditEvent
+from broker.audit.fields import sandbox_field
+from broker.errors import Denial, Denied
+from broker.gateway import forwarding, listing, results
+from broker.gateway.breaker import CircuitBreakers
+from broker.gateway.consume import Consumer
+from broker.gateway.contract import Pin
+from broker.gateway.gate import Passed
+from broker.gateway.pinning import Pinning, legacy_session
+from broker.gateway.record import CallRecord
+from broker.gateway.responder import AuditLike, Responder
+from broker.gateway.sessions import SessionSealer
+from broker.protocol import answers, sse
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.codec import loads_sandbox
+from broker.protocol.methods import audit_method, sandbox_may_send
+from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
+from broker.types import Outcome, RunningSandbox
+from broker.upstream import (
+    BodyTooLarge,
+    Deadlines,
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+    Upstreams,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from server import contracts as c
+
+log = logging.getLogger("docbroker.gateway")
+
+MAX_UPSTREAM_EVENT_BYTES = 1024 * 1024
+_RETRYABLE_METHODS = frozenset({"server/discover", "ping", "tools/list"})
+
+
+class _TransportFailed(Exception):
+    """The sandbox could not be reached or dropped the connection before answering."""
+
+    def __init__(self, *, unsent: bool) -> None:
+        super().__init__()
+        self.unsent = unsent  # no connection was made: the request never left the broker
+
+
+class Relay:
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        upstreams: Upstreams,
+        breakers: CircuitBreakers,
+        pinning: Pinning,
+        sessions: SessionSealer,
+        reports_for: Callable[[str], ReportStore],
+        audit: AuditLike,
+        max_response_bytes: int,
+    ) -> None:
+        self._runtime = runtime
+        self._upstreams = upstreams
+        self._breakers = breakers
+        self._pinning = pinning
+        self._sessions = sessions
+        self._reports_for = reports_for
+        self._audit = audit
+        self._max_response = max_response_bytes
+        self._consumer = Consumer(reports_for, max_response_bytes)
+        self._deadlines = Deadlines()
+
+    async def __call__(self, passed: Passed, receive: Receive, out: Responder, record: CallRecord) -> None:
+        principal = passed.principal
+        if record.save is not None:
+            # The drop-box is emptied before and after the approved write, whatever its outcome.
+            ids = {"tenant": principal.tenant, "subject": principal.subject, "request_id": record.request_id}
+            async with self._reports_for(principal.tenant).saving(audit_sweep(self._audit.emit, **ids)):
+                await self._to_sandbox(passed, out, record)
+            return
+        work = self._to_sandbox(passed, out, record)
+        if passed.http_method != "GET":
+            await work
+        elif await _until_client_leaves(receive, work) and not record.audited:
+            record.end(Outcome.OK, "client_disconnected")
+            await out.audit()
+
+    # -- the lease, the breaker, retries ----------------------------------------------------
+
+    async def _to_sandbox(self, passed: Passed, out: Responder, record: CallRecord) -> None:
+        msg, tenant = passed.msg, passed.principal.tenant
+        wait = self._breakers.admit(tenant)
+        if wait:
+            raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=wait)
+        # Reads may be retried once on a transport failure; writes only if nothing was sent
+        # (DESIGN §2: a write that may have happened is result_unknown, not something to do twice).
+        retryable = msg is not None and (
+            msg.method in _RETRYABLE_METHODS or (msg.method == "tools/call" and record.tool != c.TOOL_SAVE)
+        )
+        for attempt in (1, 2):
+            try:
+                async with self._runtime.lease(tenant) as sandbox:
+                    record.sandbox = sandbox_field(sandbox.backend_id)
+                    await self._on(sandbox, passed, out, record)
+                self._breakers.success(tenant)
+                return
+            except UpstreamTimeout:
+                self._breakers.failure(tenant)
+                await self._failed(passed, out, record, Denial.UPSTREAM_TIMEOUT, "upstream_timeout")
+                return
+            except _TransportFailed as exc:
+                self._breakers.failure(tenant)
+                # A request that never left (the sandbox was gone: crashed, or replaced by an
+                # operator) is sent once to its successor, a save included: it cannot have run.
+                if attempt == 1 and (retryable or exc.unsent) and not out.started:
+                    continue
+                await self._failed(passed, out, record, Denial.UPSTREAM_FAILED, "upstream_failed")
+                return
+            except CapacityError:
+                raise Denied(Denial.SANDBOX_UNAVAILABLE, CapacityError.reason, retry_after=30) from None
+            except RuntimeErrorBase as exc:
+                self._breakers.failure(tenant)
+                raise Denied(Denial.SANDBOX_UNAVAILABLE, exc.reason, retry_after=5) from None
+
+    async def _on(self, sandbox: RunningSandbox, passed: Passed, out: Responder, record: CallRecord) -> None:
+        """One attempt on a leased sandbox."""
+        msg = passed.msg
+        client = self._upstreams.client(sandbox.endpoint)
+        try:
+            # One deadline for a POST's whole exchange, pinning included. A GET stream lives
+            # as long as its session: only its pinning has one.
+            async with self._deadlines.within(self._upstreams.call_timeout):
+                pin = await self._pinning.pinned(passed.principal.tenant, sandbox, client)
+                if msg is not None and msg.method == "tools/list":
+                    session = legacy_session(passed.headers, passed.sealed_session)
+                    answer = await self._pinning.tools_list(
+                        passed.principal, msg, session, sandbox, client, pin, record.request_id
+                    )
+                    record.end(Outcome.OK, "ok")
+                    await out.json(200, answer)
+                elif msg is not None:
+                    await self._exchange(passed, client, pin, out, record)
+            if msg is None:
+                await self._exchange(passed, client, pin, out, record)
+        except (UpstreamError, sse.EventTooLarge, listing.ListingError) as exc:
+            # The pool stays: other calls of this tenant may be in flight on it, and a
+            # replaced sandbox listens on the same socket path.
+            await self._runtime.mark_broken(passed.principal.tenant)
+            if isinstance(exc, UpstreamTimeout):
+                raise
+            raise _TransportFailed(unsent=isinstance(exc, UpstreamUnreachable)) from exc
+
+    async def _failed(
+        self, passed: Passed, out: Responder, record: CallRecord, denial: Denial, reason: str
+    ) -> None:
+        msg = passed.msg
+        if out.started:
+            # Mid-stream: the client still gets exactly one answer, then the stream ends.
+            if msg is not None and msg.id is not None and not record.audited:
+                if record.save is not None:
+                    record.end(Outcome.RESULT_UNKNOWN, reason)
+                    body = rpc.result(msg.id, answers.typed(msg, answers.write_unknown()))
+                else:
+                    record.end(Outcome.ERROR, reason)
+                    body = rpc.error(msg.id, denial.code, denial.message)
+                await out.answer(sse.frame(rpc.encode(body)))
+            else:
+                record.end(Outcome.ERROR, reason)
+                await out.audit()
+            await out.end()
+            return
+        if record.save is not None and msg is not None and record.forwarded:
+            # The approved write was sent: it may or may not have happened.
+            record.end(Outcome.RESULT_UNKNOWN, reason)
+            await out.json(200, rpc.result(msg.id, answers.typed(msg, answers.write_unknown())))
+            return
+        raise Denied(denial, reason)
+
+    # -- the exchange -----------------------------------------------------------------------
+
+    async def _exchange(
+        self, passed: Passed, client: Upstream, pin: Pin, out: Responder, record: CallRecord
+    ) -> None:
+        descriptor: dict[str, Any] | None = None
+        if passed.msg is not None and passed.msg.method == "tools/call":
+            descriptor = pin.admission.tools.get(record.tool or "")
+            if descriptor is None:
+                raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
+        headers = forwarding.request_headers(passed.headers.items())
+        in_flight = await client.start(passed.http_method, headers, passed.body or None)
+        record.sent()  # while the sandbox works
+        response = await in_flight.response()
+        try:
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                await self._stream(passed, response, descriptor, out, record)
+            else:
+                await self._whole(passed, response, descriptor, out, record)
+        finally:
+            await response.aclose()
+
+    def _answered(self, passed: Passed) -> rpc.RpcMessage | None:
+        """The request whose answer the client waits for (None: notifications, GET, DELETE)."""
+        return passed.msg if passed.msg is not None and passed.msg.id is not None else None
+
+    async def _stream(
+        self,
+        passed: Passed,
+        response: UpstreamResponse,
+        descriptor: dict[str, Any] | None,
+        out: Responder,
+        record: CallRecord,
+    ) -> None:
+        status = results.relay_status(response.status_code)
+        await out.start(200 if descriptor is not None else status, self._headers(passed, response, status))
+        request = self._answered(passed)
+        try:
+            async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
+                data = event.data
+                parsed = loads_sandbox(data)
+                if request is not None and _answers(parsed, request):
+                    size = len(data or b"")
+                    reply = await self._consumer(passed.principal, parsed, size, request, descriptor, record)
+                    await out.answer(event.with_data(rpc.encode(reply)))
+                    break  # one answer per request: anything the sandbox sends after it is dropped
+                elif isinstance(parsed, dict) and sandbox_may_send(parsed):
+                    clean = results.notification(parsed, request)
+                    if clean is None:
+                        await self._refused_from_sandbox(passed, parsed, record)
+                    else:
+                        await out.chunk(event.with_data(rpc.encode(clean)))
+                elif parsed is not None:
+                    await self._refused_from_sandbox(passed, parsed, record)
+        except sse.EventTooLarge:
+            if request is None or descriptor is None or record.audited:
+                raise
+            # Too large to read is too large to pass: the call's own failure (below)
+            limit = MAX_UPSTREAM_EVENT_BYTES
+            await self._too_large(passed, request, descriptor, limit, out, record, stream=True)
+            return
+        if request is not None and not record.audited:
+            reply = await self._consumer(passed.principal, {}, 0, request, descriptor, record)
+            record.reason = "upstream_no_answer"
+            await out.answer(sse.frame(rpc.encode(reply)))
+        elif not record.audited:
+            record.end(*_plain_outcome(status))
+            await out.audit()
+        await out.end()
+
+    async def _whole(
+        self,
+        passed: Passed,
+        response: UpstreamResponse,
+        descriptor: dict[str, Any] | None,
+        out: Responder,
+        record: CallRecord,
+    ) -> None:
+        status = results.relay_status(response.status_code)
+        headers = self._headers(passed, response, status)
+        request = self._answered(passed)
+        # A tool's answer is read no further than the client could be given of it.
+        limit = self._max_response if descriptor is not None else MAX_UPSTREAM_EVENT_BYTES
+        try:
+            raw = await response.read(limit)
+        except BodyTooLarge:
+            if request is None or descriptor is None:
+                raise
+            await self._too_large(passed, request, descriptor, limit, out, record, stream=False)
+            return
+        if request is None:
+            # Notifications, responses, GET and DELETE: the status is the answer; a body the
+            # sandbox attaches has no reader and is not passed on.
+            record.end(*_plain_outcome(status))
+            await out.raw(status, b"", headers)
+            return
+        parsed = loads_sandbox(raw)
+        if descriptor is not None:
+            status = 200  # a tool's answer is the broker's checked (or own) result, whatever the sandbox said
+        if not _answers(parsed, request):
+            # Not an answer to this request (another id, HTML, nothing): none of it is passed
+            # on; the client gets the broker's own answer (for save_report: result_unknown).
+            status = 200 if descriptor is not None or status < 400 else status
+            reply = await self._consumer(passed.principal, {}, len(raw), request, descriptor, record)
+            record.reason = "upstream_no_answer"
+        else:
+            reply = await self._consumer(passed.principal, parsed, len(raw), request, descriptor, record)
+        await out.json(status, reply, {k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
+
+    def _headers(self, passed: Passed, response: UpstreamResponse, status: int) -> list[tuple[bytes, bytes]]:
+        """The client's response headers. The sandbox's session id never reaches the client: a
+        new session's is sealed to the principal; otherwise the client's own sealed id goes
+        back, or none at all."""
+        headers = forwarding.response_headers(response.headers)
+        session_id = forwarding.session_id(response.headers)
+        if session_id is None:
+            return headers
+        client_id = passed.sealed_session
+        if passed.msg is not None and passed.msg.method == "initialize" and status == 200:
+            client_id = self._sessions.seal(session_id, passed.principal)
+        kept = [(n, v) for n, v in headers if n != b"mcp-session-id"]
+        return kept if client_id is None else [*kept, (b"mcp-session-id", client_id.encode("ascii"))]
+
+    async def _too_large(
+        self,
+        passed: Passed,
+        request: rpc.RpcMessage,
+        descriptor: dict[str, Any],
+        limit: int,
+        out: Responder,
+        record: CallRecord,
+        *,
+        stream: bool,
+    ) -> None:
+        """A tool's answer past what the broker reads: that call alone fails (failed, or
+        result_unknown for a save), audited once. The sandbox did answer, so this is no
+        transport failure: not retried (it would only be sent again), not counted toward the
+        breaker (which is for a sandbox that cannot answer), and the sandbox stays."""
+        size = max(limit, self._max_response) + 1
+        reply = await self._consumer(passed.principal, {}, size, request, descriptor, record)
+        if stream:
+            await out.answer(sse.frame(rpc.encode(reply)))
+            await out.end()
+        else:
+            await out.json(200, reply)
+
+    async def _refused_from_sandbox(
+        self, passed: Passed, message: dict[str, Any], record: CallRecord
+    ) -> None:
+        """A request or unexpected notification from the sandbox: dropped, and audited by name."""
+        await self._audit.emit(
+            AuditEvent.POLICY_DENIED,
+            tenant=passed.principal.tenant,
+            subject=passed.principal.subject,
+            request_id=record.request_id,
+            method=audit_method(message.get("method")),
+            outcome="denied",
+            reason="sandbox_message_refused",
+        )
+
+
+def _answers(parsed: Any, request: rpc.RpcMessage) -> bool:
+    """Is this sandbox message the answer to `request` (its id, and no method)?"""
+    return isinstance(parsed, dict) and parsed.get("id") == request.id and "method" not in parsed
+
+
+def _plain_outcome(status: int) -> tuple[Outcome, str]:
+    return (Outcome.OK, "ok") if status < 300 else (Outcome.ERROR, f"upstream_http_{status}")
+
+
+async def _until_client_leaves(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work` (a GET stream's relay) until it ends or the client disconnects; True if the
+    client left first. Only `receive` tells: uvicorn drops what is sent to a gone client
+    without a word, and a sandbox's idle stream sends nothing the relay would forward, so a
+    vanished client would otherwise hold its tenant's concurrency slot and lease for ever."""
+    job = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        job.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if job.done():
+        job.result()  # the relay's own exceptions (Denied, AuditFailed...) go on as usual
+        return False
+    job.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await job
+    return True
