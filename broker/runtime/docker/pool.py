@@ -1,0 +1,160 @@
+"""The Docker side of the warm pool (broker.runtime.pool keeps the slots): tenant-less
+sandboxes started ahead, each bound to a tenant on demand, then renamed to the tenant's name.
+
+A warm sandbox's name carries a per-process tag: `discover()` removes an earlier broker's
+spares, not this one's, and a live peer replica's spares stay its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import docker.errors
+
+from broker.runtime.base import SandboxStartError, wait_ready
+from broker.runtime.docker.hardening import RUN_DIR
+from broker.runtime.pool import Slot
+from broker.settings import DockerSettings
+from broker.threads import to_thread_to_the_end
+from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
+from server import landlock
+from server.binding import send_binding
+
+if TYPE_CHECKING:
+    from broker.runtime.docker.backend import DockerBackend
+
+SOCKET_NAME = "mcp.sock"
+BIND_SOCKET_NAME = "bind.sock"
+POOL_NAME_TAG = ".pool-"  # a dot: no tenant id (a DNS label) can make a name like it
+BIND_TIMEOUT_SECONDS = 5.0
+WARM_START_TIMEOUT_SECONDS = 60.0  # generous: a warm start is in the background, on a busy host
+LABEL_POOL = "io.docbroker.pool"  # started tenant-less; its tenant is in its name once bound
+LABEL_SOCKET = "io.docbroker.socket"
+
+
+class NameTaken(Exception):
+    """Another replica's container got the tenant's name first."""
+
+
+class WarmSlots:
+    """Starts, binds and removes the Docker containers of warm slots, for one backend."""
+
+    def __init__(self, backend: DockerBackend, pool_dir: Path | None) -> None:
+        self._backend = backend
+        self._pool_dir = pool_dir
+        self.tag = f"{POOL_NAME_TAG}{secrets.token_hex(3)}-"
+
+    async def start(self) -> Slot:
+        """Start one tenant-less sandbox and wait until it is warm (its binding socket listens)."""
+        assert self._pool_dir is not None
+        token = secrets.token_hex(6)
+        run_dir = self._pool_dir / token
+        slot = Slot(
+            sandbox_id="",
+            run_dir=str(run_dir),
+            bind_socket=str(run_dir / BIND_SOCKET_NAME),
+            mcp_socket=str(run_dir / SOCKET_NAME),
+        )
+        name = f"{self._backend._name_prefix}{self.tag}{token}"
+        endpoint = Endpoint(url="http://localhost/mcp", uds=slot.bind_socket)
+
+        async def alive() -> bool:
+            return await asyncio.to_thread(self._backend._running, name)
+
+        try:
+            slot.sandbox_id = await to_thread_to_the_end(self._create, slot, name)
+            if not await wait_ready(endpoint, WARM_START_TIMEOUT_SECONDS, alive):
+                raise SandboxStartError("a warm sandbox did not become ready")
+        except BaseException:
+            # Failed, or cancelled by a shutdown: remove what was made (by name: the create may
+            # have failed before the daemon gave it an id). Nothing is left.
+            await asyncio.shield(asyncio.to_thread(self.remove_now, name, slot.run_dir))
+            raise
+        return slot
+
+    async def remove(self, slot: Slot) -> None:
+        await asyncio.to_thread(self.remove_now, slot.sandbox_id, slot.run_dir)
+
+    def remove_now(self, container: str, run_dir: str) -> None:
+        if container:
+            self._backend._remove(container)
+        self.remove_dir(run_dir)
+
+    def _create(self, slot: Slot, name: str) -> str:
+        assert self._pool_dir is not None
+        self._pool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.mkdir(slot.run_dir)
+        os.chmod(slot.run_dir, 0o1777)  # noqa: S103 - as a tenant's run dir: the sandbox's (sub-)uid binds here
+        options = self._backend._hardened_options(
+            name,
+            labels={LABEL_POOL: "true", LABEL_SOCKET: slot.mcp_socket},
+            environment={},
+            mounts=[(RUN_DIR, slot.run_dir, False)],
+        )
+        options["command"] = ["--bind", f"{RUN_DIR}/{BIND_SOCKET_NAME}"]
+        try:
+            container = self._backend._client.containers.create(**options)
+            container.start()
+        except docker.errors.DockerException as exc:  # the caller removes what was made
+            raise SandboxStartError("the Docker daemon could not start a warm sandbox") from exc
+        return str(container.id)
+
+    def bind(self, slot: Slot, spec: SandboxSpec) -> SandboxInfo:
+        """Give a warm sandbox its tenant: the folders as descriptors, then the tenant's name."""
+        started = time.monotonic()
+        send_binding(
+            slot.bind_socket,
+            scope=spec.tenant,
+            sources_dir=spec.sources_dir,
+            dropbox_dir=spec.dropbox_dir,
+            secret_file=spec.secret_file,
+            timeout=BIND_TIMEOUT_SECONDS,
+        )
+        remove_stale_socket(slot.bind_socket)
+        name = self._backend.container_name(spec.tenant)
+        try:
+            # The name is how a restarted broker knows the tenant (labels cannot change), and
+            # what replicas agree on: the daemon gives it to one container only.
+            self._backend._client.api.rename(slot.sandbox_id, name)
+        except docker.errors.APIError as exc:
+            if getattr(exc, "status_code", None) == 409:
+                raise NameTaken from exc
+            raise SandboxStartError("the Docker daemon could not rename a warm sandbox") from exc
+        return SandboxInfo(
+            tenant=spec.tenant,
+            state=SandboxState.STARTING,
+            endpoint=Endpoint(url="http://localhost/mcp", uds=slot.mcp_socket),
+            backend_id=slot.sandbox_id,
+            started_at=started,
+            last_used=started,
+            details={"container": slot.sandbox_id[:12]},
+        )
+
+    def remove_dir(self, run_dir: str) -> None:
+        """A warm slot's run dir goes with its sandbox; a tenant's own run dir stays."""
+        if self._pool_dir is not None and Path(run_dir).parent == self._pool_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def remove_stale_socket(path: str) -> None:
+    # The sandbox cannot unlink (seccomp), so a socket left by a previous container would make
+    # the next bind fail: the broker, owner of the run dir, removes it.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def pool_off_reason(settings: DockerSettings, pool_dir: Path | None) -> str | None:
+    """Why the warm pool cannot run here, if it cannot; containers share the host's kernel."""
+    if pool_dir is None or settings.pool_size == 0:
+        return None
+    abi = landlock.abi_version()
+    if abi < landlock.MIN_ABI:
+        return f"the kernel offers Landlock ABI {abi} (at least {landlock.MIN_ABI} needed)"
+    return None
