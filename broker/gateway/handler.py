@@ -446,6 +446,11 @@ class McpGateway:
             descriptor = pin.admission.tools.get(turn.call.tool or "")
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
+        save = turn.call.save
+        if save is not None and not await self._approvals.confirm(save, turn.principal.tenant):
+            # Held past its time and taken back by another broker: that one may write it now.
+            turn.call.save = None
+            raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_claim_lost", retry_after=1)
         headers = request_headers(turn.headers.items())
         response = await client.send(
             turn.http_method, headers, turn.body or None, meanwhile=turn.call.fix_request

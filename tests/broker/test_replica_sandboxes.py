@@ -282,6 +282,76 @@ def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_i
         assert os.listdir(dropbox) == []
 
 
+def test_a_replica_killed_after_consuming_an_approval_before_sending_the_write_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """Consumption has two phases (DESIGN §9): a is SIGKILLed while it holds a consumed approval
+    and waits for the tenant's sandbox to start, so no byte of the write has left. b's retry
+    takes the dead replica's claim back (audited `approval.released`, `claim_lost`) and writes
+    the report with the human's one approval: nothing asked twice, nothing written twice."""
+    held = tmp_path / "hold-sandbox-start"
+    held.touch()
+    # The tenant's server starts only once the marker is gone: a stalls between the two phases.
+    wrapper = f"while [ -e {shlex.quote(str(held))} ]; do sleep 0.05; done; exec \"$0\" -m server \"$@\""
+    env = {
+        "DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join(["/bin/sh", "-c", wrapper, sys.executable]),
+        "DOCBROKER_START_TIMEOUT": "60",
+    }
+    with (
+        fresh_schema() as url,
+        running_replicas(tmp_path, 2, env=env, database_url=url) as replicas,
+    ):
+        a, b = replicas
+        token = a.token()
+        name, content = "two-phase.md", "approved once, written once\n"
+        args = {"filename": name, "content": content}
+        with a.http(token) as http:
+            first = tool_status(call_modern(http, "save_report", args))
+        approval_id = first["data"]["approval_id"]
+        with b.http(b.token(subject="carol", scope="reports:approve")) as http:
+            assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
+
+        def doomed_save() -> None:
+            with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
+                call_modern(http, "save_report", args)
+
+        caller = threading.Thread(target=doomed_save, daemon=True)
+        caller.start()
+        assert wait_for(
+            lambda: any(e["event"] == "approval.consumed" for e in a.audit_events()), timeout=20
+        )
+        time.sleep(0.3)  # a now waits for the sandbox: the write cannot have been sent
+        a.kill()
+        caller.join(10)
+        held.unlink()
+
+        with b.http(token) as http:  # the client's retry, on the other replica
+            retry = tool_status(call_modern(http, "save_report", args))
+        assert retry["status"] == "ok", retry
+        assert (b.reports("acme") / name).read_text() == content
+        trail = [
+            (e["replica"], e["event"], e.get("reason"))
+            for r in replicas
+            for e in r.audit_events()
+            if e.get("approval_id") == approval_id and e["event"].startswith("approval.")
+            and e["event"] != "approval.decided"
+        ]  # fmt: skip
+        assert trail == [
+            ("a", "approval.requested", None),
+            ("a", "approval.consumed", None),
+            ("b", "approval.released", "claim_lost"),
+            ("b", "approval.consumed", None),
+        ], trail
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT state, claimed_by IS NOT NULL, claim_until FROM approvals WHERE id = %s", (approval_id,)
+            ).fetchone()
+        assert row == ("consumed", True, None)  # spent, by b, confirmed
+        with b.http(token) as http:  # and the approval is not there for a third write
+            again = tool_status(call_modern(http, "save_report", args))
+        assert again["status"] == "rejected", again
+
+
 def test_an_instance_name_that_is_no_dns_label_is_refused_in_one_line(tmp_path: Path) -> None:
     broker = make_broker(tmp_path, env={"DOCBROKER_INSTANCE": "Prod_1/../x"})
     try:
