@@ -223,6 +223,27 @@ def test_a_second_broker_with_the_same_replica_id_refuses_to_start(tmp_path: Pat
         assert search(first, first.token())["status"] == "ok"
 
 
+def approved_save_in_flight(
+    a: Replica, b: Replica, token: str, approver: str, args: dict[str, str]
+) -> tuple[str, threading.Thread]:
+    """A save proposed on a and approved on b, then sent again to a in a thread of its own
+    (a is about to be killed: the client sees its connection end)."""
+    with a.http(token) as http:
+        first = tool_status(call_modern(http, "save_report", args))
+    assert first["status"] == "waiting_approval"
+    approval_id = first["data"]["approval_id"]
+    with b.http(approver) as http:
+        assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
+
+    def doomed_save() -> None:
+        with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
+            call_modern(http, "save_report", args)
+
+    caller = threading.Thread(target=doomed_save, daemon=True)
+    caller.start()
+    return approval_id, caller
+
+
 def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_is_spent_once(
     tmp_path: Path,
 ) -> None:
@@ -242,19 +263,7 @@ def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_i
         token = a.token("planting")
         name, content = "midsave-q3.md", "written, never answered\n"
         args = {"filename": name, "content": content}
-        with a.http(token) as http:
-            first = tool_status(call_modern(http, "save_report", args))
-        assert first["status"] == "waiting_approval"
-        approval_id = first["data"]["approval_id"]
-        with b.http(token) as http:
-            assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
-
-        def doomed_save() -> None:
-            with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
-                call_modern(http, "save_report", args)
-
-        caller = threading.Thread(target=doomed_save, daemon=True)
-        caller.start()
+        approval_id, caller = approved_save_in_flight(a, b, token, token, args)
         dropbox = a.data_dir / "tenants" / "planting" / "docs" / "reports"
         assert wait_for(
             lambda: dropbox.is_dir() and name in os.listdir(dropbox), timeout=20
@@ -305,18 +314,8 @@ def test_a_replica_killed_after_consuming_an_approval_before_sending_the_write_l
         token = a.token()
         name, content = "two-phase.md", "approved once, written once\n"
         args = {"filename": name, "content": content}
-        with a.http(token) as http:
-            first = tool_status(call_modern(http, "save_report", args))
-        approval_id = first["data"]["approval_id"]
-        with b.http(b.token(subject="carol", scope="reports:approve")) as http:
-            assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
-
-        def doomed_save() -> None:
-            with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
-                call_modern(http, "save_report", args)
-
-        caller = threading.Thread(target=doomed_save, daemon=True)
-        caller.start()
+        approver = b.token(subject="carol", scope="reports:approve")
+        approval_id, caller = approved_save_in_flight(a, b, token, approver, args)
         assert wait_for(
             lambda: any(e["event"] == "approval.consumed" for e in a.audit_events()), timeout=20
         )
@@ -343,10 +342,9 @@ def test_a_replica_killed_after_consuming_an_approval_before_sending_the_write_l
             ("b", "approval.consumed", None),
         ], trail
         with psycopg.connect(url) as conn:
-            row = conn.execute(
-                "SELECT state, claimed_by IS NOT NULL, claim_until FROM approvals WHERE id = %s", (approval_id,)
-            ).fetchone()
-        assert row == ("consumed", True, None)  # spent, by b, confirmed
+            query = "SELECT state, claimed_by, claim_until FROM approvals WHERE id = %s"
+            state, owner, until = conn.execute(query, (approval_id,)).fetchone()
+        assert (state, owner.split("/")[1], until) == ("consumed", "b", None)  # spent, by b, confirmed
         with b.http(token) as http:  # and the approval is not there for a third write
             again = tool_status(call_modern(http, "save_report", args))
         assert again["status"] == "rejected", again
