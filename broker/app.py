@@ -21,6 +21,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from broker.approvals import retention
+from broker.approvals.claims import HOLD_MARGIN_SECONDS, Claims, recover_forever
 from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
@@ -137,11 +138,21 @@ def build_app(
             report_stores[tenant] = reports
         return reports
 
+    replica = runtime.backend.replicas
+    claims = Claims(
+        owner=replica.owner,
+        # an unsent claim is held across a sandbox start and the listing before the write
+        hold_seconds=settings.runtime.start_timeout_seconds
+        + settings.runtime.call_timeout_seconds
+        + HOLD_MARGIN_SECONDS,
+        owner_dead=replica.owner_dead,
+    )
     approvals = ApprovalFlow(
         store=store,
         sealer=StateSealer(sealing_key(master_key)),
         secret_for=tenants.secret,
         reports_for=reports_for,
+        claims=claims,
         settings=settings.approvals,
         public_url=settings.public_url,
         audit=audit.emit,
@@ -168,6 +179,9 @@ def build_app(
             "audit": audit.healthy,
             "keys": await auth.ready(),
             "sandboxes": runtime.backend.describe(),
+            # Reported, not required: without its database a replica still serves search
+            # and read (approvals fail closed), so it stays in the load balancer's set.
+            "approvals_database": await store.health(),
         }
         ok = checks["audit"] and checks["keys"]
         return JSONResponse({"status": "ready" if ok else "not_ready", "checks": checks}, 200 if ok else 503)
@@ -201,14 +215,16 @@ def build_app(
                 audit_ready=audit.check,
             )
         )
+        recovery = asyncio.create_task(recover_forever(store, claims, audit.emit, audit.check))
         counts = asyncio.create_task(denial_counts_every_interval())
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
         finally:
-            purger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await purger
+            for task in (purger, recovery):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             counts.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await counts
@@ -266,6 +282,7 @@ def _gateway(
         breakers=breakers,
         pinning=pinning,
         sessions=sessions,
+        approvals=approvals,
         reports_for=reports_for,
         audit=audit,
         max_response_bytes=settings.max_response_bytes,

@@ -14,6 +14,7 @@ forwarding; it never reaches the client.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -24,9 +25,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from broker.approvals import visible
+from broker.approvals.claims import Claims, recover_claims
 from broker.approvals.reports import ReportStore
 from broker.approvals.sealing import SealedApproval, StateSealer
-from broker.approvals.store import ApprovalStore, Draft, StoreUnavailable, TooManyPending
+from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavailable, TooManyPending
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial, Denied
 from broker.policy import TenantPolicy
@@ -85,6 +87,7 @@ class ApprovalFlow:
         sealer: StateSealer,
         secret_for: Callable[[str], str],
         reports_for: Callable[[str], ReportStore],
+        claims: Claims,
         settings: ApprovalSettings,
         public_url: str,
         audit: AuditFn,
@@ -94,6 +97,7 @@ class ApprovalFlow:
         self._sealer = sealer
         self._secret_for = secret_for
         self._reports_for = reports_for
+        self._claims = claims
         self._settings = settings
         self._public_url = public_url
         self._audit = audit
@@ -136,9 +140,7 @@ class ApprovalFlow:
             responses = msg.params.get("inputResponses")
             return await self._answered_in_band(principal, policy, draft, state, responses, ids)
 
-        approved = await self._store.consume(
-            tenant=draft.tenant, requester=draft.requester, filename=draft.filename, sha256=draft.sha256
-        )
+        approved = await self._consume(draft, ids)
         if approved is not None:
             await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok", **ids)
             return self._forward(draft, approved.id)
@@ -273,7 +275,11 @@ class ApprovalFlow:
             and answer["content"].get("decision") == "approve"
         )
         record = await self._store.answer_in_band(
-            opened.approval_id, tenant=draft.tenant, approver=draft.requester, approve=approve
+            opened.approval_id,
+            tenant=draft.tenant,
+            approver=draft.requester,
+            approve=approve,
+            claim=self._claims.new(),
         )
         if record is None:  # answered before: a replayed state
             return _rejected(c.Message.APPROVAL_INVALID.value, "approval_replayed")
@@ -291,11 +297,31 @@ class ApprovalFlow:
         await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome="ok", **ids)
         return self._forward(draft, record.id)
 
+    async def _consume(self, draft: Draft, ids: dict[str, str]) -> Approval | None:
+        """Take the approval for exactly this report; first take back claims on it that are
+        lost (a broker that died after consuming it, before sending the write)."""
+        take = functools.partial(
+            self._store.consume, tenant=draft.tenant, requester=draft.requester,
+            filename=draft.filename, sha256=draft.sha256,
+        )  # fmt: skip
+        approved = await take(claim=self._claims.new())
+        if approved is None and await recover_claims(self._store, self._claims, self._audit, draft.tenant):
+            approved = await take(claim=self._claims.new())
+        return approved
+
+    async def confirm(self, forward: Forward, tenant: str) -> bool:
+        """Make the consumption final, right before the write is sent. False: this broker's
+        claim was taken back (it held it past its time), so the write must not be sent."""
+        try:
+            return await self._store.confirm(forward.approval_id, tenant, self._claims.owner)
+        except StoreUnavailable:
+            raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_store_unavailable", retry_after=5) from None
+
     async def release(self, forward: Forward, ids: dict[str, str]) -> None:
         """The consumed approval goes back to approved: its write was never sent (DESIGN §4:
         no approval is used up by a call that did not reach the sandbox)."""
         try:
-            released = await self._store.release(forward.approval_id, ids["tenant"])
+            released = await self._store.release(forward.approval_id, ids["tenant"], self._claims.owner)
         except StoreUnavailable:  # it stays consumed: lost to this retry, never used twice
             log.warning("an unsent approval could not be given back: the store is unavailable")
             return
@@ -319,3 +345,4 @@ class ApprovalFlow:
         return Forward(
             arguments=arguments, approval_id=approval_id, filename=draft.filename, sha256=draft.sha256
         )
+

@@ -44,6 +44,10 @@ _INDEXES = (
     "CREATE INDEX IF NOT EXISTS approvals_open ON approvals (state, expires_at)",
 )
 
+_CLAIMS_INDEX = (
+    "CREATE INDEX IF NOT EXISTS approvals_claims ON approvals (claim_until) WHERE claim_until IS NOT NULL"
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -66,6 +70,21 @@ MIGRATIONS: tuple[Migration, ...] = (
                 created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
                 decided_by TEXT, decided_at DOUBLE PRECISION, consumed_at DOUBLE PRECISION)""",
             *_INDEXES,
+        ),
+    ),
+    Migration(
+        2,
+        "consume_claims",
+        # Who consumed a record, and until when an unconfirmed consumption is held (two-phase).
+        sqlite=(
+            "ALTER TABLE approvals ADD COLUMN claimed_by TEXT",
+            "ALTER TABLE approvals ADD COLUMN claim_until REAL",
+            _CLAIMS_INDEX,
+        ),
+        postgres=(
+            "ALTER TABLE approvals ADD COLUMN claimed_by TEXT",
+            "ALTER TABLE approvals ADD COLUMN claim_until DOUBLE PRECISION",
+            _CLAIMS_INDEX,
         ),
     ),
 )

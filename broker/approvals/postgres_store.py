@@ -43,8 +43,10 @@ from broker.approvals.store import (
     META_COLUMNS,
     Approval,
     ApprovalDetail,
+    Claim,
     DecisionError,
     Draft,
+    HeldClaim,
     Page,
     Position,
     StoreUnavailable,
@@ -167,6 +169,13 @@ class PostgresApprovalStore:
             return row
 
     # -- schema -----------------------------------------------------------------------------
+
+    async def health(self) -> dict[str, object]:
+        try:
+            reachable = await self._one("SELECT 1", ()) == (1,)
+        except StoreUnavailable:
+            reachable = False
+        return {"backend": "postgresql", "reachable": reachable}
 
     async def schema_version(self) -> int:
         async with self._conn() as conn:
@@ -337,42 +346,78 @@ class PostgresApprovalStore:
         current = await self.get(approval_id, tenant)
         return refusal(current, approver, require_distinct) or DecisionError.NOT_PENDING
 
-    async def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
+    async def consume(
+        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+    ) -> Approval | None:
         now = self._clock()
         # One statement: the subquery's row lock makes a concurrent consumer (any replica)
         # wait and then re-check `state = 'approved'`, which no longer holds: it gets nothing.
         row = await self._one(
             _returning(
-                "UPDATE approvals SET state = 'consumed', consumed_at = %(now)s WHERE id = ("
+                "UPDATE approvals SET state = 'consumed', consumed_at = %(now)s, "
+                "claimed_by = %(owner)s, claim_until = %(until)s WHERE id = ("
                 "SELECT id FROM approvals WHERE tenant = %(tenant)s AND requester = %(requester)s "
                 "AND filename = %(filename)s AND sha256 = %(sha256)s AND state = 'approved' "
                 "AND expires_at > %(now)s ORDER BY created_at LIMIT 1 FOR UPDATE"
                 ") AND state = 'approved'"
             ),
-            {"now": now, "tenant": tenant, "requester": requester, "filename": filename, "sha256": sha256},
-        )
+            {"now": now, "tenant": tenant, "requester": requester, "filename": filename,
+             "sha256": sha256, "owner": claim.owner, "until": claim.until},
+        )  # fmt: skip
         return approval_from_row(row) if row else None
 
-    async def release(self, approval_id: str, tenant: str) -> bool:
+    async def confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
         row = await self._one(
-            "UPDATE approvals SET state = 'approved', consumed_at = NULL "
-            "WHERE id = %s AND tenant = %s AND state = 'consumed' RETURNING id",
-            (approval_id, tenant),
+            "UPDATE approvals SET claim_until = NULL "
+            "WHERE id = %s AND tenant = %s AND state = 'consumed' AND claimed_by = %s RETURNING id",
+            (approval_id, tenant, owner),
+        )
+        return row is not None
+
+    async def release(self, approval_id: str, tenant: str, owner: str) -> bool:
+        row = await self._one(
+            "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
+            "claim_until = NULL WHERE id = %s AND tenant = %s AND state = 'consumed' "
+            "AND claimed_by = %s RETURNING id",
+            (approval_id, tenant, owner),
+        )
+        return row is not None
+
+    async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE claim_until IS NOT NULL "
+                "AND state = 'consumed' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s) "
+                "ORDER BY claim_until LIMIT %(limit)s",
+                {"tenant": tenant, "limit": limit},
+            )
+            rows = await cur.fetchall()
+        return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]
+
+    async def revert(self, claim: HeldClaim) -> bool:
+        row = await self._one(
+            "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
+            "claim_until = NULL WHERE id = %s AND tenant = %s AND state = 'consumed' "
+            "AND claimed_by = %s AND claim_until = %s RETURNING id",
+            (claim.approval_id, claim.tenant, claim.owner, claim.until),
         )
         return row is not None
 
     async def answer_in_band(
-        self, approval_id: str, *, tenant: str, approver: str, approve: bool
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool, claim: Claim
     ) -> Approval | None:
         now = self._clock()
         new_state = ApprovalState.CONSUMED if approve else ApprovalState.DENIED
         row = await self._one(
             _returning(
-                "UPDATE approvals SET state = %s, decided_by = %s, decided_at = %s, consumed_at = %s "
+                "UPDATE approvals SET state = %s, decided_by = %s, decided_at = %s, consumed_at = %s, "
+                "claimed_by = %s, claim_until = %s "
                 "WHERE id = %s AND tenant = %s AND state = 'pending' AND expires_at > %s"
             ),
-            (new_state.value, approver, now, now if approve else None, approval_id, tenant, now),
-        )
+            (new_state.value, approver, now, now if approve else None,
+             claim.owner if approve else None, claim.until if approve else None,
+             approval_id, tenant, now),
+        )  # fmt: skip
         return approval_from_row(row) if row else None
 
     async def purge(self, *, closed_before: float) -> int:

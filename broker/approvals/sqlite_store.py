@@ -26,8 +26,10 @@ from broker.approvals.store import (
     META_COLUMNS,
     Approval,
     ApprovalDetail,
+    Claim,
     DecisionError,
     Draft,
+    HeldClaim,
     Page,
     Position,
     TooManyPending,
@@ -72,6 +74,9 @@ class SqliteApprovalStore:
         with self._lock:
             return fn(*args, **kwargs)
 
+    async def health(self) -> dict[str, object]:
+        return {"backend": "sqlite", "reachable": True}  # a file of this broker's own
+
     async def close(self) -> None:
         await self._run(self._db.close)
         self._worker.shutdown(wait=True)
@@ -109,19 +114,30 @@ class SqliteApprovalStore:
     ) -> Approval | DecisionError:
         return await self._run(self._decide, approval_id, tenant, approver, approve, require_distinct)
 
-    async def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
-        return await self._run(self._consume, tenant, requester, filename, sha256)
+    async def consume(
+        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+    ) -> Approval | None:
+        return await self._run(self._consume, tenant, requester, filename, sha256, claim)
 
-    async def release(self, approval_id: str, tenant: str) -> bool:
-        return await self._run(self._release, approval_id, tenant)
+    async def confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
+        return await self._run(self._confirm, approval_id, tenant, owner)
+
+    async def release(self, approval_id: str, tenant: str, owner: str) -> bool:
+        return await self._run(self._release, approval_id, tenant, owner)
+
+    async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:
+        return await self._run(self._claims, tenant, limit)
+
+    async def revert(self, claim: HeldClaim) -> bool:
+        return await self._run(self._revert, claim)
 
     async def record_in_band(self, approval_id: str, draft: Draft, *, ttl: float, max_pending: int) -> None:
         await self._run(self._record_in_band, approval_id, draft, ttl, max_pending)
 
     async def answer_in_band(
-        self, approval_id: str, *, tenant: str, approver: str, approve: bool
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool, claim: Claim
     ) -> Approval | None:
-        return await self._run(self._answer_in_band, approval_id, tenant, approver, approve)
+        return await self._run(self._answer_in_band, approval_id, tenant, approver, approve, claim)
 
     async def purge(self, *, closed_before: float) -> int:
         total = 0
@@ -234,7 +250,9 @@ class SqliteApprovalStore:
         assert decided is not None
         return decided
 
-    def _consume(self, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
+    def _consume(
+        self, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+    ) -> Approval | None:
         now = self._clock()
         row = self._db.execute(
             "SELECT id FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
@@ -244,29 +262,60 @@ class SqliteApprovalStore:
         if row is None:
             return None
         cur = self._db.execute(
-            "UPDATE approvals SET state = 'consumed', consumed_at = ? WHERE id = ? AND state = 'approved'",
-            (now, row["id"]),
+            "UPDATE approvals SET state = 'consumed', consumed_at = ?, claimed_by = ?, claim_until = ? "
+            "WHERE id = ? AND state = 'approved'",
+            (now, claim.owner, claim.until, row["id"]),
         )
         if cur.rowcount != 1:
             return None  # another process's retry won the race
         return self._get(row["id"], tenant)
 
-    def _release(self, approval_id: str, tenant: str) -> bool:
+    def _confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
         cur = self._db.execute(
-            "UPDATE approvals SET state = 'approved', consumed_at = NULL "
-            "WHERE id = ? AND tenant = ? AND state = 'consumed'",
-            (approval_id, tenant),
+            "UPDATE approvals SET claim_until = NULL "
+            "WHERE id = ? AND tenant = ? AND state = 'consumed' AND claimed_by = ?",
+            (approval_id, tenant, owner),
         )
         return cur.rowcount == 1
 
-    def _answer_in_band(self, approval_id: str, tenant: str, approver: str, approve: bool) -> Approval | None:
+    def _release(self, approval_id: str, tenant: str, owner: str) -> bool:
+        cur = self._db.execute(
+            "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
+            "claim_until = NULL WHERE id = ? AND tenant = ? AND state = 'consumed' AND claimed_by = ?",
+            (approval_id, tenant, owner),
+        )
+        return cur.rowcount == 1
+
+    def _claims(self, tenant: str | None, limit: int) -> list[HeldClaim]:
+        rows = self._db.execute(
+            "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE claim_until IS NOT NULL "
+            "AND state = 'consumed' AND (? IS NULL OR tenant = ?) ORDER BY claim_until LIMIT ?",
+            (tenant, tenant, limit),
+        ).fetchall()
+        return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def _revert(self, claim: HeldClaim) -> bool:
+        cur = self._db.execute(
+            "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
+            "claim_until = NULL WHERE id = ? AND tenant = ? AND state = 'consumed' "
+            "AND claimed_by = ? AND claim_until = ?",
+            (claim.approval_id, claim.tenant, claim.owner, claim.until),
+        )
+        return cur.rowcount == 1
+
+    def _answer_in_band(
+        self, approval_id: str, tenant: str, approver: str, approve: bool, claim: Claim
+    ) -> Approval | None:
         now = self._clock()
         new_state = ApprovalState.CONSUMED if approve else ApprovalState.DENIED
         cur = self._db.execute(
-            "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, consumed_at = ? "
+            "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, consumed_at = ?, "
+            "claimed_by = ?, claim_until = ? "
             "WHERE id = ? AND tenant = ? AND state = 'pending' AND expires_at > ?",
-            (new_state.value, approver, now, now if approve else None, approval_id, tenant, now),
-        )
+            (new_state.value, approver, now, now if approve else None,
+             claim.owner if approve else None, claim.until if approve else None,
+             approval_id, tenant, now),
+        )  # fmt: skip
         return self._get(approval_id, tenant) if cur.rowcount == 1 else None
 
     def _purge_batch(self, closed_before: float) -> int:

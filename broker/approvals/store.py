@@ -8,6 +8,13 @@ coroutines, so an implementation never makes the event loop wait on its database
 Every state change is one conditional transition (`... WHERE state = 'pending'`), so two
 humans clicking at once, or two retries racing, cannot both win: exactly one transition
 happens and the loser sees the record as it now is.
+
+Consumption has two phases, so a broker that dies between taking an approval and sending
+the write loses nothing (DESIGN §9): `consume` takes the record with a claim (who, until
+when), `confirm` makes it final just before the write's bytes leave for the sandbox. A claim
+never confirmed goes back to approved: given back by its owner (`release`: the write was
+refused before it was sent), or taken back (`revert`) by any broker once its owner is dead
+or its time is up. A confirmed consumption is never undone: that write may have happened.
 """
 
 from __future__ import annotations
@@ -186,6 +193,24 @@ def approval_from_row(row: Sequence[Any]) -> Approval:
     )
 
 
+@dataclass(frozen=True)
+class Claim:
+    """Who takes an approval (`<replica>/<incarnation>`) and until when it may hold it unsent."""
+
+    owner: str
+    until: float
+
+
+@dataclass(frozen=True)
+class HeldClaim:
+    """An approval consumed under a claim not yet confirmed: its write has not been sent."""
+
+    approval_id: str
+    tenant: str
+    owner: str
+    until: float
+
+
 class ApprovalStore(Protocol):
     """Approval records of every tenant. Every read and change names the tenant it is for."""
 
@@ -214,14 +239,33 @@ class ApprovalStore(Protocol):
         self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
     ) -> Approval | DecisionError: ...
 
-    async def consume(self, *, tenant: str, requester: str, filename: str, sha256: str) -> Approval | None:
-        """Take the approved record for exactly this report, once. None if there is none."""
+    async def consume(
+        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+    ) -> Approval | None:
+        """Take the approved record for exactly this report, once, under `claim`. None if
+        there is none."""
         ...
 
-    async def release(self, approval_id: str, tenant: str) -> bool:
-        """Give back a consumed approval whose write never reached the sandbox (refused or
-        failed before it was sent): the human's decision stands for the client's retry. One
-        conditional transition (consumed → approved), so only a consumption is undone, once."""
+    async def confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
+        """Make `owner`'s claim final, just before the write is sent (again on a resend: it is
+        idempotent). False if the consumption is no longer its own (taken back: its time was
+        up): the write must not be sent."""
+        ...
+
+    async def release(self, approval_id: str, tenant: str, owner: str) -> bool:
+        """Give back a consumption whose write never reached the sandbox (refused or failed
+        before it was sent): the human's decision stands for the client's retry. One
+        conditional transition (consumed by `owner` → approved), so only its own consumption is
+        undone, once. The caller knows no byte was sent, so a confirmed one may be given back."""
+        ...
+
+    async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:
+        """Unconfirmed claims, of `tenant` or of every tenant (None), oldest first."""
+        ...
+
+    async def revert(self, claim: HeldClaim) -> bool:
+        """Take back a claim whose owner is dead or whose time is up (→ approved). Conditional
+        on the claim being still exactly that one, so two brokers cannot both take it back."""
         ...
 
     async def denied(self, draft: Draft) -> Approval | None:
@@ -236,9 +280,10 @@ class ApprovalStore(Protocol):
         ...
 
     async def answer_in_band(
-        self, approval_id: str, *, tenant: str, approver: str, approve: bool
+        self, approval_id: str, *, tenant: str, approver: str, approve: bool, claim: Claim
     ) -> Approval | None:
-        """Record the in-band answer and, on approve, consume at once. None if already answered."""
+        """Record the in-band answer and, on approve, consume at once under `claim`. None if
+        already answered."""
         ...
 
     async def purge(self, *, closed_before: float) -> int:
@@ -246,6 +291,10 @@ class ApprovalStore(Protocol):
 
         Open records are never purged: a pending or approved one is open until it expires.
         """
+        ...
+
+    async def health(self) -> dict[str, object]:
+        """For /readyz: the backend's name, and whether it answers now (a query, bounded)."""
         ...
 
     async def close(self) -> None: ...

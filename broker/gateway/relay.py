@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.types import Receive
 
+from broker.approvals.flow import ApprovalFlow
 from broker.approvals.reports import ReportStore, audit_sweep
 from broker.audit import AuditEvent
 from broker.audit.fields import sandbox_field
@@ -72,6 +73,7 @@ class Relay:
         breakers: CircuitBreakers,
         pinning: Pinning,
         sessions: SessionSealer,
+        approvals: ApprovalFlow,
         reports_for: Callable[[str], ReportStore],
         audit: AuditLike,
         max_response_bytes: int,
@@ -80,6 +82,7 @@ class Relay:
         self._upstreams = upstreams
         self._breakers = breakers
         self._pinning = pinning
+        self._approvals = approvals
         self._sessions = sessions
         self._reports_for = reports_for
         self._audit = audit
@@ -203,6 +206,11 @@ class Relay:
             descriptor = pin.admission.tools.get(record.tool or "")
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
+        save = record.save
+        if save is not None and not await self._approvals.confirm(save, passed.principal.tenant):
+            # Held past its time and taken back by another broker: that one may write it now.
+            record.save = None
+            raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_claim_lost", retry_after=1)
         headers = forwarding.request_headers(passed.headers.items())
         in_flight = await client.start(passed.http_method, headers, passed.body or None)
         record.sent()  # while the sandbox works

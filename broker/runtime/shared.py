@@ -4,6 +4,11 @@
     <data_dir>/run/.replicas/<tenant>.use     its mtime: the tenant's sandbox's last use, any replica
     <data_dir>/run/.replicas/<tenant>.create  held while a replica finds or starts the tenant's sandbox
 
+Each lock file also holds the incarnation of the process holding it (random per start), so a
+peer can tell a replica restarted under the same id from the one it was before; and the folder
+has an id of its own (`folder.id`), so a process is named across hosts and data dirs by
+`<folder>/<replica>/<incarnation>` (`owner`), and only one of this folder is judged dead here.
+
 Liveness is a lock, not a heartbeat: the kernel drops a process's locks the moment it dies
 (SIGKILL included), so "is replica R alive?" has an exact answer with no clock and no timeout
 to tune. Last use is a file's mtime, touched by each replica at most once every `every`
@@ -18,6 +23,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,7 +43,9 @@ class Replicas:
         """`folder` None: a replica alone (no peers, nothing shared), as a bare runtime in tests."""
         self.folder = folder
         self.me = replica_id
+        self.incarnation = secrets.token_hex(8)
         self._fd: int | None = None
+        self._id: str | None = None
 
     def _path(self, name: str, suffix: str) -> Path:
         assert self.folder is not None
@@ -62,6 +70,8 @@ class Replicas:
                         "another broker with this DOCBROKER_REPLICA_ID runs on this data dir"
                     ) from None
                 await asyncio.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, self.incarnation.encode("ascii"), 0)
         self._fd = fd
 
     def leave(self) -> None:
@@ -86,6 +96,61 @@ class Replicas:
         finally:
             os.close(fd)  # also releases the probe's lock, if it got it
         return False
+
+    @property
+    def owner(self) -> str:
+        """This process, named across hosts: `<folder id>/<replica>/<incarnation>`."""
+        return f"{self._folder_id()}/{self.me}/{self.incarnation}"
+
+    def owner_dead(self, owner: str) -> bool | None:
+        """Has the process `owner` names stopped? None: not a process of this folder."""
+        folder_id, _, rest = owner.partition("/")
+        replica, _, incarnation = rest.partition("/")
+        if self.folder is None or not folder_id or folder_id != self._folder_id():
+            return None
+        if replica == self.me:
+            return incarnation != self.incarnation
+        if not replica or "/" in replica:
+            return None
+        try:
+            fd = os.open(self._path(replica, ".lock"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held; its holder writes its incarnation right after locking
+                held_by = os.pread(fd, 64, 0).decode("ascii", "replace")
+                return held_by != "" and held_by != incarnation
+            return True  # nobody holds it: every incarnation of that replica has stopped
+        finally:
+            os.close(fd)
+
+    def _folder_id(self) -> str:
+        """The folder's own id, made by whichever replica first needs it ("" without a folder)."""
+        if self.folder is None:
+            return ""
+        if self._id is None:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = self.folder / "folder.id"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                self._id = self._read_id(path)
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(8))
+                self._id = self._read_id(path)
+        return self._id
+
+    @staticmethod
+    def _read_id(path: Path) -> str:
+        for _ in range(100):  # another replica created it an instant ago and is writing it
+            text = path.read_text().strip()
+            if text:
+                return text
+            time.sleep(0.01)
+        return ""
 
     def peers_alive(self) -> bool:
         """Does any other replica run on this data dir now?"""

@@ -23,6 +23,7 @@ from harness import ROOT, Broker, make_broker
 from pgtest import ThrowAwayCluster, fresh_schema
 from support import approver, call_modern, decide, open_http, rpc_reply, tool_status, unique, wait_for
 
+from broker.approvals.migrations import LATEST
 from broker.approvals.secrets import create_master_key
 
 pytestmark = pytest.mark.anyio
@@ -71,15 +72,16 @@ def test_schema_is_checked_at_start_and_upgraded_by_the_command(tmp_path: Path, 
         broker.start()
     lines = [line for line in broker.logs().splitlines() if line.startswith("docbroker:")]
     assert lines == [
-        "docbroker: cannot start: the approvals database schema is at version 0, this broker needs 1: "
-        "run `docbroker db upgrade`"
+        "docbroker: cannot start: the approvals database schema is at version 0, this broker needs "
+        f"{LATEST}: run `docbroker db upgrade`"
     ]
     status = db_command(broker, "status")
     assert status.returncode == 1 and json.loads(status.stdout)["state"] == "needs upgrade"
     upgrade = db_command(broker, "upgrade")
     assert upgrade.returncode == 0, upgrade.stderr
     assert json.loads(upgrade.stdout) == {
-        "backend": "postgresql", "schema_version": 1, "broker_version": 1, "state": "current", "applied": [1],
+        "backend": "postgresql", "schema_version": LATEST, "broker_version": LATEST, "state": "current",
+        "applied": list(range(1, LATEST + 1)),
     }  # fmt: skip
     assert json.loads(db_command(broker, "upgrade").stdout)["applied"] == []  # idempotent
     assert PASSWORD not in upgrade.stdout + upgrade.stderr
@@ -200,6 +202,10 @@ def test_database_down_approvals_fail_closed_reads_go_on_and_it_comes_back(
         with open_http(broker, broker.token()) as http:
             read = tool_status(call_modern(http, "read_document", {"filename": "notes.md"}))
         assert read["status"] == "ok"
+        with open_http(broker) as http:  # reported, and the replica stays ready: reads go on
+            ready = http.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["checks"]["approvals_database"] == {"backend": "postgresql", "reachable": False}
         reasons = [
             (e["event"], e["outcome"])
             for e in broker.audit_events()
@@ -221,6 +227,8 @@ def test_database_down_approvals_fail_closed_reads_go_on_and_it_comes_back(
         assert broker.proc is not None and broker.proc.pid == pid and broker.proc.poll() is None
         with approver(broker) as http:
             assert http.get("/v1/approvals").status_code == 200
+        with open_http(broker) as http:
+            assert http.get("/readyz").json()["checks"]["approvals_database"]["reachable"] is True
     finally:
         broker.stop()
     no_secret_anywhere(broker)

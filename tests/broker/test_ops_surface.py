@@ -60,6 +60,7 @@ def test_healthz_and_readyz(broker: Broker) -> None:
     assert body["status"] == "ready"
     assert body["checks"]["audit"] is True and body["checks"]["keys"] is True
     assert body["checks"]["sandboxes"]["backend"] == "local"
+    assert body["checks"]["approvals_database"] == {"backend": "sqlite", "reachable": True}
 
 
 def test_metrics_count_requests_sandboxes_and_pending_approvals(broker: Broker) -> None:

@@ -223,6 +223,27 @@ def test_a_second_broker_with_the_same_replica_id_refuses_to_start(tmp_path: Pat
         assert search(first, first.token())["status"] == "ok"
 
 
+def approved_save_in_flight(
+    a: Replica, b: Replica, token: str, approver: str, args: dict[str, str]
+) -> tuple[str, threading.Thread]:
+    """A save proposed on a and approved on b, then sent again to a in a thread of its own
+    (a is about to be killed: the client sees its connection end)."""
+    with a.http(token) as http:
+        first = tool_status(call_modern(http, "save_report", args))
+    assert first["status"] == "waiting_approval"
+    approval_id = first["data"]["approval_id"]
+    with b.http(approver) as http:
+        assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
+
+    def doomed_save() -> None:
+        with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
+            call_modern(http, "save_report", args)
+
+    caller = threading.Thread(target=doomed_save, daemon=True)
+    caller.start()
+    return approval_id, caller
+
+
 def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_is_spent_once(
     tmp_path: Path,
 ) -> None:
@@ -242,19 +263,7 @@ def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_i
         token = a.token("planting")
         name, content = "midsave-q3.md", "written, never answered\n"
         args = {"filename": name, "content": content}
-        with a.http(token) as http:
-            first = tool_status(call_modern(http, "save_report", args))
-        assert first["status"] == "waiting_approval"
-        approval_id = first["data"]["approval_id"]
-        with b.http(token) as http:
-            assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
-
-        def doomed_save() -> None:
-            with contextlib.suppress(httpx2.TransportError), a.http(token) as http:
-                call_modern(http, "save_report", args)
-
-        caller = threading.Thread(target=doomed_save, daemon=True)
-        caller.start()
+        approval_id, caller = approved_save_in_flight(a, b, token, token, args)
         dropbox = a.data_dir / "tenants" / "planting" / "docs" / "reports"
         assert wait_for(
             lambda: dropbox.is_dir() and name in os.listdir(dropbox), timeout=20
@@ -280,6 +289,65 @@ def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_i
         quarantine = b.data_dir / "tenants" / "planting" / "quarantine"
         assert [p.name.rsplit(".", 1)[0] for p in quarantine.iterdir()] == [name]
         assert os.listdir(dropbox) == []
+
+
+def test_a_replica_killed_after_consuming_an_approval_before_sending_the_write_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """Consumption has two phases (DESIGN §9): a is SIGKILLed while it holds a consumed approval
+    and waits for the tenant's sandbox to start, so no byte of the write has left. b's retry
+    takes the dead replica's claim back (audited `approval.released`, `claim_lost`) and writes
+    the report with the human's one approval: nothing asked twice, nothing written twice."""
+    held = tmp_path / "hold-sandbox-start"
+    held.touch()
+    # The tenant's server starts only once the marker is gone: a stalls between the two phases.
+    wrapper = f"while [ -e {shlex.quote(str(held))} ]; do sleep 0.05; done; exec \"$0\" -m server \"$@\""
+    env = {
+        "DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join(["/bin/sh", "-c", wrapper, sys.executable]),
+        "DOCBROKER_START_TIMEOUT": "60",
+    }
+    with (
+        fresh_schema() as url,
+        running_replicas(tmp_path, 2, env=env, database_url=url) as replicas,
+    ):
+        a, b = replicas
+        token = a.token()
+        name, content = "two-phase.md", "approved once, written once\n"
+        args = {"filename": name, "content": content}
+        approver = b.token(subject="carol", scope="reports:approve")
+        approval_id, caller = approved_save_in_flight(a, b, token, approver, args)
+        assert wait_for(
+            lambda: any(e["event"] == "approval.consumed" for e in a.audit_events()), timeout=20
+        )
+        time.sleep(0.3)  # a now waits for the sandbox: the write cannot have been sent
+        a.kill()
+        caller.join(10)
+        held.unlink()
+
+        with b.http(token) as http:  # the client's retry, on the other replica
+            retry = tool_status(call_modern(http, "save_report", args))
+        assert retry["status"] == "ok", retry
+        assert (b.reports("acme") / name).read_text() == content
+        trail = [
+            (e["replica"], e["event"], e.get("reason"))
+            for r in replicas
+            for e in r.audit_events()
+            if e.get("approval_id") == approval_id and e["event"].startswith("approval.")
+            and e["event"] != "approval.decided"
+        ]  # fmt: skip
+        assert trail == [
+            ("a", "approval.requested", None),
+            ("a", "approval.consumed", None),
+            ("b", "approval.released", "claim_lost"),
+            ("b", "approval.consumed", None),
+        ], trail
+        with psycopg.connect(url) as conn:
+            query = "SELECT state, claimed_by, claim_until FROM approvals WHERE id = %s"
+            state, owner, until = conn.execute(query, (approval_id,)).fetchone()
+        assert (state, owner.split("/")[1], until) == ("consumed", "b", None)  # spent, by b, confirmed
+        with b.http(token) as http:  # and the approval is not there for a third write
+            again = tool_status(call_modern(http, "save_report", args))
+        assert again["status"] == "rejected", again
 
 
 def test_an_instance_name_that_is_no_dns_label_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -25,8 +25,10 @@ from broker.approvals.postgres_store import PostgresApprovalStore
 from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import (
     ApprovalStore,
+    Claim,
     DecisionError,
     Draft,
+    HeldClaim,
     SchemaMismatch,
     StoreUnavailable,
     TooManyPending,
@@ -133,8 +135,21 @@ async def approved(store: ApprovalStore, d: Draft) -> str:
     return record.id
 
 
-def consume(store: ApprovalStore, d: Draft) -> Awaitable[Any]:
-    return store.consume(tenant=d.tenant, requester=d.requester, filename=d.filename, sha256=d.sha256)
+ME = "a/1111"  # the claim owner of the broker under test: replica "a", one incarnation
+HOLD = 60.0
+
+
+def claim(owner: str = ME, until: float | None = None) -> Claim:
+    return Claim(owner, until if until is not None else time.time() + 3600)
+
+
+def consume(store: ApprovalStore, d: Draft, owner: str = ME, until: float | None = None) -> Awaitable[Any]:
+    who = {"tenant": d.tenant, "requester": d.requester, "filename": d.filename, "sha256": d.sha256}
+    return store.consume(**who, claim=claim(owner, until))
+
+
+def answer(store: ApprovalStore, approval_id: str, tenant: str, who: str, approve: bool) -> Awaitable[Any]:
+    return store.answer_in_band(approval_id, tenant=tenant, approver=who, approve=approve, claim=claim())
 
 
 # -- records --------------------------------------------------------------------------------
@@ -192,21 +207,68 @@ async def test_release_gives_back_one_consumption_once(store: ApprovalStore) -> 
     taken = await consume(store, d)
     assert taken is not None and taken.id == approval_id and taken.state is ApprovalState.CONSUMED
     assert await consume(store, d) is None
-    assert await store.release(approval_id, "globex") is False
-    assert await store.release(approval_id, "acme") is True
-    assert await store.release(approval_id, "acme") is False  # only a consumption is undone
+    assert await store.release(approval_id, "globex", ME) is False
+    assert await store.release(approval_id, "acme", "b/2222") is False  # another broker's: never
+    assert await store.release(approval_id, "acme", ME) is True
+    assert await store.release(approval_id, "acme", ME) is False  # only a consumption is undone
     again = await consume(store, d)
     assert again is not None and again.id == approval_id
 
 
+async def test_a_consumption_is_a_claim_until_confirmed_and_only_an_unconfirmed_one_is_taken_back(
+    store: ApprovalStore, clock: Clock
+) -> None:
+    d = draft()
+    approval_id = await approved(store, d)
+    until = clock.now + HOLD
+    assert await consume(store, d, until=until) is not None
+    held = await store.claims("acme", limit=10)
+    assert held == [HeldClaim(approval_id, "acme", ME, until)]
+    assert await store.claims("globex", limit=10) == []
+    assert await store.claims(None, limit=10) == held
+    # another broker's confirm cannot make it final; its owner's can, and again on a resend
+    assert await store.confirm(approval_id, "acme", "b/2222") is False
+    assert await store.confirm(approval_id, "acme", ME) is True
+    assert await store.confirm(approval_id, "acme", ME) is True
+    assert await store.claims(None, limit=10) == []  # confirmed: nothing left to take back
+    assert await store.revert(held[0]) is False  # the write may have happened: it stays spent
+    record = await store.get(approval_id, "acme")
+    assert record is not None and record.state is ApprovalState.CONSUMED
+
+
+async def test_a_lost_claim_is_taken_back_once_and_its_owner_can_no_longer_confirm(
+    store: ApprovalStore, open_store: Opener, clock: Clock
+) -> None:
+    d = draft()
+    approval_id = await approved(store, d)
+    assert await consume(store, d, owner="dead/0000", until=clock.now + HOLD) is not None
+    assert await consume(store, d) is None  # held: nobody else takes it
+    [held] = await store.claims("acme", limit=10)
+    other = await open_store()  # two brokers see the loss at once: one takes it back
+    first, second = await asyncio.gather(store.revert(held), other.revert(held))
+    assert sorted([first, second]) == [False, True]
+    assert await store.confirm(approval_id, "acme", "dead/0000") is False  # too late to send
+    retaken = await consume(store, d)
+    assert retaken is not None and retaken.id == approval_id
+    assert await store.revert(held) is False  # the old claim is gone; the new one is ME's
+
+
+async def test_an_in_band_approval_is_consumed_under_a_claim_a_denial_has_none(store: ApprovalStore) -> None:
+    await store.record_in_band("c" * 32, draft(), ttl=TTL, max_pending=10)
+    await answer(store, "c" * 32, "acme", "alice", True)
+    await store.record_in_band("d" * 32, draft("other.md"), ttl=TTL, max_pending=10)
+    await answer(store, "d" * 32, "acme", "alice", False)
+    assert [h.approval_id for h in await store.claims("acme", limit=10)] == ["c" * 32]
+
+
 async def test_in_band_answer_counts_once(store: ApprovalStore) -> None:
     await store.record_in_band("a" * 32, draft(), ttl=TTL, max_pending=10)
-    answered = await store.answer_in_band("a" * 32, tenant="acme", approver="alice", approve=True)
+    answered = await answer(store, "a" * 32, "acme", "alice", True)
     assert answered is not None and answered.state is ApprovalState.CONSUMED
-    assert await store.answer_in_band("a" * 32, tenant="acme", approver="alice", approve=True) is None
+    assert await answer(store, "a" * 32, "acme", "alice", True) is None
     await store.record_in_band("b" * 32, draft("other.md"), ttl=TTL, max_pending=10)
-    assert await store.answer_in_band("b" * 32, tenant="globex", approver="x", approve=True) is None
-    no = await store.answer_in_band("b" * 32, tenant="acme", approver="alice", approve=False)
+    assert await answer(store, "b" * 32, "globex", "x", True) is None
+    no = await answer(store, "b" * 32, "acme", "alice", False)
     assert no is not None and no.state is ApprovalState.DENIED
 
 
