@@ -8,20 +8,12 @@ start their own.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-# The harness and helpers beside this file, and the project itself (not installed in the venv).
-for path in (HERE, HERE.parents[1]):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from harness import Broker, make_broker  # noqa: E402
-from support import CALL_TIMEOUT_SECONDS, UNLIMITED, write_policies  # noqa: E402
+from broker.testing import Broker, make_broker
+from tests.broker.support import CALL_TIMEOUT_SECONDS, UNLIMITED, write_policies
 
 # Tenants of the shared broker, each with the policy its tests need. "acme" and "globex" are
 # the harness's; their files are rewritten here so that the many approvals the suite opens

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from harness import ROOT, TENANTS, Broker, free_port, make_broker
 
 from broker.approvals.secrets import create_master_key
+from broker.testing import ROOT, TENANTS, Broker, free_port, make_broker
 
 REPLICA_NAMES = "abcdefgh"
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import httpx2
 import mcp_types
-from harness import Broker
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+
+from broker.testing import Broker
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"

@@ -23,8 +23,9 @@ from typing import Any
 
 import httpx2
 import pytest
-from harness import Broker, make_broker
-from support import (
+
+from broker.testing import Broker, make_broker
+from tests.broker.support import (
     APPROVER_SCOPE,
     UNLIMITED,
     WRITE_SCOPE,

@@ -14,8 +14,9 @@ from typing import Any
 
 import mcp_types
 import pytest
-from harness import Broker, structured
-from support import open_mcp, unique
+
+from broker.testing import Broker, structured
+from tests.broker.support import open_mcp, unique
 
 pytestmark = pytest.mark.anyio
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import mcp_types
 import pytest
-from harness import ALL_SCOPES, Broker, structured
-from support import (
+
+from broker.testing import ALL_SCOPES, Broker, structured
+from tests.broker.support import (
     LEGACY,
     MODERN,
     MODES,

@@ -19,12 +19,21 @@ from typing import Any
 
 import psycopg
 import pytest
-from harness import ROOT, Broker, make_broker
-from pgtest import ThrowAwayCluster, fresh_schema
-from support import approver, call_modern, decide, open_http, rpc_reply, tool_status, unique, wait_for
 
 from broker.approvals.migrations import LATEST
 from broker.approvals.secrets import create_master_key
+from broker.testing import ROOT, Broker, make_broker
+from tests.broker.pgtest import ThrowAwayCluster, fresh_schema
+from tests.broker.support import (
+    approver,
+    call_modern,
+    decide,
+    open_http,
+    rpc_reply,
+    tool_status,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.anyio
 PASSWORD = "hunter2-not-for-logs"  # trust auth ignores it; it must never show up anywhere

@@ -16,10 +16,19 @@ from typing import Any
 
 import mcp_types
 import pytest
-from harness import Broker, make_broker, structured
-from support import approve_in_band, approver, decide, events_since, last_seq, open_mcp, unique, wait_for
 
 from broker.audit import verify_file
+from broker.testing import Broker, make_broker, structured
+from tests.broker.support import (
+    approve_in_band,
+    approver,
+    decide,
+    events_since,
+    last_seq,
+    open_mcp,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import ROOT, Broker, make_broker, structured
-from support import (
+
+from broker.audit import verify_file
+from broker.testing import ROOT, Broker, make_broker, structured
+from tests.broker.support import (
     LegacySession,
     approver,
     call_modern,
@@ -33,8 +35,6 @@ from support import (
     rpc_reply,
     unique,
 )
-
-from broker.audit import verify_file
 
 pytestmark = pytest.mark.anyio
 

@@ -20,9 +20,10 @@ import httpx2
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from harness import ALL_SCOPES, AUDIENCE, ISSUER, Broker
 from jwt.algorithms import RSAAlgorithm
-from support import MODES, last_seq, mcp_error, modern_body, modern_headers, open_http, open_mcp
+
+from broker.testing import ALL_SCOPES, AUDIENCE, ISSUER, Broker
+from tests.broker.support import MODES, last_seq, mcp_error, modern_body, modern_headers, open_http, open_mcp
 
 _DROP = object()
 _OTHER_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)

@@ -14,8 +14,9 @@ from typing import Any
 
 import mcp_types
 import pytest
-from harness import Broker, structured
-from support import (
+
+from broker.testing import Broker, structured
+from tests.broker.support import (
     MODES,
     LegacySession,
     call_modern,

@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import Broker, structured
-from support import (
+
+from broker.testing import Broker, structured
+from tests.broker.support import (
     MODES,
     LegacySession,
     approver,

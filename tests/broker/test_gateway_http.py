@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import httpx2
 import pytest
-from harness import ALL_SCOPES, Broker, structured
-from support import (
+
+from broker.testing import ALL_SCOPES, Broker, structured
+from tests.broker.support import (
     MODERN,
     MODES,
     READ_SCOPE,

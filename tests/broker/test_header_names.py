@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import secrets
 
-from harness import Broker
-from support import call_modern, events_since, last_seq, open_http, terminal
+from broker.testing import Broker
+from tests.broker.support import call_modern, events_since, last_seq, open_http, terminal
 
 
 def test_an_invented_mcp_param_header_name_never_reaches_the_audit_or_the_log(broker: Broker) -> None:

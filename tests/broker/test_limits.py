@@ -11,8 +11,9 @@ import threading
 import time
 
 import pytest
-from harness import Broker
-from support import (
+
+from broker.testing import Broker
+from tests.broker.support import (
     CALL_TIMEOUT_SECONDS,
     LegacySession,
     call_modern,

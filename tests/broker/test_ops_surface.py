@@ -13,8 +13,9 @@ import time
 
 import anyio
 import pytest
-from harness import AUDIENCE, ISSUER, Broker, structured
-from support import (
+
+from broker.testing import AUDIENCE, ISSUER, Broker, structured
+from tests.broker.support import (
     CALL_TIMEOUT_SECONDS,
     MODES,
     call_modern,

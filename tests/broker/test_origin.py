@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from harness import ROOT, Broker, running_broker
-from support import events_since, last_seq, modern_body, modern_headers, open_http
 
 from broker.settings import Settings, SettingsError
+from broker.testing import ROOT, Broker, running_broker
+from tests.broker.support import events_since, last_seq, modern_body, modern_headers, open_http
 
 
 def evil_origin() -> str:

@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx2
 import pytest
-from harness import Broker, running_broker
-from support import events_since, last_seq, modern_body, modern_headers
 
 from broker.auth.preauth import PreAuthLimiter
 from broker.settings import PreAuthSettings, Settings, SettingsError
+from broker.testing import Broker, running_broker
+from tests.broker.support import events_since, last_seq, modern_body, modern_headers
 
 BURST = 5
 INTERVAL = 1.0

@@ -20,10 +20,11 @@ from typing import Any
 
 import httpx2
 import psycopg
-from harness import free_port, make_broker
-from pgtest import fresh_schema
-from replicas import Replica, RoundRobin, running_replicas
-from support import (
+
+from broker.testing import free_port, make_broker
+from tests.broker.pgtest import fresh_schema
+from tests.broker.replicas import Replica, RoundRobin, running_replicas
+from tests.broker.support import (
     LegacySession,
     call_modern,
     gone,

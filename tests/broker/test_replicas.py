@@ -22,13 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import ROOT, Broker
-from pgtest import fresh_schema
-from replicas import Replica, RoundRobin, make_replicas
-from support import TERMINAL_EVENTS, LegacySession, modern_body, modern_headers, open_http, rpc_reply
 
 from broker.policy import Policies, Share, TenantLimiter, TenantPolicy
 from broker.settings import Settings, SettingsError
+from broker.testing import ROOT, Broker
+from tests.broker.pgtest import fresh_schema
+from tests.broker.replicas import Replica, RoundRobin, make_replicas
+from tests.broker.support import (
+    TERMINAL_EVENTS,
+    LegacySession,
+    modern_body,
+    modern_headers,
+    open_http,
+    rpc_reply,
+)
 
 
 def call(lb: RoundRobin, token: str, tool: str, arguments: dict[str, Any]) -> Any:

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import Broker, running_broker
-from support import LegacySession, open_http, rpc_reply
 
 from broker.gateway.sessions import MAX_SESSION_ID_CHARS, SessionSealer
+from broker.testing import Broker, running_broker
 from broker.types import Principal
+from tests.broker.support import LegacySession, open_http, rpc_reply
 
 KEY = os.urandom(32)
 

@@ -10,10 +10,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from harness import make_broker
-from support import call_modern, gone, server_pids, wait_for
 
 from broker.audit.verify import verify_file
+from broker.testing import make_broker
+from tests.broker.support import call_modern, gone, server_pids, wait_for
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

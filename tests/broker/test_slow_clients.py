@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from harness import Broker, running_broker
-from support import events_since, last_seq, modern_body, modern_headers, terminal, wait_for
 
 from broker.settings import EdgeSettings, Settings, SettingsError
+from broker.testing import Broker, running_broker
+from tests.broker.support import events_since, last_seq, modern_body, modern_headers, terminal, wait_for
 
 READ_TIMEOUT = 1.0
 MAX_HEAD_BYTES = 16 * 1024

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from harness import Broker, running_broker
-from support import (
+
+from broker.testing import Broker, running_broker
+from tests.broker.support import (
     MODERN,
     approver,
     decide,

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,8 +26,6 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from broker.approvals.secrets import tenant_secret  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.broker.harness import Broker, make_broker, structured
+from broker.testing import Broker, make_broker, structured
 from tests.docker.conftest import IMAGE, SECCOMP, Daemon
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

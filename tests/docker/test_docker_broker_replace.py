@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker.harness import Broker, structured
+from broker.testing import Broker, structured
 from tests.docker.conftest import Daemon
 from tests.docker.test_docker_broker_e2e import DOC, docker_broker
 

@@ -23,10 +23,7 @@ from typing import Any
 
 import pytest
 
-# The replica harness imports its neighbours by their bare names, as the broker tests do.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "broker"))
-
-from tests.broker.harness import Broker
+from broker.testing import Broker
 from tests.broker.replicas import Replica, Replicas, make_replicas
 from tests.broker.support import call_modern, tool_status, wait_for
 from tests.docker import test_docker_broker_e2e as e2e

@@ -13,7 +13,6 @@ import hmac
 import json
 import os
 import secrets
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +21,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# The project is not installed into the venv: make `import server` work for the test process.
-# Subprocesses run `python -m server` with cwd=REPO instead.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# Subprocesses run `python -m server` with cwd=REPO (pytest's `pythonpath` covers this process).
 
 from server.approval import content_sha256  # noqa: E402
 from server.contracts import TOOL_SAVE  # noqa: E402

@@ -18,7 +18,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgtest import fresh_schema
 
 from broker.approvals import migrations
 from broker.approvals.postgres_store import PostgresApprovalStore
@@ -35,6 +34,7 @@ from broker.approvals.store import (
 )
 from broker.settings import DatabaseSettings
 from broker.types import ApprovalState
+from tests.broker.pgtest import fresh_schema
 
 pytestmark = pytest.mark.anyio
 TTL = 600.0

@@ -10,10 +10,10 @@ import stat
 from pathlib import Path
 
 import pytest
-from audit_helpers import read_events, request_fields
 
 from broker.audit import AuditEvent, AuditLog, AuditSinkError, verify_file
 from broker.settings import AuditSettings
+from tests.broker.audit.audit_helpers import read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audit_helpers import request_fields
 
 from broker.audit import AuditLog
 from broker.audit.chain import GENESIS
@@ -40,6 +39,7 @@ from broker.audit.processors import canonical
 from broker.audit.sink import FileSink, rotated_files
 from broker.audit.witness import FileCopy
 from broker.settings import AuditSettings
+from tests.broker.audit.audit_helpers import request_fields
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import ROOT, Broker, make_broker
-from support import call_modern, modern_body, modern_headers, open_http, post_modern
 from test_audit_integration import fill, small_tmpfs
+
+from broker.testing import ROOT, Broker, make_broker
+from tests.broker.support import call_modern, modern_body, modern_headers, open_http, post_modern
 
 pytestmark = pytest.mark.anyio
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from audit_helpers import CANARY, read_events, request_fields
 
 from broker.audit import AuditLog, AuditSinkError, verify_file
 from broker.audit.sink import FileSink
 from broker.audit.testing import MemorySink, capture_audit
 from broker.settings import AuditFsync, AuditSettings
+from tests.broker.audit.audit_helpers import CANARY, read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 

@@ -20,15 +20,15 @@ from typing import Any, get_args, get_origin
 
 import ocsf_emitter
 import pytest
-from audit_helpers import CANARY, read_events, request_fields
-from harness import Broker, structured
 from ocsf.v1_5_0.events import APIActivity as OfficialApiActivity
 from pydantic import BaseModel
-from support import decide, open_http, open_mcp
 from test_audit_query import T0, Clock, evidence_line, run_cli
 
 from broker.audit import AuditEvent, AuditLog
 from broker.settings import AuditSettings
+from broker.testing import Broker, structured
+from tests.broker.audit.audit_helpers import CANARY, read_events, request_fields
+from tests.broker.support import decide, open_http, open_mcp
 
 pytestmark = pytest.mark.anyio
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audit_helpers import read_events, request_fields
 
 from broker.audit import AuditLog
 from broker.audit.processors import rfc3339_ms
 from broker.settings import AuditSettings
+from tests.broker.audit.audit_helpers import read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import structlog
-from audit_helpers import CANARY, read_events, request_fields
 from structlog.typing import EventDict
 
 from broker.audit import AuditEvent, AuditLog, UnknownEventError, verify_file
 from broker.types import DaemonMode, Outcome
+from tests.broker.audit.audit_helpers import CANARY, read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from audit_helpers import request_fields
 
 from broker.audit import AuditLog, main_verify, verify_file
 from broker.settings import AuditSettings
+from tests.broker.audit.audit_helpers import request_fields
 
 pytestmark = pytest.mark.anyio
 

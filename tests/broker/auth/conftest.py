@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-# The project is not installed into the venv: make `import broker` work for the test process.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from jwt_forge import AUDIENCE, DEV_SECRET, ISSUER, NOW, TENANTS, Forge, make_forge  # noqa: E402
-
-from broker.auth import Authenticator, key_source  # noqa: E402
-from broker.settings import AuthSettings  # noqa: E402
+from broker.auth import Authenticator, key_source
+from broker.settings import AuthSettings
+from tests.broker.auth.jwt_forge import AUDIENCE, DEV_SECRET, ISSUER, NOW, TENANTS, Forge, make_forge
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from typing import Any
 
 import jwt
 import pytest
-from jwt_forge import AUDIENCE, DEV_SECRET, DROP, ISSUER, NOW, TENANTS, Forge, public_jwk
 from test_auth_jwt import CASES, Case
 
 from broker.auth import Authenticator, AuthError, KeysUnavailable, StaticKeySource, VerificationKey
@@ -28,6 +27,7 @@ from broker.auth.cache import DEFAULT_MAX_ENTRIES, Verified, VerifiedTokens, tok
 from broker.auth.keys import DEV_ALGORITHM, PUBLIC_ALGORITHMS, parse_jwks
 from broker.settings import AuthSettings
 from broker.types import Principal, Scope
+from tests.broker.auth.jwt_forge import AUDIENCE, DEV_SECRET, DROP, ISSUER, NOW, TENANTS, Forge, public_jwk
 
 LEEWAY = 10
 

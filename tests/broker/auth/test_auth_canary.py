@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from jwt_forge import AUDIENCE, ISSUER, Forge, b64, public_jwk, sign_raw
 
 from broker.auth import Authenticator, AuthError, RemoteJWKS, load_key_file
 from broker.auth.keys import PUBLIC_ALGORITHMS
 from broker.settings import AuthSettings
+from tests.broker.auth.jwt_forge import AUDIENCE, ISSUER, Forge, b64, public_jwk, sign_raw
 
 CANARY = "canary-" + secrets.token_hex(8)  # lower-case: also a well-formed tenant id
 Build = Callable[[Forge], str]

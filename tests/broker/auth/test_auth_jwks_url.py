@@ -18,10 +18,10 @@ from typing import Any
 
 import anyio
 import pytest
-from jwt_forge import AUDIENCE, ISSUER, NOW, TENANTS, Forge, public_jwk
 
 from broker.auth import Authenticator, AuthError, RemoteJWKS
 from broker.settings import AuthSettings, SettingsError
+from tests.broker.auth.jwt_forge import AUDIENCE, ISSUER, NOW, TENANTS, Forge, public_jwk
 
 CACHE = 300.0
 COOLDOWN = 30.0

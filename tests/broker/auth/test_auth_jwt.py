@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jwt_forge import (
+
+from broker.auth import Authenticator, AuthError, authorization_header, bearer_token, require_scope
+from broker.settings import SettingsError
+from broker.types import Principal, Scope
+from tests.broker.auth.jwt_forge import (
     AUDIENCE,
     DEV_SECRET,
     DROP,
@@ -23,10 +27,6 @@ from jwt_forge import (
     public_pem,
     sign_raw,
 )
-
-from broker.auth import Authenticator, AuthError, authorization_header, bearer_token, require_scope
-from broker.settings import SettingsError
-from broker.types import Principal, Scope
 
 Build = Callable[[Forge], str | None]
 

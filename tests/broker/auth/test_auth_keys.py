@@ -15,11 +15,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
-from jwt_forge import AUDIENCE, DEV_SECRET, DROP, ISSUER, NOW, Forge, public_jwk, public_pem
 
 from broker.auth import Authenticator, AuthError, StaticKeySource, VerificationKey, key_source, load_key_file
 from broker.auth.keys import PUBLIC_ALGORITHMS, load_dev_secret
 from broker.settings import AuthSettings, SettingsError
+from tests.broker.auth.jwt_forge import AUDIENCE, DEV_SECRET, DROP, ISSUER, NOW, Forge, public_jwk, public_pem
 
 ALL = PUBLIC_ALGORITHMS
 

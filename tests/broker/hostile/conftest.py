@@ -22,13 +22,8 @@ from types import ModuleType
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-for folder in (HERE, HERE.parent):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-
-from harness import ROOT, Broker, make_broker  # noqa: E402
-from hostile_helpers import BREAKER_COOLDOWN, BREAKER_THRESHOLD, CALL_TIMEOUT, Rpc  # noqa: E402
+from broker.testing import ROOT, Broker, make_broker
+from tests.broker.hostile.hostile_helpers import BREAKER_COOLDOWN, BREAKER_THRESHOLD, CALL_TIMEOUT, Rpc
 
 HOSTILE_SERVER = ROOT / "tests" / "fixtures" / "hostile_server.py"
 DEFAULT_ENV = {

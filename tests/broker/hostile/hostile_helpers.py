@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
-from harness import ALL_SCOPES, Broker
+
+from broker.testing import ALL_SCOPES, Broker
 
 MODERN = "2026-07-28"
 # The brokers' settings (conftest). The call timeout is generous for a loaded CI host, yet far

@@ -17,10 +17,18 @@ from typing import Any
 
 import mcp_types
 import pytest
-from harness import Broker, structured
-from hostile_helpers import Reply, Rpc, events, last_request, sandbox_calls, tool_calls, unique
 
 from broker.protocol.methods import audit_method
+from broker.testing import Broker, structured
+from tests.broker.hostile.hostile_helpers import (
+    Reply,
+    Rpc,
+    events,
+    last_request,
+    sandbox_calls,
+    tool_calls,
+    unique,
+)
 
 TENANTS = (
     "honest", "headers", "wrongtypes", "oversized", "huge", "injected", "iserror", "sampling",

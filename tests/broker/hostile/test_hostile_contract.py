@@ -13,8 +13,17 @@ import json
 from typing import Any
 
 import pytest
-from harness import Broker
-from hostile_helpers import Reply, Rpc, events, last_request, rejected, tool_calls, unique
+
+from broker.testing import Broker
+from tests.broker.hostile.hostile_helpers import (
+    Reply,
+    Rpc,
+    events,
+    last_request,
+    rejected,
+    tool_calls,
+    unique,
+)
 
 TENANTS = ("looseschema", "messages", "echoes", "headerlies", "notices")
 PREWARM = ()  # started by the first call: fewer sandboxes starting at once with the other modules

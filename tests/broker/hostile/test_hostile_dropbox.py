@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness import Broker
-from hostile_helpers import Rpc, events, last_request, unique, wait_for
+from broker.testing import Broker
+from tests.broker.hostile.hostile_helpers import Rpc, events, last_request, unique, wait_for
 
 TENANTS = ("planting",)
 TENANT = "planting"

@@ -14,8 +14,10 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from harness import Broker
-from hostile_helpers import (
+from mcp.shared.exceptions import MCPError
+
+from broker.testing import Broker
+from tests.broker.hostile.hostile_helpers import (
     BREAKER_COOLDOWN,
     CALL_TIMEOUT,
     Reply,
@@ -25,7 +27,6 @@ from hostile_helpers import (
     tool_calls,
     unique,
 )
-from mcp.shared.exceptions import MCPError
 
 TENANTS = ("honest", "slow", "crashy", "crashonce")
 # A timed-out call must end within the call timeout plus what a loaded host adds, and long

@@ -14,8 +14,9 @@ import json
 from typing import Any
 
 import pytest
-from harness import Broker, structured
-from hostile_helpers import (
+
+from broker.testing import Broker, structured
+from tests.broker.hostile.hostile_helpers import (
     Rpc,
     contract_breaks,
     events,

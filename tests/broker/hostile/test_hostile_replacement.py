@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Any
 
-from harness import ROOT, Broker
-from hostile_helpers import (
+from broker.testing import ROOT, Broker
+from tests.broker.hostile.hostile_helpers import (
     Rpc,
     contract_breaks,
     events,

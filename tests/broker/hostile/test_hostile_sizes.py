@@ -9,8 +9,9 @@ here: three oversized answers in a row would open it), the sandbox is not replac
 from __future__ import annotations
 
 import pytest
-from harness import Broker
-from hostile_helpers import Rpc, events, last_request, rejected, tool_calls, unique
+
+from broker.testing import Broker
+from tests.broker.hostile.hostile_helpers import Rpc, events, last_request, rejected, tool_calls, unique
 
 TENANTS = ("hugedesc", "hugepage", "hugeresult")
 PREWARM = ()  # started by the first call: fewer sandboxes starting at once with the other modules

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Broker, structured
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
-from support import APPROVER_SCOPE, open_mcp, unique
+
+from broker.testing import Broker, structured
+from tests.broker.support import APPROVER_SCOPE, open_mcp, unique
 
 pytestmark = pytest.mark.anyio
 

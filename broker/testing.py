@@ -1,4 +1,6 @@
-"""A real broker for tests: `python -m broker serve` in a subprocess, real HTTP, real sandboxes.
+"""A real broker for tests and benchmarks: `python -m broker serve` in a subprocess, real HTTP,
+real sandboxes (as `starlette.testclient`, shipped with the product so `bench/` need not import
+`tests/`; nothing in `broker/` imports it).
 
 Tokens are RS256, signed with a key whose public half the broker loads from a JWKS file, as
 an identity provider's would be. Nothing here reaches into the broker's memory: tests see it
@@ -28,7 +30,7 @@ from jwt.algorithms import RSAAlgorithm
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 ISSUER = "https://idp.test.invalid"
 AUDIENCE = "docbroker-test"
 ALL_SCOPES = "docs:read docs:write reports:approve"
