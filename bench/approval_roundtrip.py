@@ -22,7 +22,6 @@ temporary folder removed, at exit (also on Ctrl-C / SIGTERM).
 from __future__ import annotations
 
 import argparse
-import math
 import secrets
 import shutil
 import signal
@@ -38,8 +37,8 @@ import httpx2
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "broker"))
-from harness import Broker, make_broker  # noqa: E402
+from bench._stats import pct  # noqa: E402
+from broker.testing import Broker, make_broker  # noqa: E402
 
 TENANT = "bench"
 PROTOCOL = "2026-07-28"
@@ -120,14 +119,6 @@ def _save(http: httpx2.Client, name: str, content: str) -> dict[str, Any]:
         raise RuntimeError(f"save_report gave HTTP {reply.status_code}")
     result: dict[str, Any] = reply.json()["result"]["structuredContent"]
     return result
-
-
-def pct(samples: list[float], q: float) -> float:
-    """The q-quantile (0..1) by nearest rank."""
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
 def start_postgres(tmp: Path) -> str:

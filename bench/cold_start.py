@@ -45,6 +45,7 @@ import httpx2  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
+from bench._stats import nearest_index  # noqa: E402
 from broker.approvals.secrets import tenant_secret  # noqa: E402
 from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
@@ -234,7 +235,7 @@ def docker_broker(host: str, image: str, names: list[str], cpus: float, pool: in
     It runs as this process's user (root), so only with a rootful daemon; tests/docker runs
     the rootless shape. Caps and timeouts are set out of the way of N sandboxes starting at once.
     """
-    from tests.broker.harness import make_broker
+    from broker.testing import make_broker
 
     base = Path(tempfile.mkdtemp(prefix="docbroker-bench-broker-", dir="/var/tmp"))
     broker = make_broker(
@@ -351,12 +352,7 @@ def broker_many(host: str, image: str, n: int, cpus: float) -> tuple[float, list
 
 
 def _p50_p90(values: list[float]) -> str:
-    return f"{statistics.median(values) * 1000:.0f} ms / {pct(values, 0.9) * 1000:.0f} ms"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return f"{statistics.median(values) * 1000:.0f} ms / {nearest_index(values, 0.9) * 1000:.0f} ms"
 
 
 async def main() -> int:
@@ -418,12 +414,12 @@ async def main() -> int:
         rows += [
             (
                 f"(a) DockerBackend cold start p50 / p90 (n={args.runs}, {args.cpus} CPU)",
-                f"{statistics.median(hardened) * 1000:.0f} ms / {pct(hardened, 0.9) * 1000:.0f} ms",
+                f"{statistics.median(hardened) * 1000:.0f} ms / {nearest_index(hardened, 0.9) * 1000:.0f} ms",
             ),
             (f"(a) DockerBackend pooled start p50 / p90 (n={args.runs})", _p50_p90(pooled)),
             (
                 f"(b) naive docker run + stdio p50 / p90 (n={args.runs}, {args.cpus} CPU)",
-                f"{statistics.median(naive) * 1000:.0f} ms / {pct(naive, 0.9) * 1000:.0f} ms",
+                f"{statistics.median(naive) * 1000:.0f} ms / {nearest_index(naive, 0.9) * 1000:.0f} ms",
             ),
             (
                 f"(c) through the broker, warm pool: first tools/call → result p50 / p90 (n={args.runs})",

@@ -47,8 +47,7 @@ import httpx2
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "broker"))
-from replicas import Replica, Replicas, RoundRobin, make_replicas  # noqa: E402
+from tests.broker.replicas import Replica, Replicas, RoundRobin, make_replicas  # noqa: E402
 
 TENANT = "bench"
 PROTOCOL = "2026-07-28"
