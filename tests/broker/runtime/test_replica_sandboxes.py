@@ -251,7 +251,7 @@ def test_a_replica_killed_mid_save_the_retry_on_another_works_and_the_approval_i
     """A save in flight on a when a is SIGKILLed: the approval it consumed is spent (once, by a,
     never again by b); the retry on b asks for a new approval and, approved, is saved; the bytes
     the killed call left in the drop-box are quarantined, never accepted unverified."""
-    hostile = Path(__file__).resolve().parents[1] / "fixtures" / "hostile_server.py"
+    hostile = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "hostile_server.py"
     env = {
         "DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join([sys.executable, str(hostile)]),
         "DOCBROKER_CALL_TIMEOUT": "60",
