@@ -10,7 +10,9 @@ from enum import StrEnum
 from typing import Any
 
 
-class Scope(StrEnum):
+class OAuthScope(StrEnum):
+    """An OAuth scope a bearer token grants (never the ASGI `scope` of a request)."""
+
     DOCS_READ = "docs:read"
     DOCS_WRITE = "docs:write"
     REPORTS_APPROVE = "reports:approve"
@@ -22,9 +24,9 @@ class Principal:
 
     tenant: str
     subject: str
-    scopes: frozenset[Scope]
+    scopes: frozenset[OAuthScope]
 
-    def has(self, scope: Scope) -> bool:
+    def has(self, scope: OAuthScope) -> bool:
         return scope in self.scopes
 
 

@@ -36,7 +36,7 @@ from broker.protocol.answers import BROKER_ONLY_ARGUMENT, broker_result
 from broker.protocol.jsonrpc import RpcMessage
 from broker.protocol.versions import MODERN
 from broker.settings import ApprovalSettings
-from broker.types import Outcome, Principal, Scope
+from broker.types import OAuthScope, Outcome, Principal
 from server import contracts as c
 from server.approval import content_sha256, mint_token
 
@@ -186,7 +186,7 @@ class ApprovalFlow:
             return False
         if self._distinct_approver(policy):
             return False
-        return principal.has(Scope.REPORTS_APPROVE)
+        return principal.has(OAuthScope.REPORTS_APPROVE)
 
     def _distinct_approver(self, policy: TenantPolicy) -> bool:
         return policy.require_distinct_approver or self._settings.require_distinct_approver
@@ -263,7 +263,7 @@ class ApprovalFlow:
         # answering request's own principal must be an approver now (its token may differ from
         # the one that asked), and a rule requiring a second person holds here as on REST. The
         # record stays pending: a rightful answer can still come.
-        if not principal.has(Scope.REPORTS_APPROVE):
+        if not principal.has(OAuthScope.REPORTS_APPROVE):
             return _rejected(NO_APPROVE_SCOPE_MESSAGE, "approver_lacks_scope")
         if self._distinct_approver(policy):
             return _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")

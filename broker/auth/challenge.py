@@ -15,7 +15,7 @@ from pydantic import AnyHttpUrl, ValidationError
 
 from broker.auth.errors import AuthError, AuthReason
 from broker.settings import PREFIX, SettingsError
-from broker.types import Scope
+from broker.types import OAuthScope
 
 MCP_PATH = "/mcp"
 
@@ -41,7 +41,7 @@ def protected_resource_metadata(public_url: str, issuer: str) -> dict[str, Any]:
     metadata = ProtectedResourceMetadata(
         resource=_url(resource_url(public_url), "PUBLIC_URL"),
         authorization_servers=[_url(issuer, "AUTH_ISSUER")],
-        scopes_supported=[scope.value for scope in Scope],
+        scopes_supported=[scope.value for scope in OAuthScope],
         bearer_methods_supported=["header"],
     )
     document = metadata.model_dump(mode="json", exclude_none=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-from broker.types import Scope
+from broker.types import OAuthScope
 
 
 class AuthReason(StrEnum):
@@ -60,7 +60,7 @@ class AuthError(Exception):
         status: int,
         reason: AuthReason | str,
         *,
-        required_scopes: Iterable[Scope] = (),
+        required_scopes: Iterable[OAuthScope] = (),
         retry_after: int = 0,
     ) -> None:
         # AuthReason(...) refuses free text, so no caller can smuggle a value into a reason.
@@ -82,7 +82,7 @@ class AuthError(Exception):
         return f"AuthError(status={self.status}, reason={self.reason.value!r})"
 
 
-def insufficient_scope(*required: Scope) -> AuthError:
+def insufficient_scope(*required: OAuthScope) -> AuthError:
     """What a caller raises when a valid principal lacks a scope (403 with a scope challenge)."""
     return AuthError(403, AuthReason.INSUFFICIENT_SCOPE, required_scopes=required)
 

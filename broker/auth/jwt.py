@@ -46,7 +46,7 @@ from broker.auth.encoding import b64url_decode, json_object
 from broker.auth.errors import AuthError, AuthReason, KeysUnavailable, insufficient_scope
 from broker.auth.keys import KeySource, VerificationKey, allowed_algorithms
 from broker.settings import MAX_LEEWAY_SECONDS, PREFIX, AuthSettings, SettingsError
-from broker.types import Principal, Scope
+from broker.types import OAuthScope, Principal
 from server.contracts import TENANT_RE
 
 R = AuthReason
@@ -55,7 +55,7 @@ MAX_TOKEN_BYTES = 16 * 1024
 MAX_SUBJECT_CHARS = 256
 _FORBIDDEN_HEADERS = frozenset({"jku", "x5u", "jwk", "x5c", "crit", "b64"})
 _TOKEN_TYPES = frozenset({"jwt", "at+jwt", "application/jwt", "application/at+jwt"})
-_SCOPES = {scope.value: scope for scope in Scope}
+_SCOPES = {scope.value: scope for scope in OAuthScope}
 _B64URL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
@@ -80,7 +80,7 @@ def bearer_token(authorization: str | None) -> str:
     return parts[1]
 
 
-def require_scope(principal: Principal, scope: Scope) -> None:
+def require_scope(principal: Principal, scope: OAuthScope) -> None:
     """Raise the 403 insufficient_scope error unless the principal holds `scope`."""
     if not principal.has(scope):
         raise insufficient_scope(scope)
@@ -312,7 +312,7 @@ def _audiences(value: Any) -> list[str]:
     raise AuthError.of(R.BAD_CLAIM_TYPE)
 
 
-def _scopes(claims: dict[str, Any]) -> frozenset[Scope]:
+def _scopes(claims: dict[str, Any]) -> frozenset[OAuthScope]:
     names: list[str]
     if "scope" in claims:
         if not isinstance(claims["scope"], str):

@@ -16,7 +16,7 @@ from broker.auth.jwt import Authenticator, authorization_header
 from broker.auth.keys import key_source
 from broker.auth.preauth import PreAuthLimiter
 from broker.settings import AuthSettings, PreAuthSettings
-from broker.types import Principal, Scope
+from broker.types import OAuthScope, Principal
 
 
 class AuthService:
@@ -59,8 +59,8 @@ class AuthService:
 
     async def approver(self, authorization: Sequence[str], address: str = "") -> Principal:
         principal = await self.authenticate(authorization, address)
-        if not principal.has(Scope.REPORTS_APPROVE):
-            raise insufficient_scope(Scope.REPORTS_APPROVE)
+        if not principal.has(OAuthScope.REPORTS_APPROVE):
+            raise insufficient_scope(OAuthScope.REPORTS_APPROVE)
         return principal
 
     def challenge(self, error: AuthError) -> dict[str, str]:

@@ -12,10 +12,14 @@ from typing import Any
 
 from broker.policy import TenantPolicy
 from broker.protocol.answers import BROKER_ONLY_ARGUMENT
-from broker.types import Principal, Scope
+from broker.types import OAuthScope, Principal
 from server.contracts import TOOL_READ, TOOL_SAVE, TOOL_SEARCH
 
-_REQUIRED_SCOPE = {TOOL_SEARCH: Scope.DOCS_READ, TOOL_READ: Scope.DOCS_READ, TOOL_SAVE: Scope.DOCS_WRITE}
+_REQUIRED_SCOPE = {
+    TOOL_SEARCH: OAuthScope.DOCS_READ,
+    TOOL_READ: OAuthScope.DOCS_READ,
+    TOOL_SAVE: OAuthScope.DOCS_WRITE,
+}
 
 
 def may_call(principal: Principal, policy: TenantPolicy, tool: str) -> bool:

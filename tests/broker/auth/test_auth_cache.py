@@ -26,7 +26,7 @@ from broker.auth import Authenticator, AuthError, KeysUnavailable, StaticKeySour
 from broker.auth.cache import DEFAULT_MAX_ENTRIES, Verified, VerifiedTokens, token_digest
 from broker.auth.keys import DEV_ALGORITHM, PUBLIC_ALGORITHMS, parse_jwks
 from broker.settings import AuthSettings
-from broker.types import Principal, Scope
+from broker.types import OAuthScope, Principal
 from tests.broker.auth.jwt_forge import AUDIENCE, DEV_SECRET, DROP, ISSUER, NOW, TENANTS, Forge, public_jwk
 
 LEEWAY = 10
@@ -118,7 +118,7 @@ def rig(rig_factory: Callable[..., Rig]) -> Rig:
     return rig_factory()
 
 
-READ_WRITE = frozenset({Scope.DOCS_READ, Scope.DOCS_WRITE})
+READ_WRITE = frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE})
 
 
 # --- hits

@@ -16,7 +16,7 @@ from broker.auth import (
 )
 from broker.auth.errors import STATUS
 from broker.settings import SettingsError
-from broker.types import Scope
+from broker.types import OAuthScope
 
 META = "https://broker.example.com/.well-known/oauth-protected-resource/mcp"
 
@@ -28,7 +28,7 @@ def test_every_401_is_invalid_token_without_the_reason(reason: AuthReason) -> No
 
 
 def test_insufficient_scope_names_the_scopes_to_ask_for() -> None:
-    value = www_authenticate(insufficient_scope(Scope.REPORTS_APPROVE, Scope.DOCS_READ), META)
+    value = www_authenticate(insufficient_scope(OAuthScope.REPORTS_APPROVE, OAuthScope.DOCS_READ), META)
     assert value == (
         f'Bearer error="insufficient_scope", scope="docs:read reports:approve", resource_metadata="{META}"'
     )

@@ -13,7 +13,7 @@ import pytest
 
 from broker.auth import Authenticator, AuthError, authorization_header, bearer_token, require_scope
 from broker.settings import SettingsError
-from broker.types import Principal, Scope
+from broker.types import OAuthScope, Principal
 from tests.broker.auth.jwt_forge import (
     AUDIENCE,
     DEV_SECRET,
@@ -300,7 +300,7 @@ async def test_hostile_tokens_are_refused(auth: Authenticator, forge: Forge, cas
 @pytest.mark.anyio
 async def test_dev_mode_accepts_hs256(dev_auth: Authenticator, forge: Forge) -> None:
     principal = await dev_auth.authenticate(forge.bearer("HS256"))
-    assert principal == Principal("acme", "user-1", frozenset({Scope.DOCS_READ, Scope.DOCS_WRITE}))
+    assert principal == Principal("acme", "user-1", frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE}))
 
 
 @pytest.mark.anyio
@@ -326,7 +326,7 @@ async def test_dev_mode_refuses(dev_auth: Authenticator, forge: Forge, build: Bu
 # --- valid tokens
 
 
-READ_WRITE = frozenset({Scope.DOCS_READ, Scope.DOCS_WRITE})
+READ_WRITE = frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE})
 
 
 @pytest.mark.anyio
@@ -392,21 +392,23 @@ async def test_scheme_is_case_insensitive(auth: Authenticator, forge: Forge, sch
 @pytest.mark.parametrize(
     ("claims", "scopes"),
     [
-        ({"scope": "docs:read"}, {Scope.DOCS_READ}),
-        ({"scope": "docs:read  reports:approve docs:write"}, set(Scope)),
-        ({"scope": "docs:read admin openid docs:READ"}, {Scope.DOCS_READ}),
+        ({"scope": "docs:read"}, {OAuthScope.DOCS_READ}),
+        ({"scope": "docs:read  reports:approve docs:write"}, set(OAuthScope)),
+        ({"scope": "docs:read admin openid docs:READ"}, {OAuthScope.DOCS_READ}),
         ({"scope": ""}, set()),
         ({"scope": DROP}, set()),
         (
             {"scope": DROP, "scp": ["docs:write", "reports:approve", "other"]},
-            {Scope.DOCS_WRITE, Scope.REPORTS_APPROVE},
+            {OAuthScope.DOCS_WRITE, OAuthScope.REPORTS_APPROVE},
         ),
-        ({"scope": DROP, "scp": "docs:read docs:write"}, {Scope.DOCS_READ, Scope.DOCS_WRITE}),
-        ({"scope": "docs:read", "scp": ["reports:approve"]}, {Scope.DOCS_READ}),
+        ({"scope": DROP, "scp": "docs:read docs:write"}, {OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE}),
+        ({"scope": "docs:read", "scp": ["reports:approve"]}, {OAuthScope.DOCS_READ}),
     ],
     ids=["one", "all", "unknown-ignored", "empty", "none", "scp-list", "scp-string", "scope-wins"],
 )
-async def test_scopes(auth: Authenticator, forge: Forge, claims: dict[str, Any], scopes: set[Scope]) -> None:
+async def test_scopes(
+    auth: Authenticator, forge: Forge, claims: dict[str, Any], scopes: set[OAuthScope]
+) -> None:
     assert (await auth.authenticate(forge.bearer(claims=claims))).scopes == frozenset(scopes)
 
 
@@ -449,12 +451,12 @@ def test_bearer_token_accepts_surrounding_whitespace() -> None:
 
 
 def test_require_scope() -> None:
-    principal = Principal("acme", "u", frozenset({Scope.DOCS_READ}))
-    require_scope(principal, Scope.DOCS_READ)
+    principal = Principal("acme", "u", frozenset({OAuthScope.DOCS_READ}))
+    require_scope(principal, OAuthScope.DOCS_READ)
     with pytest.raises(AuthError) as caught:
-        require_scope(principal, Scope.REPORTS_APPROVE)
+        require_scope(principal, OAuthScope.REPORTS_APPROVE)
     assert (caught.value.status, caught.value.reason) == (403, "insufficient_scope")
-    assert caught.value.required_scopes == {Scope.REPORTS_APPROVE}
+    assert caught.value.required_scopes == {OAuthScope.REPORTS_APPROVE}
 
 
 @pytest.mark.parametrize(
