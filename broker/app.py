@@ -23,9 +23,9 @@ from starlette.types import Receive, Scope, Send
 from broker.approvals import retention
 from broker.approvals.claims import HOLD_MARGIN_SECONDS, Claims, recover_forever
 from broker.approvals.flow import ApprovalFlow
+from broker.approvals.master_key import load_master_key, sealing_key, session_key
 from broker.approvals.reports import ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
-from broker.approvals.secrets import load_master_key, sealing_key, session_key
 from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import ApprovalStore
 from broker.audit import fields as audit_fields
