@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import Receive
@@ -216,28 +217,19 @@ class Relay:
         record.sent()  # while the sandbox works
         response = await in_flight.response()
         try:
+            status = results.relay_status(response.status_code)
+            leg = _Leg(passed, response, descriptor, status, self._headers(passed, response, status))
             if response.headers.get("content-type", "").startswith("text/event-stream"):
-                await self._stream(passed, response, descriptor, out, record)
+                await self._stream(leg, out, record)
             else:
-                await self._whole(passed, response, descriptor, out, record)
+                await self._whole(leg, out, record)
         finally:
             await response.aclose()
 
-    def _answered(self, passed: Passed) -> rpc.RpcMessage | None:
-        """The request whose answer the client waits for (None: notifications, GET, DELETE)."""
-        return passed.msg if passed.msg is not None and passed.msg.id is not None else None
-
-    async def _stream(
-        self,
-        passed: Passed,
-        response: UpstreamResponse,
-        descriptor: dict[str, Any] | None,
-        out: Responder,
-        record: CallRecord,
-    ) -> None:
-        status = results.relay_status(response.status_code)
-        await out.start(200 if descriptor is not None else status, self._headers(passed, response, status))
-        request = self._answered(passed)
+    async def _stream(self, leg: _Leg, out: Responder, record: CallRecord) -> None:
+        passed, descriptor, request = leg.passed, leg.descriptor, leg.request
+        response, status = leg.response, leg.status
+        await out.start(200 if descriptor is not None else status, leg.headers)
         try:
             async for event in sse.events(response.aiter_raw(), MAX_UPSTREAM_EVENT_BYTES):
                 data = event.data
@@ -271,17 +263,10 @@ class Relay:
             await out.audit()
         await out.end()
 
-    async def _whole(
-        self,
-        passed: Passed,
-        response: UpstreamResponse,
-        descriptor: dict[str, Any] | None,
-        out: Responder,
-        record: CallRecord,
-    ) -> None:
-        status = results.relay_status(response.status_code)
-        headers = self._headers(passed, response, status)
-        request = self._answered(passed)
+    async def _whole(self, leg: _Leg, out: Responder, record: CallRecord) -> None:
+        passed, descriptor, request = leg.passed, leg.descriptor, leg.request
+        response, status = leg.response, leg.status
+        headers = leg.headers
         # A tool's answer is read no further than the client could be given of it.
         limit = self._max_response if descriptor is not None else MAX_UPSTREAM_EVENT_BYTES
         try:
@@ -360,6 +345,23 @@ class Relay:
             outcome="denied",
             reason="sandbox_message_refused",
         )
+
+
+@dataclass(frozen=True)
+class _Leg:
+    """The sandbox's response to one forwarded request, as the relay reads it."""
+
+    passed: Passed
+    response: UpstreamResponse
+    descriptor: dict[str, Any] | None  # the admitted tool's, for a tools/call
+    status: int  # what the client may be told (results.relay_status)
+    headers: list[tuple[bytes, bytes]]  # the client's response headers
+
+    @property
+    def request(self) -> rpc.RpcMessage | None:
+        """The request whose answer the client waits for (None: notifications, GET, DELETE)."""
+        msg = self.passed.msg
+        return msg if msg is not None and msg.id is not None else None
 
 
 def _answers(parsed: Any, request: rpc.RpcMessage) -> bool:
