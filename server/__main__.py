@@ -10,16 +10,13 @@ broker's binding (`server/binding.py`): the server warms up first, then waits to
 a tenant, locks itself to that tenant's folders with Landlock, and only then serves.
 Over HTTP, DOCS_SANDBOX_KEY_FILE makes every request need the broker's bearer (required for
 `--http` off loopback) and DOCS_ALLOWED_HOSTS replaces the Host allow-list (`server/config.py`).
-
-The TCP socket is opened here, before uvicorn: asyncio's `create_server` skips an address
-family the kernel (or a seccomp profile) refuses and serves on zero sockets without a word,
-a server that looks alive and answers nothing. Here that is an error on stderr and exit 1.
+The TCP socket is opened before uvicorn starts (`server/listen.py`): a socket that cannot be
+opened is an error on stderr and exit 1, never a server listening on nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import socket
@@ -27,6 +24,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from server.config import ConfigError, HttpConfig, ServerConfig
+from server.listen import parse_host_port, tcp_listener, why
 from server.workspace import Workspace, WorkspaceError
 
 if TYPE_CHECKING:
@@ -57,13 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.bind is not None and args.socket is None:
         sys.stderr.write("docbroker server: --bind needs --socket\n")
         return 2
-    listen: tuple[str, int] | None = None
-    if args.http is not None:
-        host, _, port = args.http.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            sys.stderr.write("docbroker server: --http takes HOST:PORT\n")
-            return 2
-        listen = (host.strip("[]"), int(port))
+    listen = parse_host_port(args.http) if args.http is not None else None
+    if args.http is not None and listen is None:
+        sys.stderr.write("docbroker server: --http takes HOST:PORT\n")
+        return 2
     try:
         http = HttpConfig.from_env() if args.http or args.socket else None
         if http is not None and listen is not None:
@@ -79,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     sockets: list[socket.socket] | None = None
     if listen is not None:
         try:
-            sockets = [_tcp_listener(*listen)]
+            sockets = [tcp_listener(*listen)]
         except OSError as exc:
-            sys.stderr.write(f"docbroker server: cannot listen on {args.http}: {_why(exc)}\n")
+            sys.stderr.write(f"docbroker server: cannot listen on {args.http}: {why(exc)}\n")
             return 1
 
     import uvicorn
@@ -115,33 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("docbroker server: the HTTP server did not start\n")
         return 1
     return 0
-
-
-def _tcp_listener(host: str, port: int) -> socket.socket:
-    """A bound TCP socket for uvicorn, or the OSError that says why there is none."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _why(exc: OSError) -> str:
-    if isinstance(exc, socket.gaierror):
-        return "the host does not resolve"
-    name = errno.errorcode.get(exc.errno or 0, "error")
-    if exc.errno == errno.EAFNOSUPPORT:
-        return (
-            f"{name}: IP sockets are refused here (policies/seccomp.json allows only unix "
-            "sockets; TCP mode needs policies/seccomp-tcp.json)"
-        )
-    return name
 
 
 def _configured_server() -> MCPServer[Any]:
