@@ -380,8 +380,9 @@ def test_key_file_is_required_only_off_loopback(kit: Any, tmp_path: Path) -> Non
 
 
 async def test_the_brokers_upstream_client_sends_the_endpoints_token(kit: Any, tmp_path: Path) -> None:
-    """As on Kubernetes: the broker names every sandbox `localhost` (so the Pod allows that
-    Host) and authenticates with the tenant's key; a caller's Authorization never goes along."""
+    """As on Kubernetes: the Pod allows its own address as the Host, the broker names it so
+    (not `localhost`, as over a unix socket) and authenticates with the tenant's key; a
+    caller's Authorization never goes along."""
     from broker.gateway.upstream import Upstream
     from broker.types import Endpoint
 
@@ -392,7 +393,7 @@ async def test_the_brokers_upstream_client_sends_the_endpoints_token(kit: Any, t
         tmp_path,
         ["--http", f"127.0.0.1:{port}"],
         DOCS_SANDBOX_KEY_FILE=str(key_file),
-        DOCS_ALLOWED_HOSTS="localhost",
+        DOCS_ALLOWED_HOSTS=f"127.0.0.1:{port}",
     )
     body = json.dumps(
         {
