@@ -21,8 +21,10 @@ container in the tenant's Pod does what `ReportStore` does on Docker, with the s
 - **What lands is what was approved.** The keeper accepts a dropped file only if it is a
   regular file with one link whose bytes hash to the sha256 the human approved; it writes its
   own copy (O_EXCL: an existing report is never overwritten) and quarantines everything else
-  (symlinks, FIFOs, hard links, other bytes, planted names) into `.quarantine/` on the PVC,
-  which no report name can collide with (names are `server.contracts.FILENAME_RE`).
+  (symlinks, FIFOs, hard links, other bytes, planted names) into `quarantine/` beside the
+  drop-box folder in the emptyDir (a rename cannot cross into the PVC; the server mounts only
+  the drop-box folder, so it cannot reach the quarantine). Quarantined files therefore live as
+  long as the Pod; what was quarantined, by count and reason, is in the broker's audit.
 - **Only the broker can call it.** Every request needs `Authorization: Bearer <keeper key>`
   (`keeper_key(master, tenant)`, DESIGN §10), compared in constant time. The keeper key is
   mounted only into the keeper container (the tenant Secret's `items:`); the server container
@@ -36,7 +38,7 @@ container in the tenant's Pod does what `ReportStore` does on Docker, with the s
 The keeper logs no file name, no hash and no key: only errno names of failed file operations.
 
     python -m broker.keeper --http 0.0.0.0:8081
-    env: KEEPER_DROPBOX (the drop-box folder), KEEPER_REPORTS (the reports PVC),
+    env: KEEPER_DROPBOX (the drop-box: a folder inside the emptyDir), KEEPER_REPORTS (the PVC),
          KEEPER_KEY_FILE (the keeper key)
 
     POST /v1/sweep  {"reason": "dropbox_before_save"}       → {"quarantined": 0, "stuck": 0}

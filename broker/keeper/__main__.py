@@ -18,7 +18,10 @@ from pathlib import Path
 from server.config import ConfigError, secret_from_fd
 from server.listen import parse_host_port, tcp_listener, why
 
-QUARANTINE = ".quarantine"  # on the PVC, beside the reports: no report name starts with a dot
+# Beside the drop-box, in the same volume: a quarantine is a rename, and a rename cannot cross
+# filesystems (into the reports PVC it would fail with EXDEV). The server mounts only the
+# drop-box folder itself (a subPath), so it cannot reach this one.
+QUARANTINE = "quarantine"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ class KeeperConfig:
             if not is_dir:
                 raise ConfigError(f"{name} must be a folder (not a symlink)")
             folders[name] = Path(value)
+        dropbox = folders["KEEPER_DROPBOX"]
+        if os.stat(dropbox).st_dev != os.stat(dropbox.parent).st_dev:
+            raise ConfigError(
+                "KEEPER_DROPBOX must be a folder inside the drop-box volume, not its mount point "
+                "(the quarantine goes beside it, on the same filesystem)"
+            )
         key_file = env.get("KEEPER_KEY_FILE", "").strip()
         if not key_file:
             raise ConfigError("KEEPER_KEY_FILE is not set")
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from broker.approvals.reports import ReportFiles
     from broker.keeper.app import keeper_app
 
-    files = ReportFiles(config.dropbox, config.reports, config.reports / QUARANTINE)
+    files = ReportFiles(config.dropbox, config.reports, config.dropbox.parent / QUARANTINE)
     app = keeper_app(files, key=config.key)
     serving = uvicorn.Server(
         uvicorn.Config(

@@ -59,7 +59,7 @@ class Keeper:
 
     @property
     def quarantine(self) -> Path:
-        return self.reports / ".quarantine"
+        return self.base / "quarantine"  # beside the drop-box, as in the Pod's emptyDir
 
     @property
     def url(self) -> str:

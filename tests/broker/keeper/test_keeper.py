@@ -202,6 +202,7 @@ def test_no_name_hash_or_key_in_the_keepers_log(keeper: Keeper) -> None:
     [
         ({"KEEPER_DROPBOX": ""}, "KEEPER_DROPBOX is not set"),
         ({"KEEPER_REPORTS": "/nonexistent/reports"}, "KEEPER_REPORTS must be a folder"),
+        ({"KEEPER_DROPBOX": "/dev/shm"}, "not its mount point"),  # its quarantine could not be beside it
         ({"KEEPER_KEY_FILE": ""}, "KEEPER_KEY_FILE is not set"),
         ({"KEEPER_KEY_FILE": "/nonexistent/key"}, "KEEPER_KEY_FILE cannot be opened"),
     ],
