@@ -334,6 +334,11 @@ class Upstream:
     def __init__(self, endpoint: Endpoint, *, connect_timeout: float, read_timeout: float) -> None:
         url = urlsplit(endpoint.url)
         self._uds = endpoint.uds
+        # Over TCP (the pod network) the sandbox's Host allow-list names its address, and the
+        # broker's own credential for it (DESIGN §10) goes along, never a caller's.
+        self._fixed: dict[str, str] = {} if endpoint.uds is not None else {"host": url.netloc}
+        if endpoint.token:
+            self._fixed["authorization"] = f"Bearer {endpoint.token}"
         self._host, self._port = url.hostname or "localhost", url.port or 80
         self._target = (url.path or "/").encode("ascii")
         self._connect_timeout = connect_timeout
@@ -352,6 +357,8 @@ class Upstream:
         """Send a request and wait for the response's head. `meanwhile` runs once the request
         is on its way: the caller's own work that the sandbox's answer does not change is then
         done while the sandbox works, not after it answers."""
+        if self._fixed:
+            headers = {**headers, **self._fixed}
         head = _render(method, self._target, headers, body)
         conn = await self._connection()
         try:
