@@ -89,9 +89,10 @@ def test_every_variable_is_one_the_settings_read(name: str) -> None:
 
 def test_the_lab_broker_reaches_the_api_server_and_postgresql_at_the_node() -> None:
     env = broker_env(render("overlays/lab"))
-    assert env["KUBERNETES_SERVICE_HOST"] == "192.0.2.10"  # lab.env's placeholder; the run merges its own
-    assert env["KUBERNETES_SERVICE_PORT"] == "6443"
-    assert env["DOCBROKER_DATABASE_URL"] == "postgresql://docbroker@192.0.2.10:5432/docbroker"
+    # lab.env's values are .ci/kube-lab.sh's node address and API port, and the host seen from Pods.
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.244.77.1"
+    assert env["KUBERNETES_SERVICE_PORT"] == "16443"
+    assert env["DOCBROKER_DATABASE_URL"] == "postgresql://docbroker@10.244.76.1:5432/docbroker"
 
 
 def secret_volume(root: Path, files: dict[str, bytes]) -> None:
