@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -146,7 +147,11 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, stor
             return info.endpoint if info is not None else None
 
         return KeeperReports(
-            endpoint, keeper_key(master_key, tenant), timeout=settings.runtime.call_timeout_seconds
+            endpoint,
+            keeper_key(master_key, tenant),
+            # the save's call and its accept, with room: a replica that dies frees it by then
+            turn_seconds=min(900, math.ceil(2 * settings.runtime.call_timeout_seconds + 30)),
+            timeout=settings.runtime.call_timeout_seconds,
         )
 
     def reports_for(tenant: str) -> Reports:

@@ -9,6 +9,11 @@ The Pod's address changes when the Pod is replaced, so the keeper's URL is asked
 call (`endpoint`: the tenant's current sandbox `Endpoint`, or None when none runs; a Pod
 that does not run has a fresh, empty drop-box, so there is nothing to sweep).
 
+A save holds the keeper's turn (`/v1/turn` … `/v1/sweep` with its id): the keeper is the one
+place all replicas reach, so one replica's sweep never takes another's file mid-save. The
+turn's lease (`turn_seconds`) outlasts the save's call; a replica that dies mid-save holds it
+no longer than that.
+
 The keeper is another party on the network: whatever goes wrong (no Pod, refused, timed out,
 an answer that is not one of the expected few) is never a traceback. An accept that fails is
 `Accepted.IO_ERROR`, which the gateway turns into the audited "write result unknown"; a sweep
@@ -42,13 +47,21 @@ class KeeperReports:
     """One tenant's reports through its keeper. Saves and sweeps of this replica take turns."""
 
     def __init__(
-        self, endpoint: EndpointFor, key: str, *, connect_timeout: float = 2.0, timeout: float = 10.0
+        self,
+        endpoint: EndpointFor,
+        key: str,
+        *,
+        turn_seconds: int = 660,
+        connect_timeout: float = 2.0,
+        timeout: float = 10.0,
     ) -> None:
         self._endpoint = endpoint
         self._key = key
+        self._turn_seconds = turn_seconds
         self._connect_timeout = connect_timeout
         self._timeout = timeout
         self._turns = asyncio.Lock()
+        self._turn: str | None = None  # the keeper's turn this replica's save holds
 
     def __repr__(self) -> str:
         return "KeeperReports(key=<hidden>)"
@@ -56,11 +69,13 @@ class KeeperReports:
     @contextlib.asynccontextmanager
     async def saving(self, on_swept: OnSwept) -> AsyncIterator[None]:
         async with self._turns:
-            await on_swept(await self._sweep(SweepReason.BEFORE_SAVE), SweepReason.BEFORE_SAVE)
+            self._turn, swept = await self._begin()
+            await on_swept(swept, SweepReason.BEFORE_SAVE)
             try:
                 yield
             finally:
-                await on_swept(await self._sweep(SweepReason.AFTER_SAVE), SweepReason.AFTER_SAVE)
+                turn, self._turn = self._turn, None
+                await on_swept(await self._sweep(SweepReason.AFTER_SAVE, turn), SweepReason.AFTER_SAVE)
 
     async def sweep(self, on_swept: OnSwept, reason: SweepReason) -> None:
         async with self._turns:
@@ -68,7 +83,8 @@ class KeeperReports:
 
     async def accept(self, name: str, sha256: str) -> Accepted:
         try:
-            answer = await self._ask("accept", {"name": name, "sha256": sha256})
+            body = {"name": name, "sha256": sha256}
+            answer = await self._ask("accept", body if self._turn is None else {**body, "turn": self._turn})
             return Accepted(answer["accepted"]) if set(answer) == {"accepted"} else _bad_answer()
         except (KeeperError, ValueError, TypeError) as exc:
             _warn("could not have a report accepted", exc)
@@ -86,15 +102,27 @@ class KeeperReports:
             _warn("could not ask whether a report exists", exc)
             return False
 
-    async def _sweep(self, reason: SweepReason) -> Swept:
+    async def _begin(self) -> tuple[str | None, Swept]:
+        """Take the keeper's turn for a save, sweeping before it. No turn: the save goes on and
+        its accept waits for the keeper's files like any request (no Pod: nothing to sweep)."""
+        body = {"reason": SweepReason.BEFORE_SAVE.value, "seconds": str(self._turn_seconds)}
         try:
-            answer = await self._ask("sweep", {"reason": reason.value}, none_running={})
+            answer = await self._ask("turn", body, none_running={})
             if answer == {}:
-                return Swept()
-            counts = (answer.get("quarantined"), answer.get("stuck"))
-            if set(answer) != {"quarantined", "stuck"} or not all(_count(n) for n in counts):
+                return None, Swept()
+            turn = answer.pop("turn", None)
+            if not isinstance(turn, str) or not turn.isalnum() or len(turn) > 64:
                 _bad_answer()
-            return Swept(quarantined=answer["quarantined"], stuck=answer["stuck"])
+            return turn, _swept(answer)
+        except KeeperError as exc:
+            _warn("could not take the keeper's turn", exc)
+            return None, Swept(stuck=1)
+
+    async def _sweep(self, reason: SweepReason, turn: str | None = None) -> Swept:
+        body = {"reason": reason.value} if turn is None else {"reason": reason.value, "turn": turn}
+        try:
+            answer = await self._ask("sweep", body, none_running={})
+            return Swept() if answer == {} else _swept(answer)
         except KeeperError as exc:
             _warn("could not have a drop-box emptied", exc)
             return Swept(stuck=1)
@@ -137,6 +165,13 @@ class KeeperReports:
         if not isinstance(answer, dict):
             raise KeeperError("unexpected answer")
         return cast(dict[str, Any], answer)
+
+
+def _swept(answer: dict[str, Any]) -> Swept:
+    counts = (answer.get("quarantined"), answer.get("stuck"))
+    if set(answer) != {"quarantined", "stuck"} or not all(_count(n) for n in counts):
+        _bad_answer()
+    return Swept(quarantined=answer["quarantined"], stuck=answer["stuck"])
 
 
 def _count(value: object) -> bool:

@@ -41,7 +41,10 @@ The keeper logs no file name, no hash and no key: only errno names of failed fil
     env: KEEPER_DROPBOX (the drop-box: a folder inside the emptyDir), KEEPER_REPORTS (the PVC),
          KEEPER_KEY_FILE (the keeper key)
 
+    POST /v1/turn   {"reason": "dropbox_before_save", "seconds": "90"}
+                                                           → {"turn": "<id>", "quarantined": 0, "stuck": 0}
     POST /v1/sweep  {"reason": "dropbox_before_save"}       → {"quarantined": 0, "stuck": 0}
+                    (with "turn": the save's sweep after, which ends its turn)
     POST /v1/accept {"name": "q3.md", "sha256": "<64 hex>"}  → {"accepted": "ok"}
     POST /v1/exists {"name": "q3.md"}                         → {"exists": false}
 """

@@ -12,6 +12,7 @@ import os
 import secrets
 import socket
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,42 @@ def test_a_weak_key_refuses_to_start(tmp_path: Path) -> None:
     finally:
         keeper.stop()
     assert "weak secret" in keeper.log.read_text()
+
+
+def test_a_save_holds_the_keepers_turn_and_only_its_own_id_works_within_it(keeper: Keeper) -> None:
+    status, begun = keeper.post("/v1/turn", {"reason": "dropbox_before_save", "seconds": "60"})
+    assert status == 200 and set(begun) == {"turn", "quarantined", "stuck"}
+    turn = begun["turn"]
+    keeper.drop("q3.md", APPROVED)
+    forged = "0" * 32
+    assert keeper.post("/v1/accept", {"name": "q3.md", "sha256": SHA, "turn": forged}) == (
+        409, {"error": "turn_over"},
+    )  # fmt: skip
+    assert keeper.post("/v1/sweep", {"reason": "dropbox_after_save", "turn": forged})[0] == 409
+    assert (keeper.dropbox / "q3.md").exists()  # neither took the file in flight
+    within = {"name": "q3.md", "sha256": SHA, "turn": turn}
+    assert keeper.post("/v1/accept", within) == (200, {"accepted": "ok"})
+    assert keeper.post("/v1/sweep", {"reason": "dropbox_after_save", "turn": turn}) == (
+        200, {"quarantined": 0, "stuck": 0},
+    )  # fmt: skip
+    # ended: the id is spent, and the files are free for anyone again
+    assert keeper.post("/v1/accept", {"name": "q3.md", "sha256": SHA, "turn": turn})[0] == 409
+    assert keeper.post("/v1/sweep", {"reason": "dropbox_at_startup"}) == (200, {"quarantined": 0, "stuck": 0})
+
+
+@pytest.mark.parametrize("seconds", ["0", "901", "-1", "1.5", "", "٣"])
+def test_a_turns_lease_is_bounded(keeper: Keeper, seconds: str) -> None:
+    body = {"reason": "dropbox_before_save", "seconds": seconds}
+    assert keeper.post("/v1/turn", body) == (400, {"error": "invalid_seconds"})
+
+
+def test_a_turn_whose_broker_died_is_free_again_after_its_lease(keeper: Keeper) -> None:
+    status, begun = keeper.post("/v1/turn", {"reason": "dropbox_before_save", "seconds": "1"})
+    assert status == 200
+    keeper.drop("left.md", b"a dead broker's save")
+    started = time.monotonic()
+    status, again = keeper.post("/v1/turn", {"reason": "dropbox_before_save", "seconds": "60"})
+    assert status == 200 and 0.8 < time.monotonic() - started < 10
+    assert again["quarantined"] == 1  # what the dead save left is swept by the next one
+    assert keeper.post("/v1/accept", {"name": "left.md", "sha256": SHA, "turn": begun["turn"]})[0] == 409
+    keeper.post("/v1/sweep", {"reason": "dropbox_after_save", "turn": again["turn"]})

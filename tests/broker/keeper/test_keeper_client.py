@@ -164,3 +164,31 @@ async def test_a_keeper_answering_nonsense_accepts_nothing(lie: str) -> None:
 
 def test_the_keeper_key_is_not_in_a_repr() -> None:
     assert KEEPER_KEY not in repr(reports_at("http://127.0.0.1:1"))
+
+
+async def test_two_replicas_saving_for_one_tenant_at_once_both_land(keeper: Keeper) -> None:
+    """Each replica has its own KeeperReports; the keeper's turn keeps one's sweep off the
+    other's file in flight (without it, b's sweep before its save quarantined a's file)."""
+    a, b = reports_at(keeper.url), reports_at(keeper.url)
+    other = b"# Q4\nalso approved\n"
+    a_written, b_entered = asyncio.Event(), asyncio.Event()
+
+    async def save_on_a() -> Accepted:
+        async with a.saving(Sweeps()):
+            keeper.drop("q3.md", APPROVED)
+            a_written.set()
+            await asyncio.sleep(0.5)  # b asks for its turn meanwhile
+            assert not b_entered.is_set()
+            return await a.accept("q3.md", SHA)
+
+    async def save_on_b() -> Accepted:
+        await a_written.wait()
+        async with b.saving(Sweeps()):
+            b_entered.set()
+            keeper.drop("q4.md", other)
+            return await b.accept("q4.md", hashlib.sha256(other).hexdigest())
+
+    assert await asyncio.gather(save_on_a(), save_on_b()) == [Accepted.OK, Accepted.OK]
+    assert (keeper.reports / "q3.md").read_bytes() == APPROVED
+    assert (keeper.reports / "q4.md").read_bytes() == other
+    assert not keeper.quarantine.exists() or os.listdir(keeper.quarantine) == []
