@@ -43,10 +43,14 @@ class Endpoint:
 
     `uds` set: connect to that unix socket and send `url` (host `localhost`).
     `uds` None: connect to `url` over TCP (the Kubernetes pod network).
+    `token`: bearer for the MCP port, sent when set (the tenant's sandbox key).
+    `keeper_url`: the tenant's reports keeper, when reports go through one (Kubernetes).
     """
 
     url: str
     uds: str | None = None
+    token: str | None = field(default=None, repr=False)  # a credential: never in a repr or log
+    keeper_url: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from broker.approvals import visible
 from broker.approvals.claims import Claims, recover_claims
-from broker.approvals.reports import ReportStore
+from broker.approvals.reports import Reports
 from broker.approvals.sealing import SealedApproval, StateSealer
 from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavailable, TooManyPending
 from broker.audit.schema import AuditEvent
@@ -86,7 +86,7 @@ class ApprovalFlow:
         store: ApprovalStore,
         sealer: StateSealer,
         secret_for: Callable[[str], str],
-        reports_for: Callable[[str], ReportStore],
+        reports_for: Callable[[str], Reports],
         claims: Claims,
         settings: ApprovalSettings,
         public_url: str,
@@ -123,7 +123,7 @@ class ApprovalFlow:
         except ValidationError:
             return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
         data = save.content.encode("utf-8")  # the model checked it is encodable and small enough
-        if self._reports_for(principal.tenant).exists(save.filename):
+        if await self._reports_for(principal.tenant).exists(save.filename):
             return _rejected(c.Message.REPORT_EXISTS.value, "report_exists")
         draft = Draft(
             tenant=principal.tenant,

@@ -19,6 +19,8 @@ MIN_MASTER_KEY_BYTES = 32
 _APPROVAL_LABEL = b"docbroker/approval/v1/"
 _SEAL_LABEL = b"docbroker/request-state/v1"
 _SESSION_LABEL = b"docbroker/mcp-session/v1"
+_SANDBOX_LABEL = b"docbroker/sandbox/v1/"
+_KEEPER_LABEL = b"docbroker/keeper/v1/"
 
 
 class MasterKeyError(Exception):
@@ -27,6 +29,16 @@ class MasterKeyError(Exception):
 
 def tenant_secret(master_key: bytes, tenant: str) -> str:
     return hmac.new(master_key, _APPROVAL_LABEL + tenant.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def sandbox_key(master_key: bytes, tenant: str) -> str:
+    """Bearer the broker sends to a tenant's MCP port on the pod network (DESIGN §10)."""
+    return hmac.new(master_key, _SANDBOX_LABEL + tenant.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def keeper_key(master_key: bytes, tenant: str) -> str:
+    """Bearer the broker sends to a tenant's reports keeper; the server container never has it."""
+    return hmac.new(master_key, _KEEPER_LABEL + tenant.encode("ascii"), hashlib.sha256).hexdigest()
 
 
 def sealing_key(master_key: bytes) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.approvals.reports import Accepted, ReportStore
+from broker.approvals.reports import Accepted, Reports
 from broker.gateway import results
 from broker.gateway.record import CallRecord
 from broker.protocol import answers
@@ -23,7 +23,7 @@ _OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a dict: Outcome(x
 
 
 class Consumer:
-    def __init__(self, reports_for: Callable[[str], ReportStore], max_response_bytes: int) -> None:
+    def __init__(self, reports_for: Callable[[str], Reports], max_response_bytes: int) -> None:
         self._reports_for = reports_for
         self._max_response = max_response_bytes
 
@@ -51,14 +51,14 @@ class Consumer:
         record.end(_OUTCOMES[consumed.status], consumed.reason)
         result = consumed.result
         if save is not None and consumed.status == c.Status.OK.value:
-            accepted = self._reports_for(principal.tenant).accept(save.filename, save.sha256)
+            accepted = await self._reports_for(principal.tenant).accept(save.filename, save.sha256)
             if accepted is not Accepted.OK:
                 record.end(Outcome.RESULT_UNKNOWN, f"report_{accepted.value}")
                 result = answers.write_unknown()
         elif save is not None and _says_report_exists(result):
             # Only the broker's store knows which reports exist; the drop-box was emptied just
             # before this save, so a sandbox that says "exists" and has no such report lies.
-            if not self._reports_for(principal.tenant).exists(save.filename):
+            if not await self._reports_for(principal.tenant).exists(save.filename):
                 record.end(Outcome.FAILED, "report_exists_unconfirmed")
                 result = answers.write_failed()
         return rpc.result(msg.id, answers.typed(msg, result))

@@ -20,7 +20,7 @@ from typing import Any
 from starlette.types import Receive
 
 from broker.approvals.flow import ApprovalFlow
-from broker.approvals.reports import ReportStore, audit_sweep
+from broker.approvals.reports import Reports, audit_sweep
 from broker.audit import AuditEvent
 from broker.audit.fields import sandbox_field
 from broker.errors import Denial, Denied
@@ -75,7 +75,7 @@ class Relay:
         pinning: Pinning,
         sessions: SessionSealer,
         approvals: ApprovalFlow,
-        reports_for: Callable[[str], ReportStore],
+        reports_for: Callable[[str], Reports],
         audit: AuditLike,
         max_response_bytes: int,
     ) -> None:

@@ -285,6 +285,11 @@ class Upstream:
     def __init__(self, endpoint: Endpoint, *, connect_timeout: float, read_timeout: float) -> None:
         url = urlsplit(endpoint.url)
         self._uds = endpoint.uds
+        # Over TCP (the pod network) the sandbox's Host allow-list names its address, and the
+        # broker's own credential for it (DESIGN §10) goes along, never a caller's.
+        self._fixed: dict[str, str] = {} if endpoint.uds is not None else {"host": url.netloc}
+        if endpoint.token:
+            self._fixed["authorization"] = f"Bearer {endpoint.token}"
         self._host, self._port = url.hostname or "localhost", url.port or 80
         self._target = (url.path or "/").encode("ascii")
         self._connect_timeout = connect_timeout
@@ -300,6 +305,8 @@ class Upstream:
         """Write a request; the response's head is awaited on the returned `InFlight`. Between
         the two, the caller may do its own work that the sandbox's answer does not change, so
         it is done while the sandbox works, not after it answers."""
+        if self._fixed:
+            headers = {**headers, **self._fixed}
         head = _render(method, self._target, headers, body)
         conn = await self._connection()
         try:

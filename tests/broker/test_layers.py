@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "broker.origin": 4,
     "broker.approvals": 5,
     "broker.tenants": 6,
+    "broker.keeper": 6,  # the reports keeper in a tenant's Pod (python -m broker.keeper)
     "broker.gateway": 6,
     "broker.web": 6,
     "broker.serving": 6,

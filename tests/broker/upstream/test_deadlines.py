@@ -1,4 +1,4 @@
-"""The gateway's call deadlines (`broker.gateway.deadlines`): one shared tick instead of a timer per call."""
+"""The gateway's call deadlines (`broker.upstream.deadlines`): one shared tick instead of a timer per call."""
 
 from __future__ import annotations
 

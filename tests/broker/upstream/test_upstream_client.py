@@ -1,6 +1,6 @@
 """The broker's HTTP client for the sandbox hop, against a real socket server that misbehaves.
 
-`broker.gateway.upstream` parses what an untrusted sandbox sends on every call. These tests
+`broker.upstream` parses what an untrusted sandbox sends on every call. These tests
 serve scripted bytes on a real unix socket and check that every answer is bounded, that a
 connection is reused only after a clean exchange, and that failures are `UpstreamError` /
 `UpstreamTimeout`: never a hang, never anything else.
