@@ -537,28 +537,27 @@ YAML
 
 # ----------------------------------------------------------------------------------------- stop
 
-kill_pidfile() {  # SIGTERM, then SIGKILL after 5 s: nothing of a lab is worth keeping
-  local f=$1 pid i t0
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  t0=$(now)
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    for ((i = 0; i < 20; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  [ $(( $(now) - t0 )) -lt 3 ] || echo "    $(basename "$f" .pid): $(( $(now) - t0 )) s to stop" >&2
-  rm -f "$f"
+kill_pidfiles() {  # SIGTERM to all at once, SIGKILL after 5 s: nothing of a lab is worth keeping
+  local f pid i alive pids=()
+  for f in "$@"; do
+    [ -f "$f" ] || continue
+    pids+=("$(cat "$f")")
+    rm -f "$f"
+  done
+  [ ${#pids[@]} -gt 0 ] || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  for ((i = 0; i < 20; i++)); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 1 ] || return 0
+    sleep 0.25
+  done
+  kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 # The shims containerd started for this lab (they outlive containerd): found by our socket.
 lab_shims() {
-  local p
-  for p in /proc/[0-9]*; do
-    tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -qF -- "-address $dir/containerd/containerd.sock" \
-      && basename "$p"
-  done
-  return 0
+  ps -eo pid=,args= | awk -v a="-address $dir/containerd/containerd.sock" '$2 ~ /containerd-shim/ && index($0, a) {print $1}'
 }
 
 remove_lab_logs() {  # the logs of this lab's pods: their UIDs are the kubelet's pod folders
@@ -577,14 +576,14 @@ cmd_stop() {
   t0=$(now)
   dir=$(cd "$dir" 2>/dev/null && pwd) || { step "nothing to stop at $dir"; return 0; }
   step "stopping the lab in $dir"
-  kill_pidfile "$dir/pids/kubelet.pid"
+  kill_pidfiles "$dir/pids/kubelet.pid"
   remove_lab_logs
   # Pods' containers: killed through containerd while it still runs, then the shims.
   if [ -S "$dir/containerd/containerd.sock" ] && ctr_ version >/dev/null 2>&1; then
     for c in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true; done
     sleep 1
   fi
-  for name in containerd scheduler controller-manager apiserver etcd; do kill_pidfile "$dir/pids/$name.pid"; done
+  kill_pidfiles "$dir"/pids/*.pid
   for pid in $(lab_shims); do kill -9 "$pid" 2>/dev/null || true; done
   # Container processes left in the lab's cgroups (a shim killed before its children).
   for h in /sys/fs/cgroup/*/"$CGROUP_ROOT"; do
