@@ -352,7 +352,8 @@ YAML
 make_cgroups() {
   local h
   for h in /sys/fs/cgroup/*/; do
-    [ -e "$h/cgroup.procs" ] && [ "$(basename "$h")" != unified ] || continue
+    # the cgroup v1 hierarchies only (this kubelet drives v1 through cgroupfs)
+    mountpoint -q "$h" && [ -e "$h/cgroup.procs" ] && [ "$(basename "$h")" != unified ] || continue
     mkdir -p "$h$CGROUP_ROOT"
     # a new cpuset cgroup starts with no cpus and mems: tasks could not join it
     if [ -e "$h/cpuset.cpus" ]; then
@@ -379,6 +380,7 @@ cmd_start() {
   [ -x "$BIN/kubelet" ] && [ -f "$CACHE/pause.tar" ] && [ -x "$BIN/etcd" ] \
     || die "not built: run 'bash .ci/kube-lab.sh build' first"
   [ ! -e "/run/netns/$NETNS" ] || die "a lab is already running (netns $NETNS); stop it first"
+  mountpoint -q /sys/fs/cgroup/memory || die "needs the cgroup v1 hierarchies (kubelet 1.20 with cgroupfs)"
   getent hosts "$host" | grep -q '^127\.' \
     || die "the hostname $host must resolve to a loopback address (the apiserver reaches the kubelet by it)"
   install -d -m 755 "$dir"
@@ -615,7 +617,7 @@ case "$cmd" in
   build) cmd_build ;;
   start)
     dir=${2:-}; [ -n "$dir" ] || usage
-    trap 'rc=$?; if [ $rc -ne 0 ]; then echo "kube-lab.sh: start failed; logs in $dir/logs" >&2; fi' EXIT
+    trap 'rc=$?; if [ $rc -ne 0 ] && [ -d "$dir/logs" ]; then echo "kube-lab.sh: start failed; logs in $dir/logs (stop it with: kube-lab.sh stop $dir)" >&2; fi' EXIT
     cmd_start
     echo "$dir" >"$MARKER"
     ;;
