@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.kubernetes.conftest import SECCOMP_PREFIX, lab_dir, wait_until
+from tests.kubernetes.conftest import SECCOMP_PREFIX, kubeconfig_path, lab_dir, wait_until
 
 pytestmark = pytest.mark.kubernetes
 
@@ -127,6 +127,29 @@ def restricted_policy(kube_dynamic: Any, kube_cleanup: Callable[[Callable[[], ob
     return name
 
 
+MKDIR_PROBE = """
+import errno, os
+try:
+    os.mkdir("/run/docs/probe")
+    print("created")
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+"""
+
+
+def _exec(namespace: str, pod: str, code: str) -> str:
+    """Run Python in the pod's server container (`kubectl exec`, through the API server and kubelet)."""
+    kubectl = ["kubectl", "--kubeconfig", kubeconfig_path()]
+    out = subprocess.run(
+        [*kubectl, "exec", "-n", namespace, pod, "-c", "server", "--", "/opt/venv/bin/python", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-500:]
+    return out.stdout.strip()
+
+
 def test_a_hardened_server_pod_runs_confined(kube_api: Any, namespace: str, restricted_policy: str) -> None:
     core = client.CoreV1Api(kube_api)
     core.create_namespaced_secret(
@@ -158,7 +181,10 @@ def test_a_hardened_server_pod_runs_confined(kube_api: Any, namespace: str, rest
     assert fields["Gid"].split() == [str(UID)] * 4
     assert fields["CapEff"] == fields["CapPrm"] == fields["CapBnd"] == "0000000000000000"
     assert fields["NoNewPrivs"] == "1"
-    assert fields["Seccomp"] == "2"  # filter mode: the Localhost profile is loaded
+    assert fields["Seccomp"] == "2"  # a filter is loaded; which one, the probe below tells
+    # The project's profile (not the runtime's default) refuses mkdir even where the process may
+    # write: a process in the container trying it in its writable emptyDir gets EPERM.
+    assert _exec(namespace, "smoke", MKDIR_PROBE) == "EPERM"
     # podPidsLimit reaches the pod's cgroup: pids are not unlimited.
     pids_cgroup = next(
         line.split(":", 2)[2]
