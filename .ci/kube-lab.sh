@@ -576,7 +576,8 @@ remove_lab_logs() {  # the logs of this lab's pods: their UIDs are the kubelet's
 cmd_stop() {
   local t0 pid m h
   t0=$(now)
-  dir=$(cd "$dir" 2>/dev/null && pwd) || { step "nothing to stop at $dir"; return 0; }
+  [ -d "$dir" ] || { step "nothing to stop at $dir"; return 0; }
+  dir=$(cd "$dir" && pwd)
   step "stopping the lab in $dir"
   kill_pidfiles "$dir/pids/kubelet.pid"
   remove_lab_logs
