@@ -150,7 +150,7 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
             "runAsUser": SERVER_UID,
             "runAsGroup": POD_GID,
             "fsGroup": POD_GID,
-            "supplementalGroups": [],
+            "supplementalGroups": [POD_GID],  # explicit: a PSP would otherwise add its range's first gid
             "seccompProfile": runtime_default,
         },
         "initContainers": [init],
