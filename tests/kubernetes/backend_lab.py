@@ -269,3 +269,24 @@ def _token_kubeconfig(admin: Any, admin_kubeconfig: Path) -> str:
             "current-context": "broker",
         }
     )
+
+
+def host_broker(
+    lab: Lab, base: Path, tenants: list[str], *, replica: str = "a", master: Path | None = None
+) -> Any:
+    """A real broker process on the host (`python -m broker serve`, tests/broker/harness.py)
+    with DOCBROKER_RUNTIME=kubernetes and the broker ServiceAccount's kubeconfig: it reaches
+    the tenant Pods at their pod IPs over the lab's bridge, as a broker Pod would."""
+    from tests.broker.harness import make_broker
+
+    env = {
+        "DOCBROKER_KUBECONFIG": str(lab.broker_kubeconfig),
+        "DOCBROKER_KUBE_SECCOMP": SECCOMP,
+        "DOCBROKER_KUBE_IMAGE_PULL_POLICY": "Never",
+        "DOCBROKER_REPLICA_ID": replica,
+        "DOCBROKER_START_TIMEOUT": "60",
+        "DOCBROKER_IDLE_TIMEOUT": "600",
+    }
+    if master is not None:
+        env["DOCBROKER_MASTER_KEY_FILE"] = str(master)
+    return make_broker(base, runtime="kubernetes", env=env, tenants=tenants)
