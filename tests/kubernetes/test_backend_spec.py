@@ -216,3 +216,51 @@ def test_kubernetes_settings_defaults_and_values() -> None:
     server = container(tenant_pod(k, "acme", instance="default", replica="r"), "server")
     assert server["resources"]["limits"] == {"cpu": "500m", "memory": "96Mi"}
     assert server["imagePullPolicy"] == "Never"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"seccomp": "localhost/docbroker/seccomp-tcp.json"},
+        {"runtime_class": "gvisor", "cpu_limit": "500m"},
+    ],
+)
+def test_every_generated_tenant_pod_passes_the_restricted_profile(overrides: dict[str, Any]) -> None:
+    from broker.runtime.podsecurity import check_pod_spec
+
+    p = pod(**overrides)
+    assert check_pod_spec(p["spec"], metadata=p["metadata"], tenant=True) == []
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["privileged", "host_path", "root", "no_drop", "escalation", "writable_root", "token", "unconfined"],
+)
+def test_the_restricted_check_catches_a_tampered_tenant_pod(tamper: str) -> None:
+    """The same check can fail: each weakening of the generated spec is reported."""
+    import copy
+
+    from broker.runtime.podsecurity import check_pod_spec
+
+    p = copy.deepcopy(pod())
+    server = p["spec"]["containers"][0]["securityContext"]
+    if tamper == "privileged":
+        server["privileged"] = True
+    elif tamper == "host_path":
+        p["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    elif tamper == "root":
+        server["runAsUser"] = 0
+        server["runAsNonRoot"] = False
+        p["spec"]["securityContext"]["runAsNonRoot"] = False
+    elif tamper == "no_drop":
+        server["capabilities"] = {}
+    elif tamper == "escalation":
+        server["allowPrivilegeEscalation"] = True
+    elif tamper == "writable_root":
+        server["readOnlyRootFilesystem"] = False
+    elif tamper == "token":
+        p["spec"]["automountServiceAccountToken"] = True
+    elif tamper == "unconfined":
+        server["seccompProfile"] = {"type": "Unconfined"}
+    assert check_pod_spec(p["spec"], metadata=p["metadata"], tenant=True) != []
