@@ -201,7 +201,12 @@ class KubernetesBackend(SandboxBackend):
                     )
                     continue
                 adopted = True
-            ready = self._wait_ready(pod, deadline)
+            try:
+                ready = self._wait_ready(pod, deadline)
+            except SandboxStartError:
+                if not adopted:  # ours, and it will not serve: no Pod is left behind
+                    self._delete(pod.metadata.name, pod.metadata.uid)
+                raise
             info = self._info(ready, adopted=adopted)
             info.started_at = started
             return info
