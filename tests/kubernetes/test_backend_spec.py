@@ -264,3 +264,49 @@ def test_the_restricted_check_catches_a_tampered_tenant_pod(tamper: str) -> None
     elif tamper == "unconfined":
         server["seccompProfile"] = {"type": "Unconfined"}
     assert check_pod_spec(p["spec"], metadata=p["metadata"], tenant=True) != []
+
+
+def test_doctor_and_serve_say_in_one_line_when_no_cluster_answers(tmp_path: Path) -> None:
+    """A kubeconfig whose API server does not answer: `doctor` prints a FAIL line per check
+    and exits 1, `serve` refuses to start with one line; neither shows a traceback."""
+    from tests.broker.harness import make_broker
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    broker = make_broker(tmp_path / "b", runtime="kubernetes", env={"DOCBROKER_KUBECONFIG": str(kubeconfig)})
+    doctor = subprocess.run(
+        [sys.executable, "-m", "broker", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=broker.env,
+        cwd=ROOT,
+    )
+    assert doctor.returncode == 1
+    lines = {line.split()[1] + " " + line.split()[2]: line.split()[0] for line in doctor.stdout.splitlines()}
+    assert lines["kubernetes api"] == "FAIL" and lines["rbac needed"] == "FAIL"
+    assert "NewConnectionError" not in doctor.stdout  # one line each, not the raw exception
+    assert "127.0.0.1:9" in doctor.stdout and "not-a-real-token" not in doctor.stdout
+    assert "Traceback" not in doctor.stdout + doctor.stderr
+    serve = subprocess.run(
+        [sys.executable, "-m", "broker", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=broker.env,
+        cwd=ROOT,
+    )
+    assert serve.returncode != 0
+    assert "Traceback" not in serve.stderr and "kubernetes" in serve.stderr.lower(), serve.stderr
+    assert "not-a-real-token" not in serve.stderr

@@ -31,6 +31,9 @@ def api_client(kubeconfig: Path | None) -> Any:
         raise ClusterUnavailable(f"the Kubernetes client cannot be configured from {where}") from exc
     # One connection per worker thread that talks to the API at once (to_thread's pool).
     configuration.connection_pool_maxsize = 32
+    # No silent retries (each logged by urllib3 with its URL): the lifecycle decides what a
+    # failed call means (a start fails, a sandbox is checked again).
+    configuration.retries = 0
     return client.ApiClient(configuration)
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker.runtime.base import BackendRefused
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.client import api_client, status_of
 from broker.runtime.kubernetes.podspec import seccomp_profile
@@ -49,13 +50,28 @@ def cluster_checks(settings: KubernetesSettings) -> list[Check]:
             state["api"] = api_client(settings.kubeconfig)
         return state["api"]
 
-    return [
-        ("kubernetes api", lambda: _reachable(api())),
-        ("rbac needed", lambda: _rbac_needed(api(), settings.namespace)),
-        ("rbac refused", lambda: _rbac_refused(api(), settings.namespace)),
-        ("namespaces", lambda: _namespaces(api(), settings.namespace)),
-        ("seccomp profile", lambda: _seccomp(api(), settings)),
+    checks: list[tuple[str, Callable[[Any], tuple[str, str]]]] = [
+        ("kubernetes api", _reachable),
+        ("rbac needed", lambda a: _rbac_needed(a, settings.namespace)),
+        ("rbac refused", lambda a: _rbac_refused(a, settings.namespace)),
+        ("namespaces", lambda a: _namespaces(a, settings.namespace)),
+        ("seccomp profile", lambda a: _seccomp(a, settings)),
     ]
+    return [(what, _clean(check, api)) for what, check in checks]
+
+
+def _clean(check: Callable[[Any], tuple[str, str]], api: Callable[[], Any]) -> Callable[[], tuple[str, str]]:
+    """A check whose API call fails says so in one line (the status, or that nothing answered)."""
+
+    def run() -> tuple[str, str]:
+        try:
+            return check(api())
+        except BackendRefused as exc:
+            return FAIL, str(exc)
+        except Exception as exc:
+            return FAIL, f"the Kubernetes API failed ({_why(exc)})"
+
+    return run
 
 
 def _reachable(api: Any) -> tuple[str, str]:
