@@ -22,9 +22,10 @@ from starlette.types import Receive, Scope, Send
 
 from broker.approvals import retention
 from broker.approvals.flow import ApprovalFlow
-from broker.approvals.reports import ReportStore, sweep_dropboxes
+from broker.approvals.keeper_client import KeeperReports
+from broker.approvals.reports import Reports, ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
-from broker.approvals.secrets import load_master_key, sealing_key, session_key
+from broker.approvals.secrets import keeper_key, load_master_key, sealing_key, session_key
 from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import ApprovalStore
 from broker.audit.log import AuditLog
@@ -45,6 +46,7 @@ from broker.runtime.base import Runtime, SandboxBackend
 from broker.runtime.shared import Replicas
 from broker.settings import Settings, origin_of
 from broker.tenants import Tenants
+from broker.types import Endpoint
 from broker.web import page
 from broker.web.api import ApprovalsApi
 
@@ -141,13 +143,25 @@ def build_app(settings: Settings, audit: AuditLog, backend: SandboxBackend, stor
     # one budget per tenant, for /mcp and REST alike: this replica's share of it
     limiter = TenantLimiter(policies, replicas=settings.replicas)
 
-    report_stores: dict[str, ReportStore] = {}  # one per tenant: its saves and sweeps take turns
+    report_stores: dict[str, Reports] = {}  # one per tenant: its saves and sweeps take turns
 
-    def reports_for(tenant: str) -> ReportStore:
+    def new_reports(tenant: str) -> Reports:
+        if settings.runtime.kind != "kubernetes":
+            return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
+
+        # In a Pod the reports are the keeper's (broker/keeper/), asked at the Pod's current address.
+        async def endpoint() -> Endpoint | None:
+            info = runtime.get(tenant)
+            return info.endpoint if info is not None else None
+
+        return KeeperReports(
+            endpoint, keeper_key(master_key, tenant), timeout=settings.runtime.call_timeout_seconds
+        )
+
+    def reports_for(tenant: str) -> Reports:
         reports = report_stores.get(tenant)
         if reports is None:
-            reports = ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
-            report_stores[tenant] = reports
+            reports = report_stores[tenant] = new_reports(tenant)
         return reports
 
     approvals = ApprovalFlow(

@@ -8,6 +8,10 @@
 Configuration comes from DOCS_ROOT, DOCS_SCOPE and DOCS_SECRET_FILE, or, pooled, from the
 broker's binding (`server/binding.py`): the server warms up first, then waits to be bound to
 a tenant, locks itself to that tenant's folders with Landlock, and only then serves.
+Over HTTP, DOCS_SANDBOX_KEY_FILE makes every request need the broker's bearer (required for
+`--http` off loopback) and DOCS_ALLOWED_HOSTS replaces the Host allow-list (`server/config.py`).
+The TCP socket is opened before uvicorn starts (`server/listen.py`): a socket that cannot be
+opened is an error on stderr and exit 1, never a server listening on nothing.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
-from server.config import ConfigError, ServerConfig
+from server.config import ConfigError, HttpConfig, ServerConfig
+from server.listen import parse_host_port, tcp_listener, why
 from server.workspace import Workspace, WorkspaceError
 
 if TYPE_CHECKING:
@@ -49,22 +55,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.bind is not None and args.socket is None:
         sys.stderr.write("docbroker server: --bind needs --socket\n")
         return 2
+    listen = parse_host_port(args.http) if args.http is not None else None
+    if args.http is not None and listen is None:
+        sys.stderr.write("docbroker server: --http takes HOST:PORT\n")
+        return 2
     try:
+        http = HttpConfig.from_env() if args.http or args.socket else None
+        if http is not None and listen is not None:
+            http.check_listener(listen[0])
         server = _bound_server(args.bind, args.socket) if args.bind else _configured_server()
     except (ConfigError, WorkspaceError) as exc:
         sys.stderr.write(f"docbroker server: configuration error: {exc}\n")
         return 2
 
-    if args.http is None and args.socket is None:
+    if http is None:
         server.run("stdio")
         return 0
+    sockets: list[socket.socket] | None = None
+    if listen is not None:
+        try:
+            sockets = [tcp_listener(*listen)]
+        except OSError as exc:
+            sys.stderr.write(f"docbroker server: cannot listen on {args.http}: {why(exc)}\n")
+            return 1
 
     import uvicorn
 
     from server.app import http_app
     from server.http_protocol import OneWriteHttpToolsProtocol
 
-    app = http_app(server, unix_socket=args.socket is not None)
+    app = http_app(
+        server,
+        unix_socket=args.socket is not None,
+        sandbox_key=http.sandbox_key,
+        allowed_hosts=http.allowed_hosts,
+    )
     # No Server or Date header: the only reader is the broker (or a test client), and neither
     # says anything a caller needs.
     options: dict[str, Any] = {
@@ -79,13 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.lexists(args.socket):
             os.unlink(args.socket)  # a stale socket from a crashed run
         options["uds"] = args.socket
-    else:
-        host, _, port = args.http.rpartition(":")
-        if not host or not port.isdigit():
-            sys.stderr.write("docbroker server: --http takes HOST:PORT\n")
-            return 2
-        options.update(host=host.strip("[]"), port=int(port))
-    uvicorn.run(app, **options)
+    serving = uvicorn.Server(uvicorn.Config(app, **options))
+    serving.run(sockets=sockets)
+    if not serving.started:
+        sys.stderr.write("docbroker server: the HTTP server did not start\n")
+        return 1
     return 0
 
 

@@ -17,10 +17,11 @@ from mcp.server.mcpserver.tools.base import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from server import contracts as c
 from server.approval import ApprovalVerifier
+from server.bearer import BearerRequired
 from server.contracts import ToolResult
 from server.tools import DocumentTools
 from server.workspace import Workspace
@@ -78,12 +79,28 @@ def build_server(scope: str, secret: str, workspace: Workspace) -> MCPServer[Any
     return server
 
 
-def http_app(server: MCPServer[Any], *, unix_socket: bool) -> Starlette:
-    """The Streamable HTTP app. Over a unix socket the Host header is `localhost` without a port."""
-    hosts = ["localhost", "localhost:*", "127.0.0.1:*", "[::1]:*"] if unix_socket else None
+def http_app(
+    server: MCPServer[Any],
+    *,
+    unix_socket: bool,
+    sandbox_key: str | None = None,
+    allowed_hosts: tuple[str, ...] | None = None,
+) -> ASGIApp:
+    """The Streamable HTTP app. Over a unix socket the Host header is `localhost` without a port.
+
+    `allowed_hosts` replaces the default Host allow-list (on the pod network the broker may
+    name the Pod by its IP); with `sandbox_key` the bearer check runs before anything else.
+    """
+    if allowed_hosts:
+        hosts = list(allowed_hosts)
+    elif unix_socket:
+        hosts = ["localhost", "localhost:*", "127.0.0.1:*", "[::1]:*"]
+    else:
+        hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts or ["127.0.0.1:*", "localhost:*", "[::1]:*"],
+        allowed_hosts=hosts,
         allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
     )
-    return server.streamable_http_app(transport_security=security, max_request_body_size=256 * 1024)
+    app: ASGIApp = server.streamable_http_app(transport_security=security, max_request_body_size=256 * 1024)
+    return BearerRequired(app, key=sandbox_key) if sandbox_key is not None else app

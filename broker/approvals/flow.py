@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from broker.approvals import visible
-from broker.approvals.reports import ReportStore
+from broker.approvals.reports import Reports
 from broker.approvals.sealing import ApprovalState as SealedApproval
 from broker.approvals.sealing import StateSealer
 from broker.approvals.store import ApprovalStore, Draft, StoreUnavailable, TooManyPending
@@ -85,7 +85,7 @@ class ApprovalFlow:
         store: ApprovalStore,
         sealer: StateSealer,
         secret_for: Callable[[str], str],
-        reports_for: Callable[[str], ReportStore],
+        reports_for: Callable[[str], Reports],
         settings: ApprovalSettings,
         public_url: str,
         audit: AuditFn,
@@ -120,7 +120,7 @@ class ApprovalFlow:
         except ValidationError:
             return _rejected(c.Message.INVALID_INPUT.value, "invalid_arguments")
         data = save.content.encode("utf-8")  # the model checked it is encodable and small enough
-        if self._reports_for(principal.tenant).exists(save.filename):
+        if await self._reports_for(principal.tenant).exists(save.filename):
             return _rejected(c.Message.REPORT_EXISTS.value, "report_exists")
         draft = Draft(
             tenant=principal.tenant,

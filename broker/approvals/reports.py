@@ -13,7 +13,11 @@ take turns (`exclusive`), so a sweep never takes the file of a save still in fli
 
     store = ReportStore(dropbox, reports)
     async with store.saving(audit_sweep):   # sweeps before and after, audited by count
-        ...forward the approved save; store.accept(filename, sha256) on an ok answer
+        ...forward the approved save; await store.accept(filename, sha256) on an ok answer
+
+The file operations themselves are `ReportFiles` (synchronous, no turns): the broker's
+`ReportStore` runs them on this host, the reports keeper (`broker/keeper/`) runs the same code
+inside a tenant's Pod, and `broker/approvals/keeper_client.py` is the `Reports` that asks it.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import logging
 import os
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 from broker.audit.schema import AuditEvent
 from broker.threads import to_thread_to_the_end
@@ -85,17 +91,29 @@ def _open_dropped(dropbox_fd: int, name: str) -> int:
             os.close(path_fd)
 
 
+class Reports(Protocol):
+    """One tenant's reports as the gateway and the approval flow use them."""
+
+    def saving(self, on_swept: OnSwept) -> AbstractAsyncContextManager[None]: ...
+
+    async def accept(self, name: str, sha256: str) -> Accepted: ...
+
+    async def exists(self, name: str) -> bool: ...
+
+    async def sweep(self, on_swept: OnSwept, reason: SweepReason) -> None: ...
+
+
 class ReportStore:
-    """One tenant's drop-box and reports folders, as seen from the broker."""
+    """One tenant's drop-box and reports folders on the broker's host, in turns."""
 
     def __init__(self, dropbox: Path, reports: Path) -> None:
-        self._dropbox = dropbox
+        self.files = ReportFiles(dropbox, reports, reports.parent / "quarantine")
         self._reports = reports
         self._turns = asyncio.Lock()
 
     @property
     def quarantine_dir(self) -> Path:
-        return self._reports.parent / "quarantine"
+        return self.files.quarantine_dir
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -125,14 +143,35 @@ class ReportStore:
     async def saving(self, on_swept: OnSwept) -> AsyncIterator[None]:
         """One approved save's turn: the drop-box is emptied before it and after it, ok or not."""
         async with self.exclusive():
-            await on_swept(await to_thread_to_the_end(self.sweep), SweepReason.BEFORE_SAVE)
+            await on_swept(await to_thread_to_the_end(self.files.sweep), SweepReason.BEFORE_SAVE)
             try:
                 yield
             finally:
-                await on_swept(await to_thread_to_the_end(self.sweep), SweepReason.AFTER_SAVE)
+                await on_swept(await to_thread_to_the_end(self.files.sweep), SweepReason.AFTER_SAVE)
+
+    async def sweep(self, on_swept: OnSwept, reason: SweepReason) -> None:
+        async with self.exclusive():
+            await on_swept(await to_thread_to_the_end(self.files.sweep), reason)
+
+    async def accept(self, name: str, sha256: str) -> Accepted:
+        """Call within `saving`: the approved file moves into the store if its bytes match."""
+        return await to_thread_to_the_end(self.files.accept, name, sha256)
+
+    async def exists(self, name: str) -> bool:
+        return self.files.exists(name)
+
+
+class ReportFiles:
+    """The file operations on one drop-box and reports folder: synchronous and without turns
+    (the caller takes them: `ReportStore.exclusive`, or the keeper's one lock)."""
+
+    def __init__(self, dropbox: Path, reports: Path, quarantine: Path) -> None:
+        self._dropbox = dropbox
+        self._reports = reports
+        self.quarantine_dir = quarantine
 
     def sweep(self) -> Swept:
-        """Quarantine everything in the drop-box (call it in a turn of `exclusive`)."""
+        """Quarantine everything in the drop-box."""
         try:
             drop_fd = os.open(self._dropbox, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -270,12 +309,9 @@ def audit_sweep(emit: Callable[..., Awaitable[None]], **ids: str) -> OnSwept:
 
 
 async def sweep_dropboxes(
-    tenants: Iterable[str], store_for: Callable[[str], ReportStore], emit: Callable[..., Awaitable[None]]
+    tenants: Iterable[str], store_for: Callable[[str], Reports], emit: Callable[..., Awaitable[None]]
 ) -> None:
     """At start-up: whatever a previous broker left mid-save, or a sandbox planted while no
     broker ran, is quarantined before any call can trip over it."""
     for tenant in tenants:
-        store = store_for(tenant)
-        async with store.exclusive():
-            swept = await to_thread_to_the_end(store.sweep)
-            await audit_sweep(emit, tenant=tenant)(swept, SweepReason.STARTUP)
+        await store_for(tenant).sweep(audit_sweep(emit, tenant=tenant), SweepReason.STARTUP)

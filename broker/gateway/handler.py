@@ -30,7 +30,7 @@ from typing import Any, NoReturn, Protocol
 from starlette.types import Receive, Scope, Send
 
 from broker.approvals.flow import Answer, ApprovalFlow
-from broker.approvals.reports import Accepted, ReportStore, audit_sweep
+from broker.approvals.reports import Accepted, Reports, audit_sweep
 from broker.audit import AuditSinkError
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
@@ -132,7 +132,7 @@ class McpGateway:
         upstreams: Upstreams,
         sessions: SessionSealer,
         approvals: ApprovalFlow,
-        reports_for: Callable[[str], ReportStore],
+        reports_for: Callable[[str], Reports],
         audit: AuditLike,
         metrics: Metrics,
         breakers: CircuitBreakers,
@@ -586,14 +586,15 @@ class McpGateway:
         call.outcome, call.reason = _OUTCOMES[consumed.status], consumed.reason
         result = consumed.result
         if call.save is not None and consumed.status == c.Status.OK.value:
-            accepted = self._reports_for(turn.principal.tenant).accept(call.save.filename, call.save.sha256)
+            reports = self._reports_for(turn.principal.tenant)
+            accepted = await reports.accept(call.save.filename, call.save.sha256)
             if accepted is not Accepted.OK:
                 call.outcome, call.reason = Outcome.RESULT_UNKNOWN, f"report_{accepted.value}"
                 result = results.broker_result(c.Status.RESULT_UNKNOWN, c.Message.WRITE_UNKNOWN.value)
         elif call.save is not None and _says_report_exists(result):
             # Only the broker's store knows which reports exist; the drop-box was emptied just
             # before this save, so a sandbox that says "exists" and has no such report lies.
-            if not self._reports_for(turn.principal.tenant).exists(call.save.filename):
+            if not await self._reports_for(turn.principal.tenant).exists(call.save.filename):
                 call.outcome, call.reason = Outcome.FAILED, "report_exists_unconfirmed"
                 result = results.broker_result(c.Status.FAILED, c.Message.WRITE_FAILED.value)
         return rpc.result(msg.id, wire.typed(msg, result))

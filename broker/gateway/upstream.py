@@ -334,6 +334,8 @@ class Upstream:
     def __init__(self, endpoint: Endpoint, *, connect_timeout: float, read_timeout: float) -> None:
         url = urlsplit(endpoint.url)
         self._uds = endpoint.uds
+        # The broker's own credential for this sandbox (DESIGN §10), never a caller's.
+        self._bearer = f"Bearer {endpoint.token}" if endpoint.token else None
         self._host, self._port = url.hostname or "localhost", url.port or 80
         self._target = (url.path or "/").encode("ascii")
         self._connect_timeout = connect_timeout
@@ -352,6 +354,8 @@ class Upstream:
         """Send a request and wait for the response's head. `meanwhile` runs once the request
         is on its way: the caller's own work that the sandbox's answer does not change is then
         done while the sandbox works, not after it answers."""
+        if self._bearer is not None:
+            headers = {**headers, "authorization": self._bearer}
         head = _render(method, self._target, headers, body)
         conn = await self._connection()
         try:

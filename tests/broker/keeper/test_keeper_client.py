@@ -1,0 +1,166 @@
+"""The broker's `KeeperReports` against a real keeper subprocess, and against a keeper that is
+gone, refuses or lies: every failure is a value (IO_ERROR, stuck), never an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+from keeper_support import KEEPER_KEY, Keeper, derived, free_port
+
+from broker.approvals.keeper_client import KeeperReports
+from broker.approvals.reports import Accepted, SweepReason, Swept
+from broker.types import Endpoint
+
+pytestmark = pytest.mark.anyio
+
+APPROVED = b"# Q3\napproved\n"
+SHA = hashlib.sha256(APPROVED).hexdigest()
+
+
+class Sweeps:
+    """An OnSwept that keeps what it was told, as the audit would."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Swept, SweepReason]] = []
+
+    async def __call__(self, swept: Swept, reason: SweepReason) -> None:
+        self.seen.append((swept, reason))
+
+
+def reports_at(url: str | None, key: str = KEEPER_KEY) -> KeeperReports:
+    async def endpoint() -> Endpoint | None:
+        return None if url is None else Endpoint(url="http://unused/mcp", keeper_url=url)
+
+    return KeeperReports(endpoint, key, connect_timeout=1.0, timeout=3.0)
+
+
+async def test_a_save_through_the_keeper(keeper: Keeper) -> None:
+    reports = reports_at(keeper.url)
+    keeper.drop("planted.md", b"planted before the save")
+    sweeps = Sweeps()
+    async with reports.saving(sweeps):
+        keeper.drop("q3.md", APPROVED)  # the sandbox writes the approved file
+        keeper.drop("beside.md", b"planted beside it")
+        assert await reports.accept("q3.md", SHA) is Accepted.OK
+    assert sweeps.seen == [
+        (Swept(quarantined=1), SweepReason.BEFORE_SAVE),
+        (Swept(quarantined=1), SweepReason.AFTER_SAVE),
+    ]
+    assert (keeper.reports / "q3.md").read_bytes() == APPROVED
+    assert await reports.exists("q3.md") is True
+    assert await reports.exists("q4.md") is False
+    assert os.listdir(keeper.dropbox) == []
+
+
+async def test_outcomes_come_back_as_the_keeper_decides(keeper: Keeper) -> None:
+    reports = reports_at(keeper.url)
+    keeper.drop("q3.md", b"other bytes")
+    assert await reports.accept("q3.md", SHA) is Accepted.MISMATCH
+    (keeper.reports / "old.md").write_bytes(b"earlier")
+    keeper.drop("old.md", APPROVED)
+    assert await reports.accept("old.md", SHA) is Accepted.EXISTS
+    assert (keeper.reports / "old.md").read_bytes() == b"earlier"
+    # A name the keeper refuses (400) is not a report accepted either.
+    assert await reports.accept("../old.md", SHA) is Accepted.IO_ERROR
+
+
+@pytest.mark.parametrize(
+    "key", [derived(b"docbroker/keeper/v1/", "globex"), derived(b"docbroker/sandbox/v1/", "acme")]
+)
+async def test_a_wrong_key_accepts_nothing(keeper: Keeper, key: str) -> None:
+    reports = reports_at(keeper.url, key)
+    keeper.drop("q3.md", APPROVED)
+    sweeps = Sweeps()
+    await reports.sweep(sweeps, SweepReason.STARTUP)
+    assert sweeps.seen == [(Swept(stuck=1), SweepReason.STARTUP)]  # audited as quarantine_failed
+    assert await reports.accept("q3.md", SHA) is Accepted.IO_ERROR
+    assert not (keeper.reports / "q3.md").exists()
+    assert (keeper.dropbox / "q3.md").exists()
+
+
+async def test_a_keeper_that_is_gone_is_a_value_not_an_exception() -> None:
+    reports = reports_at(f"http://127.0.0.1:{free_port()}")
+    sweeps = Sweeps()
+    async with reports.saving(sweeps):
+        assert await reports.accept("q3.md", SHA) is Accepted.IO_ERROR
+    assert sweeps.seen == [
+        (Swept(stuck=1), SweepReason.BEFORE_SAVE),
+        (Swept(stuck=1), SweepReason.AFTER_SAVE),
+    ]
+    assert await reports.exists("q3.md") is False
+
+
+async def test_no_sandbox_running_means_nothing_to_sweep() -> None:
+    reports = reports_at(None)
+    sweeps = Sweeps()
+    await reports.sweep(sweeps, SweepReason.STARTUP)
+    assert sweeps.seen == [(Swept(), SweepReason.STARTUP)]
+    assert await reports.accept("q3.md", SHA) is Accepted.IO_ERROR
+
+
+async def test_the_current_pod_is_asked(keeper: Keeper) -> None:
+    """The Pod is replaced and its address changes: each call asks for the endpoint anew."""
+    urls = [f"http://127.0.0.1:{free_port()}", keeper.url]
+
+    async def endpoint() -> Endpoint | None:
+        return Endpoint(url="http://unused/mcp", keeper_url=urls[0])
+
+    reports = KeeperReports(endpoint, KEEPER_KEY, connect_timeout=1.0, timeout=3.0)
+    keeper.drop("q3.md", APPROVED)
+    assert await reports.accept("q3.md", SHA) is Accepted.IO_ERROR  # the old Pod is gone
+    urls.pop(0)
+    assert await reports.accept("q3.md", SHA) is Accepted.OK
+
+
+async def lying_keeper(answer: bytes) -> tuple[asyncio.Server, str]:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+def http_200(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+LIES = {
+    "not-json": http_200(b"ok"),
+    "unknown-outcome": http_200(b'{"accepted": "probably"}'),
+    "extra-field": http_200(b'{"accepted": "ok", "also": 1}'),
+    "negative-count": http_200(b'{"quarantined": -1, "stuck": 0}'),
+    "bool-count": http_200(b'{"quarantined": true, "stuck": 0}'),
+    "exists-string": http_200(b'{"exists": "yes"}'),
+    "huge": http_200(b'{"accepted": "' + b"o" * 10_000 + b'"}'),
+    "garbage": b"\x00\x01 not http at all",
+    "hangs-up": b"",
+}
+
+
+@pytest.mark.parametrize("lie", sorted(LIES))
+async def test_a_keeper_answering_nonsense_accepts_nothing(lie: str) -> None:
+    server, url = await lying_keeper(LIES[lie])
+    try:
+        reports = reports_at(url)
+        assert await reports.accept("q3.md", SHA) is Accepted.IO_ERROR
+        sweeps = Sweeps()
+        await reports.sweep(sweeps, SweepReason.BEFORE_SAVE)
+        assert sweeps.seen == [(Swept(stuck=1), SweepReason.BEFORE_SAVE)]
+        assert await reports.exists("q3.md") is False
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_the_keeper_key_is_not_in_a_repr() -> None:
+    assert KEEPER_KEY not in repr(reports_at("http://127.0.0.1:1"))
