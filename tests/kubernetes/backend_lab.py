@@ -35,6 +35,10 @@ BROKER_USER = f"system:serviceaccount:{names.BROKER_NAMESPACE}:{BROKER_SA}"
 STORAGE_CLASS = "docbroker-lab"
 SECCOMP = "localhost/docbroker/seccomp-tcp.json"
 MASTER = bytes.fromhex("5a" * 32)
+# The images the tenant Pods run (imported into the lab's containerd); a build of one's own
+# branch may carry another tag, so that the shared `:latest` ones stay as they are.
+SERVER_IMAGE = os.environ.get("DOCBROKER_TEST_KUBE_SERVER_IMAGE", "docbroker-server:latest")
+KEEPER_IMAGE = os.environ.get("DOCBROKER_TEST_KUBE_KEEPER_IMAGE", "docbroker-broker:latest")
 
 
 @dataclass
@@ -77,6 +81,8 @@ class Lab:
         values: dict[str, Any] = {
             "kubeconfig": self.broker_kubeconfig,
             "image_pull_policy": "Never",
+            "server_image": SERVER_IMAGE,
+            "keeper_image": KEEPER_IMAGE,
             "seccomp": SECCOMP,
             "cpu_limit": "1",
         }
@@ -283,6 +289,8 @@ def host_broker(
         "DOCBROKER_KUBECONFIG": str(lab.broker_kubeconfig),
         "DOCBROKER_KUBE_SECCOMP": SECCOMP,
         "DOCBROKER_KUBE_IMAGE_PULL_POLICY": "Never",
+        "DOCBROKER_KUBE_SERVER_IMAGE": SERVER_IMAGE,
+        "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE,
         "DOCBROKER_REPLICA_ID": replica,
         "DOCBROKER_START_TIMEOUT": "60",
         "DOCBROKER_IDLE_TIMEOUT": "600",
