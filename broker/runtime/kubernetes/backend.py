@@ -411,6 +411,9 @@ def _check_starting(pod: Any) -> None:
         waiting = cs.state.waiting if cs.state is not None else None
         if waiting is not None and waiting.reason in ("ErrImageNeverPull", "InvalidImageName"):
             raise SandboxStartError(f"the tenant's pod cannot get its image ({waiting.reason})")
+        if waiting is not None and waiting.reason == "CreateContainerError":
+            # e.g. the Localhost seccomp profile is not on the node: waiting will not help
+            raise SandboxStartError("the node cannot create the tenant's containers (run `docbroker doctor`)")
         if cs.state is not None and cs.state.terminated is not None:
             raise SandboxStartError("a container of the tenant's pod exited while starting")
 
