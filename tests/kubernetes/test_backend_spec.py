@@ -110,7 +110,7 @@ def test_each_container_reaches_only_its_own_volumes_and_keys() -> None:
     env = {e["name"]: e.get("value") for e in container(p, "server")["env"]}
     assert env["DOCS_SANDBOX_KEY_FILE"] == "/run/secrets/docbroker/sandbox.key"
     assert env["DOCS_SCOPE"] == "acme"
-    assert env["DOCS_ALLOWED_HOSTS"] == "$(POD_IP):8080"
+    assert env["DOCS_ALLOWED_HOSTS"] == "$(POD_IP):8080,localhost"
     assert "--http" in container(p, "server")["command"]
     keeper_env = {e["name"]: e.get("value") for e in container(p, "keeper")["env"]}
     assert keeper_env["KEEPER_DROPBOX"] == "/dropbox/reports" and keeper_env["KEEPER_REPORTS"] == "/reports"

@@ -80,9 +80,11 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
         {"name": "DOCS_SCOPE", "value": tenant},
         {"name": "DOCS_SECRET_FILE", "value": f"{SERVER_SECRETS}/approval.key"},
         {"name": "DOCS_SANDBOX_KEY_FILE", "value": f"{SERVER_SECRETS}/sandbox.key"},
-        # The broker reaches the server at its pod IP: the SDK's Host check must accept it.
+        # The SDK's Host check (DNS rebinding, a browser's attack): the pod IP, for clients
+        # that name it, and `localhost`, which the broker's upstream client always sends. The
+        # bearer is the guard on the pod network; the Host list only keeps browsers out.
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "DOCS_ALLOWED_HOSTS", "value": f"$(POD_IP):{names.MCP_PORT}"},
+        {"name": "DOCS_ALLOWED_HOSTS", "value": f"$(POD_IP):{names.MCP_PORT},localhost"},
     ]
     server = {
         "name": "server",
