@@ -76,7 +76,7 @@ def test_pod_hardening() -> None:
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["capabilities"] == {"drop": ["ALL"]}
         assert c["resources"]["limits"]["cpu"] and c["resources"]["limits"]["memory"]
-        assert c["resources"]["requests"] == c["resources"]["limits"]
+        assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
     server = container(p, "server")
     assert server["securityContext"]["seccompProfile"] == {
         "type": "Localhost",
@@ -215,6 +215,14 @@ def test_kubernetes_settings_defaults_and_values() -> None:
     assert k.kubeconfig == Path("/x/kubeconfig") and k.cpu_limit == "500m" and k.image_pull_policy == "Never"
     server = container(tenant_pod(k, "acme", instance="default", replica="r"), "server")
     assert server["resources"]["limits"] == {"cpu": "500m", "memory": "96Mi"}
+    assert server["resources"]["requests"] == {"cpu": "50m", "memory": "96Mi"}  # a node fits many idle ones
+    tiny = KubernetesSettings(cpu_limit="20m")
+    assert (
+        container(tenant_pod(tiny, "acme", instance="d", replica="r"), "server")["resources"]["requests"][
+            "cpu"
+        ]
+        == "20m"
+    )
     assert server["imagePullPolicy"] == "Never"
 
 

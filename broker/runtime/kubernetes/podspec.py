@@ -45,6 +45,10 @@ DROPBOX_INIT = (
 )
 KEEPER_RESOURCES = {"cpu": "250m", "memory": "96Mi"}
 INIT_RESOURCES = {"cpu": "100m", "memory": "32Mi"}
+# The CPU the scheduler reserves per container: about an idle one's use. CPU requests equal
+# to the limits would reserve a core per tenant Pod, and a node would fit as many idle tenants
+# as it has cores; the limits still bound each one. Memory is reserved as limited (no overcommit).
+CPU_REQUEST_MILLI = {"server": 50, "keeper": 10}
 
 
 def seccomp_profile(setting: str) -> dict[str, str]:
@@ -67,9 +71,17 @@ def _container_security(uid: int, seccomp: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _limits(resources: dict[str, str]) -> dict[str, Any]:
-    # requests = limits: a tenant Pod gets what it may use (Guaranteed QoS).
-    return {"limits": dict(resources), "requests": dict(resources)}
+def _limits(resources: dict[str, str], cpu_request_milli: int | None = None) -> dict[str, Any]:
+    requests = dict(resources)
+    if cpu_request_milli is not None:
+        requests["cpu"] = f"{min(cpu_request_milli, _millicores(resources['cpu']))}m"
+    return {"limits": dict(resources), "requests": requests}
+
+
+def _millicores(quantity: str) -> int:
+    """A CPU quantity ("1", "0.5", "500m") in millicores, at least 1."""
+    value = float(quantity[:-1]) if quantity.endswith("m") else float(quantity) * 1000
+    return max(1, int(value))
 
 
 def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, replica: str) -> dict[str, Any]:
@@ -99,7 +111,9 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
             "periodSeconds": 1,
             "failureThreshold": 3,
         },
-        "resources": _limits({"cpu": settings.cpu_limit, "memory": settings.memory_limit}),
+        "resources": _limits(
+            {"cpu": settings.cpu_limit, "memory": settings.memory_limit}, CPU_REQUEST_MILLI["server"]
+        ),
         "securityContext": _container_security(SERVER_UID, seccomp_profile(settings.seccomp)),
         "volumeMounts": [
             {"name": "sources", "mountPath": f"{DOCS_ROOT}/sources", "readOnly": True},
@@ -124,7 +138,7 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
             "periodSeconds": 1,
             "failureThreshold": 3,
         },
-        "resources": _limits(KEEPER_RESOURCES),
+        "resources": _limits(KEEPER_RESOURCES, CPU_REQUEST_MILLI["keeper"]),
         "securityContext": _container_security(KEEPER_UID, runtime_default),
         "volumeMounts": [
             {"name": "dropbox", "mountPath": KEEPER_DROPBOX_MOUNT},
