@@ -115,7 +115,11 @@ def test_tenant_pod_becomes_ready_and_answers_mcp_only_with_the_bearer(lab: Lab,
     assert pod.metadata.labels[names.REPLICA] == "r1"
     assert info.endpoint is not None and pod.status.pod_ip in info.endpoint.url
     assert info.endpoint.keeper_url == f"http://{pod.status.pod_ip}:8081"
-    assert any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions)
+    deadline = time.monotonic() + 10  # the kubelet's own probe says so too, a moment later
+    while not any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ()):
+        assert time.monotonic() < deadline, "the kubelet never saw the tenant pod Ready"
+        time.sleep(0.2)
+        pod = lab.pod(tenant)
 
 
 def test_two_replicas_share_one_pod(lab: Lab, tenant: str) -> None:
