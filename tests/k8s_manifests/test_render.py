@@ -254,10 +254,10 @@ def test_a_run_fills_in_the_lab_node_address(tmp_path: Path) -> None:
     url = by_name["DOCBROKER_DATABASE_URL"]["value"]
     assert (
         url
-        == "postgresql://docbroker@$(DOCBROKER_LAB_NODE_IP):$(DOCBROKER_LAB_POSTGRES_PORT)/$(DOCBROKER_LAB_POSTGRES_DB)"
+        == "postgresql://docbroker@$(DOCBROKER_LAB_POSTGRES_HOST):$(DOCBROKER_LAB_POSTGRES_PORT)/$(DOCBROKER_LAB_POSTGRES_DB)"
     )
     # $(VAR) expands only variables declared before it.
-    for var in ("DOCBROKER_LAB_NODE_IP", "DOCBROKER_LAB_POSTGRES_PORT", "DOCBROKER_LAB_POSTGRES_DB"):
+    for var in ("DOCBROKER_LAB_POSTGRES_HOST", "DOCBROKER_LAB_POSTGRES_PORT", "DOCBROKER_LAB_POSTGRES_DB"):
         assert names.index(var) < names.index("DOCBROKER_DATABASE_URL")
 
 
