@@ -179,6 +179,7 @@ class Lab:
                 "--ignore-not-found",
                 "--wait=false",
             )
+        shutil.rmtree(self.folder / "k8sbackend-volumes" / name, ignore_errors=True)
 
     def exec(self, pod: str, container: str, code: str, *, timeout: float = 60) -> str:
         """Run Python in the container (as its own uid, under its seccomp and capabilities),
