@@ -68,6 +68,16 @@ async def make_backend(settings: Settings) -> SandboxBackend:
 
         command = settings.runtime.local_command
         return LocalProcessBackend(command, run_dir=settings.run_dir, replicas=replicas)
+    if settings.runtime.kind == "kubernetes":
+        from broker.runtime.kubernetes import KubernetesBackend
+
+        return await KubernetesBackend.connect(
+            settings.runtime.kubernetes,
+            load_master_key(settings.master_key_file),
+            instance=settings.runtime.instance,
+            replica_id=settings.replica_id,
+            start_timeout=settings.runtime.start_timeout_seconds,
+        )
     from broker.runtime.docker import DockerBackend
 
     return await DockerBackend.connect(

@@ -116,6 +116,13 @@ def cmd_tenant(args: argparse.Namespace) -> int:
     from broker.approvals.master_key import create_master_key, load_master_key
     from broker.tenants import Tenants
 
+    if args.name == "manifest" and args.manifest_of is not None:
+        from broker.runtime.kubernetes.manifest import run_manifest
+
+        return run_manifest(args, out=sys.stdout)
+    if args.manifest_of is not None:
+        raise SystemExit("docbroker tenant: one tenant name (or `tenant manifest NAME`)")
+
     settings = _settings()
     create_master_key(settings.master_key_file)
     tenants = Tenants(settings, load_master_key(settings.master_key_file))
@@ -412,8 +419,17 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--ttl", type=int, default=3600, help="seconds")
     token.set_defaults(func=cmd_token)
 
-    tenant = sub.add_parser("tenant", help="provision a tenant (folders, secret, policy file)")
+    tenant = sub.add_parser(
+        "tenant",
+        help="provision a tenant (folders, secret, policy file); `tenant manifest NAME`: its "
+        "Kubernetes PVCs (and Secret) as YAML",
+    )
     tenant.add_argument("name")
+    tenant.add_argument("manifest_of", nargs="?", metavar="NAME", help="with `manifest`: the tenant")
+    tenant.add_argument("--secret", action="store_true", help="manifest: add the Secret (master key)")
+    tenant.add_argument("--storage-class", help="manifest: the PVCs' storage class")
+    tenant.add_argument("--sources-size", default="1Gi", help="manifest: the sources PVC's size")
+    tenant.add_argument("--reports-size", default="1Gi", help="manifest: the reports PVC's size")
     tenant.set_defaults(func=cmd_tenant)
 
     sandbox = sub.add_parser("sandbox", help="tenants' sandboxes").add_subparsers(

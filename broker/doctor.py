@@ -40,7 +40,13 @@ def run_doctor(settings: Settings, out: TextIO) -> int:
     report.check("policies", lambda: _policies(settings))
     report.check("data dir", lambda: _data_dir(settings))
     report.check("identity keys", lambda: asyncio.run(_keys(settings)))
-    report.check("sandbox runtime", lambda: asyncio.run(_runtime(settings)))
+    if settings.runtime.kind == "kubernetes":
+        from broker.runtime.kubernetes.doctor import cluster_checks
+
+        for what, check in cluster_checks(settings.runtime.kubernetes):
+            report.check(what, check)
+    else:
+        report.check("sandbox runtime", lambda: asyncio.run(_runtime(settings)))
     return 1 if report.failed else 0
 
 

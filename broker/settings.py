@@ -118,8 +118,29 @@ class DockerSettings:
 
 
 @dataclass(frozen=True)
+class KubernetesSettings:
+    """DOCBROKER_RUNTIME=kubernetes: one Pod per tenant (broker/runtime/kubernetes/)."""
+
+    namespace: str = "docbroker-tenants"
+    kubeconfig: Path | None = None  # None: the in-cluster config (the Pod's ServiceAccount)
+    server_image: str = "docbroker-server:latest"
+    keeper_image: str = "docbroker-broker:latest"
+    image_pull_policy: str = "IfNotPresent"
+    # "localhost/<profile path under the kubelet's seccomp root>" or "RuntimeDefault": the
+    # latter is a fallback that /readyz and `doctor` report (reports lose seccomp's guard).
+    seccomp: str = "RuntimeDefault"
+    runtime_class: str | None = None  # e.g. gVisor's or Kata's RuntimeClass
+    cpu_limit: str = "1"  # a quantity; start-up is CPU-bound (the SDK import)
+    memory_limit: str = "128Mi"
+
+
+KUBE_SECCOMP_RE = re.compile(r"RuntimeDefault|localhost/[A-Za-z0-9._/-]{1,200}")
+KUBE_QUANTITY_RE = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
+
+
+@dataclass(frozen=True)
 class RuntimeSettings:
-    kind: str = "docker"  # "docker" | "local" (insecure, development and tests)
+    kind: str = "docker"  # "docker" | "kubernetes" | "local" (insecure, development and tests)
     # The deployment's name on the engine: its replicas share it (and so their sandboxes);
     # two deployments on one daemon keep apart by it.
     instance: str = "default"
@@ -134,6 +155,7 @@ class RuntimeSettings:
     breaker_threshold: int = 3  # consecutive sandbox failures that open the circuit
     breaker_cooldown_seconds: float = 30.0
     docker: DockerSettings = field(default_factory=DockerSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
 
 @dataclass(frozen=True)
@@ -295,8 +317,9 @@ class Settings:
                 )
             ).absolute(),
         )
+        kubernetes = _kubernetes_settings(r)
         runtime = RuntimeSettings(
-            kind=r.choice("RUNTIME", "docker", ("docker", "local")),
+            kind=r.choice("RUNTIME", "docker", ("docker", "kubernetes", "local")),
             instance=r.text("INSTANCE", "default"),
             allow_insecure_local=r.flag("ALLOW_INSECURE_LOCAL_RUNTIME", False),
             local_command=tuple(shlex.split(r.text("LOCAL_SERVER_COMMAND", ""))) or None,
@@ -307,6 +330,7 @@ class Settings:
             breaker_threshold=r.integer("BREAKER_THRESHOLD", 3, low=1, high=1000),
             breaker_cooldown_seconds=r.number("BREAKER_COOLDOWN", 30.0, low=0.1, high=3600),
             docker=docker,
+            kubernetes=kubernetes,
         )
         edge = EdgeSettings(
             read_timeout_seconds=r.number("READ_TIMEOUT", 15.0, low=0.5, high=600),
@@ -398,6 +422,44 @@ def origin_of(url: str) -> str | None:
         host = f"[{host}]"
     default = 80 if scheme == "http" else 443
     return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
+
+
+def kubernetes_from_env(env: Mapping[str, str] = os.environ) -> tuple[KubernetesSettings, str]:
+    """The Kubernetes settings and DOCBROKER_INSTANCE alone, for commands that need no more
+    (`docbroker tenant manifest`): an operator's shell has no DOCBROKER_AUTH_* to set."""
+    r = _Reader(env)
+    instance = r.text("INSTANCE", "default")
+    if not INSTANCE_RE.fullmatch(instance):
+        raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
+    return _kubernetes_settings(r), instance
+
+
+def _kubernetes_settings(r: _Reader) -> KubernetesSettings:
+    k = KubernetesSettings(
+        namespace=r.text("KUBE_NAMESPACE", "docbroker-tenants"),
+        kubeconfig=r.path("KUBECONFIG"),
+        server_image=r.text("KUBE_SERVER_IMAGE", "docbroker-server:latest"),
+        keeper_image=r.text("KUBE_KEEPER_IMAGE", "docbroker-broker:latest"),
+        image_pull_policy=r.choice(
+            "KUBE_IMAGE_PULL_POLICY", "IfNotPresent", ("Always", "IfNotPresent", "Never")
+        ),
+        seccomp=r.text("KUBE_SECCOMP", "RuntimeDefault"),
+        runtime_class=r.optional("KUBE_RUNTIME_CLASS"),
+        cpu_limit=r.text("KUBE_CPU_LIMIT", "1"),
+        memory_limit=r.text("KUBE_MEMORY_LIMIT", "128Mi"),
+    )
+    if not INSTANCE_RE.fullmatch(k.namespace):
+        raise SettingsError(f"{PREFIX}KUBE_NAMESPACE must be a DNS label")
+    if not KUBE_SECCOMP_RE.fullmatch(k.seccomp) or ".." in k.seccomp:
+        raise SettingsError(
+            f"{PREFIX}KUBE_SECCOMP must be RuntimeDefault or localhost/<profile path on the node>"
+        )
+    if k.runtime_class is not None and not INSTANCE_RE.fullmatch(k.runtime_class):
+        raise SettingsError(f"{PREFIX}KUBE_RUNTIME_CLASS must be a DNS label")
+    for name, value in (("KUBE_CPU_LIMIT", k.cpu_limit), ("KUBE_MEMORY_LIMIT", k.memory_limit)):
+        if not KUBE_QUANTITY_RE.fullmatch(value):
+            raise SettingsError(f"{PREFIX}{name} must be a Kubernetes quantity such as 500m or 128Mi")
+    return k
 
 
 class _Reader:

@@ -1,0 +1,116 @@
+"""`docbroker tenant manifest NAME`: the tenant's PVCs (and, with the master key, its Secret)
+as YAML for `kubectl apply -f -`; the same shape as k8s/components/tenant-example.
+
+The broker itself never creates PVCs (its RBAC has none): an operator provisions a tenant's
+storage with this, and fills the sources volume out of band. The Secret is optional here
+because the broker creates it before each Pod start; printing it serves GitOps setups that
+keep the broker's RBAC without secrets/create (and rotations: re-apply after a new master key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any, TextIO
+
+from broker.runtime.kubernetes import names
+from broker.runtime.kubernetes.podspec import tenant_secret_object
+
+
+def _claim(name: str, tenant: str, *, namespace: str, instance: str, mode: str, size: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"accessModes": [mode], "resources": {"requests": {"storage": size}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": names.common_labels(tenant, instance),
+        },
+        "spec": spec,
+    }
+
+
+def tenant_objects(
+    tenant: str,
+    *,
+    namespace: str,
+    instance: str,
+    sources_size: str = "1Gi",
+    reports_size: str = "1Gi",
+    storage_class: str | None = None,
+    master_key: bytes | None = None,
+) -> list[dict[str, Any]]:
+    # sources: mounted read-only by the server container; reports: only by the keeper's
+    objects = [
+        _claim(
+            names.sources_claim(tenant),
+            tenant,
+            namespace=namespace,
+            instance=instance,
+            mode="ReadOnlyMany",
+            size=sources_size,
+        ),
+        _claim(
+            names.reports_claim(tenant),
+            tenant,
+            namespace=namespace,
+            instance=instance,
+            mode="ReadWriteOnce",
+            size=reports_size,
+        ),
+    ]
+    if storage_class is not None:
+        for claim in objects:
+            claim["spec"]["storageClassName"] = storage_class
+    if master_key is not None:
+        objects.append(tenant_secret_object(master_key, tenant, namespace=namespace, instance=instance))
+    return objects
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    import yaml
+
+    return str(yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False))
+
+
+def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
+    """The command: namespace and instance from DOCBROKER_KUBE_NAMESPACE / DOCBROKER_INSTANCE."""
+    from broker.approvals.secrets import KeyError_, load_master_key
+    from broker.settings import INSTANCE_RE, KUBE_QUANTITY_RE, SettingsError, kubernetes_from_env
+    from server.contracts import TENANT_RE
+
+    tenant = args.manifest_of
+    if not TENANT_RE.fullmatch(tenant):
+        raise SystemExit("docbroker tenant manifest: not a tenant id (a DNS label)")
+    for flag, value in (("--sources-size", args.sources_size), ("--reports-size", args.reports_size)):
+        if not KUBE_QUANTITY_RE.fullmatch(value):
+            raise SystemExit(f"docbroker tenant manifest: {flag} must be a quantity such as 1Gi")
+    if args.storage_class is not None and not INSTANCE_RE.fullmatch(args.storage_class):
+        raise SystemExit("docbroker tenant manifest: --storage-class must be a DNS label")
+    try:
+        kube, instance = kubernetes_from_env()
+    except SettingsError as exc:
+        raise SystemExit(f"docbroker tenant manifest: {exc}") from None
+    master_key = None
+    if args.secret:
+        path = Path(
+            os.environ.get("DOCBROKER_MASTER_KEY_FILE")
+            or Path(os.environ.get("DOCBROKER_DATA_DIR", "var")) / "master.key"
+        )
+        try:
+            master_key = load_master_key(path.absolute())
+        except KeyError_ as exc:
+            raise SystemExit(f"docbroker tenant manifest: {exc}") from None
+    objects = tenant_objects(
+        tenant,
+        namespace=kube.namespace,
+        instance=instance,
+        sources_size=args.sources_size,
+        reports_size=args.reports_size,
+        storage_class=args.storage_class,
+        master_key=master_key,
+    )
+    out.write(to_yaml(objects))
+    return 0

@@ -1,0 +1,301 @@
+"""What the live Kubernetes backend tests need from the lab cluster (.ci/kube-lab.sh).
+
+- `Lab.open()`: the admin client (DOCBROKER_TEST_KUBECONFIG; FAILS when unset, like the
+  PostgreSQL tests), the lab overlay's namespaces, RBAC, PodSecurityPolicy and storage class
+  applied (its Deployment left out: these tests are the broker), and a kubeconfig for the
+  broker's own ServiceAccount (a TokenRequest token): the backend runs with exactly its RBAC.
+- `Lab.tenant(name)`: the tenant's PVCs from `docbroker tenant manifest`, bound to local
+  PersistentVolumes in the lab's folder (sources filled with a document).
+- `Lab.exec(pod, container, code)`: Python run inside a container through the API's exec,
+  with the ADMIN's credentials (the broker's have no pods/exec).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from broker.runtime.kubernetes import names
+from broker.runtime.kubernetes.manifest import tenant_objects
+from broker.settings import KubernetesSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+BROKER_SA = "docbroker-broker"
+BROKER_USER = f"system:serviceaccount:{names.BROKER_NAMESPACE}:{BROKER_SA}"
+STORAGE_CLASS = "docbroker-lab"
+SECCOMP = "localhost/docbroker/seccomp-tcp.json"
+MASTER = bytes.fromhex("5a" * 32)
+# The images the tenant Pods run (imported into the lab's containerd); a build of one's own
+# branch may carry another tag, so that the shared `:latest` ones stay as they are.
+SERVER_IMAGE = os.environ.get("DOCBROKER_TEST_KUBE_SERVER_IMAGE", "docbroker-server:latest")
+KEEPER_IMAGE = os.environ.get("DOCBROKER_TEST_KUBE_KEEPER_IMAGE", "docbroker-broker:latest")
+
+
+@dataclass
+class Lab:
+    admin: Any  # ApiClient with the admin's credentials
+    kubeconfig: Path  # the admin's
+    broker_kubeconfig: Path  # the broker ServiceAccount's token
+    folder: Path  # the lab's folder: local volumes live under it
+    node: str
+
+    @classmethod
+    def open(cls) -> Lab:
+        from kubernetes import client, config
+
+        path = os.environ.get("DOCBROKER_TEST_KUBECONFIG")
+        if not path:
+            pytest.fail(
+                "DOCBROKER_TEST_KUBECONFIG is not set: start the lab (bash .ci/kube-lab.sh start DIR) "
+                "and source DIR/env"
+            )
+        folder = Path(os.environ.get("DOCBROKER_TEST_KUBE_LAB") or Path(path).parent)
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+        admin = client.ApiClient(configuration)
+        _apply_lab_overlay(Path(path))
+        core = client.CoreV1Api(admin)
+        node = core.list_node().items[0].metadata.name
+        broker = folder / "k8sbackend-broker.kubeconfig"
+        broker.write_text(_token_kubeconfig(admin, Path(path)))
+        broker.chmod(0o600)
+        return cls(admin, Path(path), broker, folder, node)
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.admin)
+
+    def settings(self, **overrides: Any) -> KubernetesSettings:
+        values: dict[str, Any] = {
+            "kubeconfig": self.broker_kubeconfig,
+            "image_pull_policy": "Never",
+            "server_image": SERVER_IMAGE,
+            "keeper_image": KEEPER_IMAGE,
+            "seccomp": SECCOMP,
+            "cpu_limit": "1",
+        }
+        values.update(overrides)
+        return KubernetesSettings(**values)
+
+    def tenant(self, name: str, files: dict[str, str] | None = None) -> Path:
+        """The tenant's storage on the lab: its PVCs (as the manifest command writes them)
+        bound to fresh local volumes; returns the folder holding sources/ and reports/."""
+        base = self.folder / "k8sbackend-volumes" / name
+        shutil.rmtree(base, ignore_errors=True)
+        (base / "sources").mkdir(parents=True)
+        (base / "reports").mkdir()
+        for filename, text in (files or {"notes.md": "# Notes\ndocbroker on a cluster\n"}).items():
+            (base / "sources" / filename).write_text(text)
+        os.chmod(base / "sources", 0o755)  # noqa: S103 - the sandbox reads it
+        for f in (base / "sources").iterdir():
+            os.chmod(f, 0o644)
+        os.chown(base / "reports", 10002, 10001)  # the keeper's; the server never mounts it
+        os.chmod(base / "reports", 0o770)  # noqa: S103 - the keeper's uid and gid
+        objects = tenant_objects(
+            name, namespace=names.TENANTS_NAMESPACE, instance="default", storage_class=STORAGE_CLASS
+        )
+        for claim, kind in zip(objects, ("sources", "reports"), strict=True):
+            self._volume(name, kind, base / kind, claim)
+            _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(claim))
+        return base
+
+    def _volume(self, tenant: str, kind: str, path: Path, claim: dict[str, Any]) -> None:
+        pv_name = f"k8sbackend-{tenant}-{kind}"
+        _kubectl(self.kubeconfig, "delete", "pv", pv_name, "--ignore-not-found", "--wait=false")
+        pv = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": pv_name,
+                "labels": {names.TENANT: tenant, "docbroker.io/test": "k8sbackend"},
+            },
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": claim["spec"]["accessModes"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": STORAGE_CLASS,
+                "claimRef": {"namespace": names.TENANTS_NAMESPACE, "name": claim["metadata"]["name"]},
+                "local": {"path": str(path)},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node]}
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+        _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(pv))
+
+    def drop_tenant(self, name: str) -> None:
+        """Remove what `tenant()` made and any Pod or Secret of the tenant."""
+        ns = names.TENANTS_NAMESPACE
+        obj = names.object_name(name)
+        _kubectl(
+            self.kubeconfig,
+            "-n",
+            ns,
+            "delete",
+            "pod",
+            obj,
+            "--ignore-not-found",
+            "--grace-period=0",
+            "--force",
+        )
+        _kubectl(self.kubeconfig, "-n", ns, "delete", "secret", obj, "--ignore-not-found")
+        _kubectl(
+            self.kubeconfig,
+            "-n",
+            ns,
+            "delete",
+            "pvc",
+            names.sources_claim(name),
+            names.reports_claim(name),
+            "--ignore-not-found",
+            "--wait=false",
+        )
+        for kind in ("sources", "reports"):
+            _kubectl(
+                self.kubeconfig,
+                "delete",
+                "pv",
+                f"k8sbackend-{name}-{kind}",
+                "--ignore-not-found",
+                "--wait=false",
+            )
+        shutil.rmtree(self.folder / "k8sbackend-volumes" / name, ignore_errors=True)
+
+    def exec(self, pod: str, container: str, code: str, *, timeout: float = 60) -> str:
+        """Run Python in the container (as its own uid, under its seccomp and capabilities),
+        through the API's exec with the admin's credentials; its stdout."""
+        from kubernetes.stream import stream
+
+        return str(
+            stream(
+                self.core.connect_get_namespaced_pod_exec,
+                pod,
+                names.TENANTS_NAMESPACE,
+                container=container,
+                command=["/opt/venv/bin/python", "-c", code],
+                stderr=True,
+                stdin=False,
+                stdout=True,
+                tty=False,
+                _request_timeout=timeout,
+            )
+        )
+
+    def probe(self, pod: str, container: str, code: str) -> dict[str, Any]:
+        out = self.exec(pod, container, code)
+        last = [line for line in out.splitlines() if line.startswith("{")]
+        assert last, out
+        return dict(json.loads(last[-1]))
+
+    def pod(self, tenant: str) -> Any:
+        return self.core.read_namespaced_pod(names.object_name(tenant), names.TENANTS_NAMESPACE)
+
+
+def unique_tenant(prefix: str = "k") -> str:
+    return f"{prefix}{secrets.token_hex(3)}"
+
+
+def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"kubectl {args[:3]}: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+def _apply_lab_overlay(kubeconfig: Path) -> None:
+    """The lab overlay without its broker Deployment and PDB: namespaces, RBAC, the PSP, the
+    storage class (the broker under test is this process)."""
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / "k8s/overlays/lab")], capture_output=True, text=True, timeout=120
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    keep = [
+        d
+        for d in yaml.safe_load_all(rendered.stdout)
+        if d and d["kind"] not in ("Deployment", "PodDisruptionBudget")
+    ]
+    _kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(keep))
+
+
+def _token_kubeconfig(admin: Any, admin_kubeconfig: Path) -> str:
+    """A kubeconfig for the broker's ServiceAccount: a TokenRequest token, the admin's cluster."""
+    from kubernetes import client
+
+    deadline = time.monotonic() + 30
+    while True:  # the ServiceAccount was just applied
+        try:
+            answer = client.CoreV1Api(admin).create_namespaced_service_account_token(
+                BROKER_SA,
+                names.BROKER_NAMESPACE,
+                client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=7200)
+                ),
+            )
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    source = yaml.safe_load(admin_kubeconfig.read_text())
+    cluster = dict(source["clusters"][0]["cluster"])
+    ca = cluster.get("certificate-authority")
+    if ca and not Path(ca).is_absolute():
+        cluster["certificate-authority"] = str((admin_kubeconfig.parent / ca).resolve())
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "lab", "cluster": cluster}],
+            "users": [{"name": "broker", "user": {"token": answer.status.token}}],
+            "contexts": [{"name": "broker", "context": {"cluster": "lab", "user": "broker"}}],
+            "current-context": "broker",
+        }
+    )
+
+
+def host_broker(
+    lab: Lab, base: Path, tenants: list[str], *, replica: str = "a", master: Path | None = None
+) -> Any:
+    """A real broker process on the host (`python -m broker serve`, tests/broker/harness.py)
+    with DOCBROKER_RUNTIME=kubernetes and the broker ServiceAccount's kubeconfig: it reaches
+    the tenant Pods at their pod IPs over the lab's bridge, as a broker Pod would."""
+    from tests.broker.harness import make_broker
+
+    env = {
+        "DOCBROKER_KUBECONFIG": str(lab.broker_kubeconfig),
+        "DOCBROKER_KUBE_SECCOMP": SECCOMP,
+        "DOCBROKER_KUBE_IMAGE_PULL_POLICY": "Never",
+        "DOCBROKER_KUBE_SERVER_IMAGE": SERVER_IMAGE,
+        "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE,
+        "DOCBROKER_REPLICA_ID": replica,
+        "DOCBROKER_START_TIMEOUT": "60",
+        "DOCBROKER_IDLE_TIMEOUT": "600",
+    }
+    if master is not None:
+        env["DOCBROKER_MASTER_KEY_FILE"] = str(master)
+    return make_broker(base, runtime="kubernetes", env=env, tenants=tenants)

@@ -1,0 +1,320 @@
+"""The tenant Pod and Secret the Kubernetes backend sends, and `docbroker tenant manifest`,
+checked offline: what each container can reach, the hardening, the names of issue 18's
+contract. (Behaviour on a live cluster: test_backend_live.py.)"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from broker.approvals.secrets import keeper_key, sandbox_key, tenant_secret
+from broker.runtime.kubernetes import names
+from broker.runtime.kubernetes.manifest import tenant_objects
+from broker.runtime.kubernetes.podspec import tenant_pod, tenant_secret_object
+from broker.settings import KubernetesSettings, SettingsError, kubernetes_from_env
+
+ROOT = Path(__file__).resolve().parents[2]
+MASTER = bytes(range(32))
+
+
+def pod(**overrides: Any) -> dict[str, Any]:
+    return tenant_pod(KubernetesSettings(**overrides), "acme", instance="prod", replica="broker-7f9:1")
+
+
+def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    every = spec["spec"]["containers"] + spec["spec"]["initContainers"]
+    return next(c for c in every if c["name"] == name)
+
+
+def volumes_of(spec: dict[str, Any], name: str) -> set[str]:
+    return {m["name"] for m in container(spec, name)["volumeMounts"]}
+
+
+def test_names_and_labels_follow_the_contract() -> None:
+    p = pod()
+    meta = p["metadata"]
+    assert meta["name"] == "docbroker-tenant-acme" and meta["namespace"] == "docbroker-tenants"
+    assert meta["labels"] == {
+        "app.kubernetes.io/part-of": "docbroker",
+        "app.kubernetes.io/component": "sandbox",
+        "app.kubernetes.io/name": "docbroker-sandbox",
+        "docbroker.io/tenant": "acme",
+        "docbroker.io/instance": "prod",
+        "docbroker.io/replica": "broker-7f9-1",  # ':' is no label character
+    }
+    claims = {
+        v["name"]: v["persistentVolumeClaim"] for v in p["spec"]["volumes"] if "persistentVolumeClaim" in v
+    }
+    assert claims["sources"] == {"claimName": "docbroker-tenant-acme-sources", "readOnly": True}
+    assert claims["reports"] == {"claimName": "docbroker-tenant-acme-reports"}
+    ports = {c["name"]: [x["containerPort"] for x in c["ports"]] for c in p["spec"]["containers"]}
+    assert ports == {"server": [8080], "keeper": [8081]}
+
+
+def test_pod_hardening() -> None:
+    p = pod(seccomp="localhost/docbroker/seccomp-tcp.json", runtime_class="gvisor")
+    spec = p["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert spec["restartPolicy"] == "Never"
+    assert spec["runtimeClassName"] == "gvisor"
+    assert "hostNetwork" not in spec and "hostPID" not in spec and "hostIPC" not in spec
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["fsGroup"] != 0 and spec["securityContext"]["runAsGroup"] != 0
+    assert all("hostPath" not in v for v in spec["volumes"])
+    for c in spec["containers"] + spec["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0 and sc["runAsGroup"] != 0, c["name"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert c["resources"]["limits"]["cpu"] and c["resources"]["limits"]["memory"]
+        assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
+    server = container(p, "server")
+    assert server["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "docbroker/seccomp-tcp.json",
+    }
+    assert server["readinessProbe"]["tcpSocket"] == {"port": 8080}
+    # the server and the keeper run as different uids: the server cannot act as the keeper
+    assert server["securityContext"]["runAsUser"] != container(p, "keeper")["securityContext"]["runAsUser"]
+
+
+def test_runtime_default_is_the_fallback_and_no_runtime_class_by_default() -> None:
+    p = pod()
+    assert container(p, "server")["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "runtimeClassName" not in p["spec"]
+
+
+def test_each_container_reaches_only_its_own_volumes_and_keys() -> None:
+    """DESIGN §7 in a Pod: only the keeper mounts the reports PVC and holds keeper-key; the
+    server gets the approval secret and the sandbox key, and nothing else of the Secret."""
+    p = pod()
+    assert volumes_of(p, "server") == {"sources", "dropbox", "server-secret", "tmp"}
+    assert volumes_of(p, "keeper") == {"dropbox", "reports", "keeper-secret"}
+    assert volumes_of(p, "dropbox") == {"dropbox"}
+    secrets = {v["name"]: v["secret"] for v in p["spec"]["volumes"] if "secret" in v}
+    assert {s["secretName"] for s in secrets.values()} == {"docbroker-tenant-acme"}
+    assert [i["key"] for i in secrets["server-secret"]["items"]] == ["approval-secret", "sandbox-key"]
+    assert [i["key"] for i in secrets["keeper-secret"]["items"]] == ["keeper-key"]
+    mounts = {m["name"]: m for m in container(p, "server")["volumeMounts"]}
+    assert mounts["sources"]["readOnly"] is True and mounts["server-secret"]["readOnly"] is True
+    assert mounts["dropbox"]["subPath"] == "reports" and mounts["dropbox"]["mountPath"] == "/srv/docs/reports"
+    env = {e["name"]: e.get("value") for e in container(p, "server")["env"]}
+    assert env["DOCS_SANDBOX_KEY_FILE"] == "/run/secrets/docbroker/sandbox.key"
+    assert env["DOCS_SCOPE"] == "acme"
+    assert env["DOCS_ALLOWED_HOSTS"] == "$(POD_IP):8080,localhost"
+    assert "--http" in container(p, "server")["command"]
+    keeper_env = {e["name"]: e.get("value") for e in container(p, "keeper")["env"]}
+    assert keeper_env["KEEPER_DROPBOX"] == "/dropbox/reports" and keeper_env["KEEPER_REPORTS"] == "/reports"
+    assert container(p, "keeper")["command"][1:3] == ["-m", "broker.keeper"]
+
+
+def test_secret_holds_the_three_derived_keys() -> None:
+    secret = tenant_secret_object(MASTER, "acme", namespace="docbroker-tenants", instance="default")
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data == {
+        "approval-secret": tenant_secret(MASTER, "acme"),
+        "sandbox-key": sandbox_key(MASTER, "acme"),
+        "keeper-key": keeper_key(MASTER, "acme"),
+    }
+    assert len(set(data.values())) == 3
+    assert secret["metadata"]["name"] == names.object_name("acme")
+
+
+def test_manifest_has_the_shape_of_the_tenant_example_component() -> None:
+    example = list(yaml.safe_load_all((ROOT / "k8s/components/tenant-example/pvcs.yaml").read_text()))
+    assert tenant_objects("example", namespace="docbroker-tenants", instance="default") == example
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env},
+    )
+
+
+def test_tenant_manifest_command(tmp_path: Path) -> None:
+    key = tmp_path / "master.key"
+    key.write_text(MASTER.hex())
+    key.chmod(0o600)
+    env = {
+        "DOCBROKER_MASTER_KEY_FILE": str(key),
+        "DOCBROKER_KUBE_NAMESPACE": "tenants-x",
+        "DOCBROKER_INSTANCE": "blue",
+    }
+    plain = run_cli("tenant", "manifest", "acme", "--storage-class", "local", env=env)
+    assert plain.returncode == 0, plain.stderr
+    objects = list(yaml.safe_load_all(plain.stdout))
+    assert [o["kind"] for o in objects] == ["PersistentVolumeClaim", "PersistentVolumeClaim"]
+    assert {o["metadata"]["namespace"] for o in objects} == {"tenants-x"}
+    assert {o["metadata"]["labels"]["docbroker.io/instance"] for o in objects} == {"blue"}
+    assert {o["spec"]["storageClassName"] for o in objects} == {"local"}
+    assert MASTER.hex() not in plain.stdout
+    with_secret = run_cli("tenant", "manifest", "acme", "--secret", env=env)
+    assert with_secret.returncode == 0, with_secret.stderr
+    secret = list(yaml.safe_load_all(with_secret.stdout))[-1]
+    assert secret["kind"] == "Secret"
+    assert base64.b64decode(secret["data"]["sandbox-key"]).decode() == sandbox_key(MASTER, "acme")
+    bad = run_cli("tenant", "manifest", "Not_A_Label", env=env)
+    assert bad.returncode != 0 and "not a tenant id" in bad.stderr and "Traceback" not in bad.stderr
+    no_key = run_cli(
+        "tenant", "manifest", "acme", "--secret", env={"DOCBROKER_MASTER_KEY_FILE": str(tmp_path / "none")}
+    )
+    assert no_key.returncode != 0 and "master key" in no_key.stderr and "Traceback" not in no_key.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DOCBROKER_KUBE_SECCOMP", "Unconfined"),
+        ("DOCBROKER_KUBE_SECCOMP", "localhost/../../etc/x"),
+        ("DOCBROKER_KUBE_CPU_LIMIT", "lots"),
+        ("DOCBROKER_KUBE_MEMORY_LIMIT", "128 MB"),
+        ("DOCBROKER_KUBE_NAMESPACE", "Bad_NS"),
+        ("DOCBROKER_KUBE_RUNTIME_CLASS", "g visor"),
+        ("DOCBROKER_KUBE_IMAGE_PULL_POLICY", "Sometimes"),
+    ],
+)
+def test_bad_kubernetes_settings_are_refused_in_one_line(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        kubernetes_from_env({name: value})
+    assert name in str(caught.value)
+    assert value not in str(caught.value)
+
+
+def test_kubernetes_settings_defaults_and_values() -> None:
+    k, instance = kubernetes_from_env({})
+    assert (k.namespace, k.kubeconfig, k.seccomp, k.runtime_class, instance) == (
+        "docbroker-tenants",
+        None,
+        "RuntimeDefault",
+        None,
+        "default",
+    )
+    k, _ = kubernetes_from_env(
+        {
+            "DOCBROKER_KUBECONFIG": "/x/kubeconfig",
+            "DOCBROKER_KUBE_SECCOMP": "localhost/docbroker/seccomp-tcp.json",
+            "DOCBROKER_KUBE_CPU_LIMIT": "500m",
+            "DOCBROKER_KUBE_MEMORY_LIMIT": "96Mi",
+            "DOCBROKER_KUBE_IMAGE_PULL_POLICY": "Never",
+        }
+    )
+    assert k.kubeconfig == Path("/x/kubeconfig") and k.cpu_limit == "500m" and k.image_pull_policy == "Never"
+    server = container(tenant_pod(k, "acme", instance="default", replica="r"), "server")
+    assert server["resources"]["limits"] == {"cpu": "500m", "memory": "96Mi"}
+    assert server["resources"]["requests"] == {"cpu": "50m", "memory": "96Mi"}  # a node fits many idle ones
+    tiny = KubernetesSettings(cpu_limit="20m")
+    assert (
+        container(tenant_pod(tiny, "acme", instance="d", replica="r"), "server")["resources"]["requests"][
+            "cpu"
+        ]
+        == "20m"
+    )
+    assert server["imagePullPolicy"] == "Never"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"seccomp": "localhost/docbroker/seccomp-tcp.json"},
+        {"runtime_class": "gvisor", "cpu_limit": "500m"},
+    ],
+)
+def test_every_generated_tenant_pod_passes_the_restricted_profile(overrides: dict[str, Any]) -> None:
+    from broker.runtime.podsecurity import check_pod_spec
+
+    p = pod(**overrides)
+    assert check_pod_spec(p["spec"], metadata=p["metadata"], tenant=True) == []
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["privileged", "host_path", "root", "no_drop", "escalation", "writable_root", "token", "unconfined"],
+)
+def test_the_restricted_check_catches_a_tampered_tenant_pod(tamper: str) -> None:
+    """The same check can fail: each weakening of the generated spec is reported."""
+    import copy
+
+    from broker.runtime.podsecurity import check_pod_spec
+
+    p = copy.deepcopy(pod())
+    server = p["spec"]["containers"][0]["securityContext"]
+    if tamper == "privileged":
+        server["privileged"] = True
+    elif tamper == "host_path":
+        p["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    elif tamper == "root":
+        server["runAsUser"] = 0
+        server["runAsNonRoot"] = False
+        p["spec"]["securityContext"]["runAsNonRoot"] = False
+    elif tamper == "no_drop":
+        server["capabilities"] = {}
+    elif tamper == "escalation":
+        server["allowPrivilegeEscalation"] = True
+    elif tamper == "writable_root":
+        server["readOnlyRootFilesystem"] = False
+    elif tamper == "token":
+        p["spec"]["automountServiceAccountToken"] = True
+    elif tamper == "unconfined":
+        server["seccompProfile"] = {"type": "Unconfined"}
+    assert check_pod_spec(p["spec"], metadata=p["metadata"], tenant=True) != []
+
+
+def test_doctor_and_serve_say_in_one_line_when_no_cluster_answers(tmp_path: Path) -> None:
+    """A kubeconfig whose API server does not answer: `doctor` prints a FAIL line per check
+    and exits 1, `serve` refuses to start with one line; neither shows a traceback."""
+    from tests.broker.harness import make_broker
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    broker = make_broker(tmp_path / "b", runtime="kubernetes", env={"DOCBROKER_KUBECONFIG": str(kubeconfig)})
+    doctor = subprocess.run(
+        [sys.executable, "-m", "broker", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=broker.env,
+        cwd=ROOT,
+    )
+    assert doctor.returncode == 1
+    lines = {line.split()[1] + " " + line.split()[2]: line.split()[0] for line in doctor.stdout.splitlines()}
+    assert lines["kubernetes api"] == "FAIL" and lines["rbac needed"] == "FAIL"
+    assert "NewConnectionError" not in doctor.stdout  # one line each, not the raw exception
+    assert "127.0.0.1:9" in doctor.stdout and "not-a-real-token" not in doctor.stdout
+    assert "Traceback" not in doctor.stdout + doctor.stderr
+    serve = subprocess.run(
+        [sys.executable, "-m", "broker", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=broker.env,
+        cwd=ROOT,
+    )
+    assert serve.returncode != 0
+    assert "Traceback" not in serve.stderr and "kubernetes" in serve.stderr.lower(), serve.stderr
+    assert "not-a-real-token" not in serve.stderr

@@ -1,0 +1,181 @@
+"""The whole path on the lab cluster: a real MCP SDK client, a real broker process with
+DOCBROKER_RUNTIME=kubernetes and the broker ServiceAccount's own token, real tenant Pods.
+
+The broker runs on the host and reaches each tenant Pod at its pod IP over the lab's bridge,
+as a broker Pod would (the lab has no kube-proxy; NetworkPolicy is not enforced there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from broker.runtime.kubernetes import names
+from tests.broker.harness import Broker, structured
+from tests.kubernetes.backend_lab import Lab, host_broker, unique_tenant
+
+pytestmark = pytest.mark.kubernetes
+NS = names.TENANTS_NAMESPACE
+REPORT = "# Summary\n\nApproved by a human, kept by the keeper.\n"
+
+
+@pytest.fixture(scope="module")
+def lab() -> Lab:
+    return Lab.open()
+
+
+@pytest.fixture
+def setup(lab: Lab) -> Iterator[tuple[str, Path, Path]]:
+    tenant = unique_tenant("b")
+    storage = lab.tenant(tenant, {"notes.md": "# Notes\nthe broker on a cluster keeps tenants apart\n"})
+    base = Path(tempfile.mkdtemp(prefix="docbroker-kube-"))
+    try:
+        yield tenant, storage, base
+    finally:
+        lab.drop_tenant(tenant)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def start(broker: Broker) -> Broker:
+    try:
+        broker.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    return broker
+
+
+def audit(broker: Broker, event: str) -> list[dict[str, object]]:
+    """The replica's audit lines of one event (its own file: audit-<replica id>.jsonl)."""
+    lines = []
+    for path in sorted(broker.data_dir.glob("audit-*.jsonl")):
+        if "witness" not in path.name:
+            lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [e for e in lines if e.get("event") == event]
+
+
+def tenant_pods(lab: Lab, tenant: str) -> list[str]:
+    return [
+        p.metadata.uid
+        for p in lab.core.list_namespaced_pod(NS, label_selector=f"{names.TENANT}={tenant}").items
+    ]
+
+
+def test_search_read_and_an_approved_save_through_the_broker(lab: Lab, setup: tuple[str, Path, Path]) -> None:
+    tenant, storage, base = setup
+    broker = start(host_broker(lab, base, [tenant]))
+    try:
+        writer = broker.token(tenant, subject="alice", scope="docs:read docs:write")
+        approver = broker.token(tenant, subject="bob", scope="reports:approve")
+
+        async def run() -> dict[str, dict[str, object]]:
+            async with broker.client(writer) as client:
+                found = structured(await client.call_tool("search_documents", {"query": "tenants apart"}))
+                read = structured(await client.call_tool("read_document", {"filename": "notes.md"}))
+                args = {"filename": "summary.md", "content": REPORT}
+                waiting = structured(await client.call_tool("save_report", args))
+                assert waiting["status"] == "waiting_approval", waiting
+                with broker.http(approver) as http:
+                    decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
+                    assert decided.status_code == 200, decided.text
+                saved = structured(await client.call_tool("save_report", args))
+            return {"found": found, "read": read, "saved": saved}
+
+        facts = asyncio.run(run())
+        with broker.http() as http:
+            ready = http.get("/readyz").json()
+    finally:
+        broker.stop()
+    assert facts["found"]["status"] == "ok" and "notes.md" in str(facts["found"]["data"])
+    assert facts["read"]["status"] == "ok"
+    assert facts["saved"]["status"] == "ok", facts["saved"]
+    # What lands in the reports PVC is exactly what was approved; the drop-box ends empty.
+    assert (storage / "reports" / "summary.md").read_bytes() == REPORT.encode()
+    sandboxes = ready["checks"]["sandboxes"]
+    assert sandboxes["backend"] == "kubernetes" and sandboxes["seccomp_fallback"] is False
+    started = audit(broker, "sandbox.started")
+    assert [e["tenant"] for e in started] == [tenant]
+    assert len(tenant_pods(lab, tenant)) == 1
+
+
+def test_two_broker_replicas_share_the_tenant_pod(lab: Lab, setup: tuple[str, Path, Path]) -> None:
+    tenant, _, base = setup
+    a = start(host_broker(lab, base / "a", [tenant], replica="a"))
+    master = a.data_dir / "master.key"
+    b = start(host_broker(lab, base / "b", [tenant], replica="b", master=master))
+    try:
+
+        async def search(broker: Broker) -> str:
+            async with broker.client(broker.token(tenant, scope="docs:read")) as client:
+                result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+            return str(result["status"])
+
+        async def both() -> list[str]:
+            return list(await asyncio.gather(search(a), search(b)))
+
+        statuses = asyncio.run(both())
+        again = asyncio.run(both())
+    finally:
+        a.stop()
+        b.stop()
+    assert statuses == ["ok", "ok"] and again == ["ok", "ok"]
+    pods = tenant_pods(lab, tenant)
+    assert len(pods) == 1  # one Pod for the tenant, whichever replica started it
+    started = [e for br in (a, b) for e in audit(br, "sandbox.started")]
+    assert len(started) == 1  # the other replica adopted it (adoption is not a start)
+
+
+def test_a_pod_killed_mid_use_gives_a_clean_error_and_the_next_call_a_new_pod(
+    lab: Lab, setup: tuple[str, Path, Path]
+) -> None:
+    tenant, _, base = setup
+    broker = start(host_broker(lab, base, [tenant]))
+    try:
+        token = broker.token(tenant, scope="docs:read")
+
+        async def run() -> tuple[str, list[str], float, str, str]:
+            async with broker.client(token) as client:
+                first = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+                assert first["status"] == "ok"
+                [old] = tenant_pods(lab, tenant)
+                # a real kill: the kubelet stops the containers, then the object goes
+                lab.core.delete_namespaced_pod(names.object_name(tenant), NS, grace_period_seconds=1)
+                started = time.monotonic()
+                outcomes = []
+                for _ in range(2):
+                    try:
+                        result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+                        outcomes.append(str(result["status"]))
+                    except MCPError as exc:  # the broker's error answer, as the SDK raises it
+                        outcomes.append(f"MCPError: {exc}")
+                elapsed = time.monotonic() - started
+                deadline = time.monotonic() + 60
+                while old in tenant_pods(lab, tenant):  # the kubelet has stopped it: the object goes
+                    assert time.monotonic() < deadline, "the killed pod never went"
+                    await asyncio.sleep(0.2)
+                try:  # the broker may still hold the dead Pod's address: one clean error at most
+                    result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+                    outcomes.append(str(result["status"]))
+                except MCPError as exc:
+                    outcomes.append(f"MCPError: {exc}")
+                last = structured(await client.call_tool("read_document", {"filename": "notes.md"}))
+            [new] = tenant_pods(lab, tenant)
+            return old, outcomes, elapsed, str(last["status"]), new
+
+        old, outcomes, elapsed, last, new = asyncio.run(run())
+        logs = broker.logs()
+    finally:
+        broker.stop()
+    assert "Traceback" not in logs
+    # during the kill and just after: answered by the old Pod, or a clean error answer
+    clean = ("ok", "MCPError: Tool call timed out", "MCPError: Tool call failed")
+    assert all(o in clean for o in outcomes), outcomes
+    assert elapsed < 90  # no hang: a clean error or a new Pod, within the start timeout
+    assert last == "ok" and new != old
