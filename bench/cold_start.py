@@ -46,7 +46,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from bench._stats import nearest_index  # noqa: E402
-from broker.approvals.master_key import tenant_secret  # noqa: E402
+from broker.master_key import tenant_secret  # noqa: E402
 from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402

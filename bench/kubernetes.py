@@ -42,7 +42,7 @@ from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from broker.runtime.kubernetes import names  # noqa: E402
-from tests.broker.harness import Broker, structured  # noqa: E402
+from broker.testing import Broker, structured  # noqa: E402
 from tests.kubernetes.backend_lab import Lab, _kubectl, host_broker, unique_tenant  # noqa: E402
 
 TARGET_P50 = 3.0

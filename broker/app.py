@@ -25,7 +25,6 @@ from broker.approvals import retention
 from broker.approvals.claims import HOLD_MARGIN_SECONDS, Claims, recover_forever
 from broker.approvals.flow import ApprovalFlow
 from broker.approvals.keeper_client import KeeperReports
-from broker.approvals.master_key import keeper_key, load_master_key, sealing_key, session_key
 from broker.approvals.reports import Reports, ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
 from broker.approvals.sqlite_store import SqliteApprovalStore
@@ -42,6 +41,7 @@ from broker.gateway.handler import McpGateway
 from broker.gateway.pinning import Pinning
 from broker.gateway.relay import Relay
 from broker.gateway.sessions import SessionSealer
+from broker.master_key import keeper_key, load_master_key, sealing_key, session_key
 from broker.metrics import Metrics
 from broker.origin import REASON as ORIGIN_REFUSED
 from broker.origin import Origins

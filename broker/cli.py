@@ -25,7 +25,7 @@ def _settings() -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from broker.approvals.master_key import create_master_key
+    from broker.master_key import create_master_key
 
     settings = _settings()
     # The data dir is the one barrier between tenants' files and other users of the host.
@@ -43,10 +43,10 @@ async def _serve(settings: Settings) -> int:
     import uvicorn
 
     from broker.app import build_app, make_backend, open_store
-    from broker.approvals.master_key import MasterKeyError
     from broker.approvals.store import StoreError
     from broker.audit import AuditLog, AuditSinkError
     from broker.http_edge import edge_protocol
+    from broker.master_key import MasterKeyError
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
     from broker.runtime.shared import ReplicaTaken
@@ -113,7 +113,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_tenant(args: argparse.Namespace) -> int:
-    from broker.approvals.master_key import create_master_key, load_master_key
+    from broker.master_key import create_master_key, load_master_key
     from broker.tenants import Tenants
 
     if args.name == "manifest" and args.manifest_of is not None:

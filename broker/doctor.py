@@ -51,7 +51,7 @@ def run_doctor(settings: Settings, out: TextIO) -> int:
 
 
 def _master_key(settings: Settings) -> tuple[str, str]:
-    from broker.approvals.master_key import load_master_key
+    from broker.master_key import load_master_key
 
     path = settings.master_key_file
     if not path.exists():

@@ -16,7 +16,7 @@ import os
 import secrets
 from pathlib import Path
 
-from broker.approvals.master_key import tenant_secret
+from broker.master_key import tenant_secret
 from broker.settings import Settings
 from broker.types import SandboxSpec
 from server.contracts import TENANT_RE

@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx2
 
-from broker.approvals.master_key import create_master_key
+from broker.master_key import create_master_key
 from broker.testing import ROOT, TENANTS, Broker, free_port, make_broker
 
 REPLICA_NAMES = "abcdefgh"

@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "broker.threads": 0,
     "broker.metrics": 0,
     "broker.images": 0,
+    "broker.master_key": 0,  # the master key and every per-tenant key derived from it
     "broker.protocol": 1,
     "broker.audit": 2,
     "broker.errors": 3,

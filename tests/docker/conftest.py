@@ -27,7 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-from broker.approvals.master_key import tenant_secret  # noqa: E402
+from broker.master_key import tenant_secret  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
 from broker.tenants import DROPBOX_MODE  # noqa: E402

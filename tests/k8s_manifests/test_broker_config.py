@@ -15,8 +15,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from broker.approvals.master_key import load_master_key
 from broker.audit.checkpoint import load_signing_key
+from broker.master_key import load_master_key
 from broker.settings import Settings
 from tests.k8s_manifests.render import OVERLAYS, ROOT, find, render
 

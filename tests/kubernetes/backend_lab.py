@@ -284,7 +284,7 @@ def host_broker(
     """A real broker process on the host (`python -m broker serve`, tests/broker/harness.py)
     with DOCBROKER_RUNTIME=kubernetes and the broker ServiceAccount's kubeconfig: it reaches
     the tenant Pods at their pod IPs over the lab's bridge, as a broker Pod would."""
-    from tests.broker.harness import make_broker
+    from broker.testing import make_broker
 
     env = {
         "DOCBROKER_KUBECONFIG": str(lab.broker_kubeconfig),

@@ -20,7 +20,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from broker.approvals.secrets import sandbox_key, tenant_secret
+from broker.master_key import sandbox_key, tenant_secret
 from broker.runtime.base import Runtime, SandboxStartError
 from broker.runtime.kubernetes import KubernetesBackend, names
 from broker.runtime.kubernetes.doctor import _rbac_needed, _rbac_refused, allowed

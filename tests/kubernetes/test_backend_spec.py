@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.approvals.secrets import keeper_key, sandbox_key, tenant_secret
+from broker.master_key import keeper_key, sandbox_key, tenant_secret
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.manifest import tenant_objects
 from broker.runtime.kubernetes.podspec import tenant_pod, tenant_secret_object
@@ -277,7 +277,7 @@ def test_the_restricted_check_catches_a_tampered_tenant_pod(tamper: str) -> None
 def test_doctor_and_serve_say_in_one_line_when_no_cluster_answers(tmp_path: Path) -> None:
     """A kubeconfig whose API server does not answer: `doctor` prints a FAIL line per check
     and exits 1, `serve` refuses to start with one line; neither shows a traceback."""
-    from tests.broker.harness import make_broker
+    from broker.testing import make_broker
 
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(

@@ -19,7 +19,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from broker.runtime.kubernetes import names
-from tests.broker.harness import Broker, structured
+from broker.testing import Broker, structured
 from tests.kubernetes.backend_lab import Lab, host_broker, unique_tenant
 
 pytestmark = pytest.mark.kubernetes

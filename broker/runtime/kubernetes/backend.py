@@ -385,7 +385,7 @@ class KubernetesBackend(SandboxBackend):
         )
 
     def _endpoint(self, tenant: str, ip: str) -> Endpoint:
-        from broker.approvals.secrets import sandbox_key
+        from broker.master_key import sandbox_key
 
         host = f"[{ip}]" if ":" in ip else ip
         return Endpoint(

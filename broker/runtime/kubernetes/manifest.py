@@ -77,7 +77,7 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 
 def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
     """The command: namespace and instance from DOCBROKER_KUBE_NAMESPACE / DOCBROKER_INSTANCE."""
-    from broker.approvals.secrets import KeyError_, load_master_key
+    from broker.master_key import MasterKeyError, load_master_key
     from broker.settings import INSTANCE_RE, KUBE_QUANTITY_RE, SettingsError, kubernetes_from_env
     from server.contracts import TENANT_RE
 
@@ -101,7 +101,7 @@ def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
         )
         try:
             master_key = load_master_key(path.absolute())
-        except KeyError_ as exc:
+        except MasterKeyError as exc:
             raise SystemExit(f"docbroker tenant manifest: {exc}") from None
     objects = tenant_objects(
         tenant,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from broker.approvals.secrets import keeper_key, sandbox_key, tenant_secret
+from broker.master_key import keeper_key, sandbox_key, tenant_secret
 from broker.runtime.kubernetes import names
 from broker.settings import KubernetesSettings
 

@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from broker.approvals.master_key import create_master_key
 from broker.approvals.migrations import LATEST
+from broker.master_key import create_master_key
 from broker.testing import ROOT, Broker, make_broker
 from tests.broker.pgtest import ThrowAwayCluster, fresh_schema
 from tests.broker.support import (

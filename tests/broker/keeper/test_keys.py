@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import secrets
 
-from broker.approvals.master_key import keeper_key, sandbox_key, tenant_secret
+from broker.master_key import keeper_key, sandbox_key, tenant_secret
 
 
 def test_keys_are_the_contracts_derivations() -> None:
