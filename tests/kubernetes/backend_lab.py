@@ -281,7 +281,7 @@ def _token_kubeconfig(admin: Any, admin_kubeconfig: Path) -> str:
 def host_broker(
     lab: Lab, base: Path, tenants: list[str], *, replica: str = "a", master: Path | None = None
 ) -> Any:
-    """A real broker process on the host (`python -m broker serve`, tests/broker/harness.py)
+    """A real broker process on the host (`python -m broker serve`, broker/testing.py)
     with DOCBROKER_RUNTIME=kubernetes and the broker ServiceAccount's kubeconfig: it reaches
     the tenant Pods at their pod IPs over the lab's bridge, as a broker Pod would."""
     from broker.testing import make_broker
