@@ -5,7 +5,7 @@
     python bench/kubernetes.py --tenants 9 --burst 20 --no-docker
 
 1. First call: a real broker process (DOCBROKER_RUNTIME=kubernetes, the broker
-   ServiceAccount's token, tests/kubernetes/backend_lab.py) and a real MCP SDK client; for
+   ServiceAccount's token, broker/testing/kubernetes_lab.py) and a real MCP SDK client; for
    each of N new tenants, the time from the client's first request (initialize, then one
    search_documents) to its answer: Pod creation, scheduling, the containers' start and
    readiness included. p50 and max. Target: p50 <= 3 s.
@@ -43,7 +43,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from broker.runtime.kubernetes import names  # noqa: E402
 from broker.testing import Broker, structured  # noqa: E402
-from tests.kubernetes.backend_lab import Lab, _kubectl, host_broker, unique_tenant  # noqa: E402
+from broker.testing.kubernetes_lab import Lab, _kubectl, host_broker, unique_tenant  # noqa: E402
 
 TARGET_P50 = 3.0
 CALL_TIMEOUT = 150.0

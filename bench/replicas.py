@@ -47,7 +47,7 @@ import httpx2
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.broker.replicas import Replica, Replicas, RoundRobin, make_replicas  # noqa: E402
+from broker.testing.replicas import Replica, Replicas, RoundRobin, make_replicas  # noqa: E402
 
 TENANT = "bench"
 PROTOCOL = "2026-07-28"

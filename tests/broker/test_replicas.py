@@ -26,8 +26,8 @@ import pytest
 from broker.policy import Policies, Share, TenantLimiter, TenantPolicy
 from broker.settings import Settings, SettingsError
 from broker.testing import ROOT, Broker
+from broker.testing.replicas import Replica, RoundRobin, make_replicas
 from tests.broker.pgtest import fresh_schema
-from tests.broker.replicas import Replica, RoundRobin, make_replicas
 from tests.broker.support import (
     TERMINAL_EVENTS,
     LegacySession,

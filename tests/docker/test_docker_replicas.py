@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from broker.testing import Broker
-from tests.broker.replicas import Replica, Replicas, make_replicas
+from broker.testing.replicas import Replica, Replicas, make_replicas
 from tests.broker.support import call_modern, tool_status, wait_for
 from tests.docker import test_docker_broker_e2e as e2e
 from tests.docker.conftest import IMAGE, SECCOMP, Daemon

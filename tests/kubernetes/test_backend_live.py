@@ -25,9 +25,9 @@ from broker.runtime.base import Runtime, SandboxStartError
 from broker.runtime.kubernetes import KubernetesBackend, names
 from broker.runtime.kubernetes.doctor import _rbac_needed, _rbac_refused, allowed
 from broker.runtime.kubernetes.podspec import tenant_pod
+from broker.testing.kubernetes_lab import MASTER, Lab, unique_tenant
 from broker.types import SandboxInfo, SandboxSpec
 from server.approval import mint_token
-from tests.kubernetes.backend_lab import MASTER, Lab, unique_tenant
 
 pytestmark = pytest.mark.kubernetes
 NS = names.TENANTS_NAMESPACE

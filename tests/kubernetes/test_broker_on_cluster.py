@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from broker.runtime.kubernetes import names
 from broker.testing import Broker, structured
-from tests.kubernetes.backend_lab import Lab, host_broker, unique_tenant
+from broker.testing.kubernetes_lab import Lab, host_broker, unique_tenant
 
 pytestmark = pytest.mark.kubernetes
 NS = names.TENANTS_NAMESPACE

@@ -22,8 +22,8 @@ import httpx2
 import psycopg
 
 from broker.testing import free_port, make_broker
+from broker.testing.replicas import Replica, RoundRobin, running_replicas
 from tests.broker.pgtest import fresh_schema
-from tests.broker.replicas import Replica, RoundRobin, running_replicas
 from tests.broker.support import (
     LegacySession,
     call_modern,

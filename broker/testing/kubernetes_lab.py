@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from broker.runtime.kubernetes import names
@@ -55,17 +54,19 @@ class Lab:
 
         path = os.environ.get("DOCBROKER_TEST_KUBECONFIG")
         if not path:
-            pytest.fail(
+            raise RuntimeError(
                 "DOCBROKER_TEST_KUBECONFIG is not set: start the lab (bash .ci/kube-lab.sh start DIR) "
                 "and source DIR/env"
             )
         folder = Path(os.environ.get("DOCBROKER_TEST_KUBE_LAB") or Path(path).parent)
         configuration = client.Configuration()
-        config.load_kube_config(config_file=path, client_configuration=configuration)
+        config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
         admin = client.ApiClient(configuration)
         _apply_lab_overlay(Path(path))
         core = client.CoreV1Api(admin)
-        node = core.list_node().items[0].metadata.name
+        meta = core.list_node().items[0].metadata
+        assert meta is not None
+        node = str(meta.name)
         broker = folder / "k8sbackend-broker.kubeconfig"
         broker.write_text(_token_kubeconfig(admin, Path(path)))
         broker.chmod(0o600)
@@ -266,22 +267,25 @@ def _token_kubeconfig(admin: Any, admin_kubeconfig: Path) -> str:
     ca = cluster.get("certificate-authority")
     if ca and not Path(ca).is_absolute():
         cluster["certificate-authority"] = str((admin_kubeconfig.parent / ca).resolve())
-    return yaml.safe_dump(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "lab", "cluster": cluster}],
-            "users": [{"name": "broker", "user": {"token": answer.status.token}}],
-            "contexts": [{"name": "broker", "context": {"cluster": "lab", "user": "broker"}}],
-            "current-context": "broker",
-        }
+    token = answer.status.token if answer.status is not None else ""
+    return str(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "lab", "cluster": cluster}],
+                "users": [{"name": "broker", "user": {"token": token}}],
+                "contexts": [{"name": "broker", "context": {"cluster": "lab", "user": "broker"}}],
+                "current-context": "broker",
+            }
+        )
     )
 
 
 def host_broker(
     lab: Lab, base: Path, tenants: list[str], *, replica: str = "a", master: Path | None = None
 ) -> Any:
-    """A real broker process on the host (`python -m broker serve`, broker/testing.py)
+    """A real broker process on the host (`python -m broker serve`, broker.testing)
     with DOCBROKER_RUNTIME=kubernetes and the broker ServiceAccount's kubeconfig: it reaches
     the tenant Pods at their pod IPs over the lab's bridge, as a broker Pod would."""
     from broker.testing import make_broker

@@ -3,7 +3,7 @@
     replicas = make_replicas(tmp_path, 2, database_url=url)   # not started
     replicas.start()                       # `docbroker db upgrade` first when a database is given
     with make_replicas(...) as replicas:   # or: started, and stopped at the end
-    a, b = replicas                        # each a harness.Broker (a `Replica`)
+    a, b = replicas                        # each a broker.testing.Broker (a `Replica`)
     a.token(...)                           # one identity provider: a token works on every replica
     a.kill(); a.start()                    # SIGKILL, then start again on the same port
     lb = RoundRobin(replicas)              # the test's load balancer: no affinity

@@ -30,7 +30,7 @@ from jwt.algorithms import RSAAlgorithm
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ISSUER = "https://idp.test.invalid"
 AUDIENCE = "docbroker-test"
 ALL_SCOPES = "docs:read docs:write reports:approve"
