@@ -159,6 +159,9 @@ def test_broker_deployment(rendered: dict[str, list[dict[str, Any]]], name: str)
     assert volumes["keys-in"]["secret"]["secretName"] == "docbroker-keys"
     for path in ("/var/lib/docbroker", "/tmp"):
         assert "emptyDir" in volumes[mounts[path]["name"]]
+    # The broker chmods its data dir 0700, which only the owner may: the emptyDir's mount point
+    # is root's, so the data dir is a folder the broker creates inside it.
+    assert cfg["DOCBROKER_DATA_DIR"].startswith("/var/lib/docbroker/")
     service = find(docs, "Service", "docbroker-broker", "docbroker")["spec"]
     assert service["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
 
