@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from broker.runtime.kubernetes import names
 from broker.testing import Broker, free_port, make_broker, structured
-from tests.broker.pgtest import ThrowAwayCluster
 from broker.testing.kubernetes_lab import KEEPER_IMAGE, ROOT, SERVER_IMAGE, Lab, _kubectl, unique_tenant
+from tests.broker.pgtest import ThrowAwayCluster
 from tests.kubernetes.conftest import wait_until
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
