@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
@@ -17,7 +18,16 @@ async def to_thread_to_the_end(fn: Callable[..., _T], *args: Any) -> _T:
     a file moved) would happen after the caller's clean-up. Here the cancellation is re-raised
     only once the thread is done, so the caller's clean-up comes after everything it could undo.
     """
-    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    return await _to_the_end(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+
+
+async def in_pool_to_the_end(pool: Executor, fn: Callable[..., _T], *args: Any) -> _T:
+    """The same, on a pool of the caller's own (a backend whose calls must not wait for the
+    default executor's few threads)."""
+    return await _to_the_end(asyncio.get_running_loop().run_in_executor(pool, fn, *args))
+
+
+async def _to_the_end(job: asyncio.Future[_T]) -> _T:
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:

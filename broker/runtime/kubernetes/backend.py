@@ -37,6 +37,7 @@ from broker.runtime.kubernetes.client import ClusterUnavailable, api_client, sta
 from broker.runtime.kubernetes.podspec import tenant_pod, tenant_secret_object
 from broker.runtime.shared import Replicas
 from broker.settings import KubernetesSettings
+from broker.threads import in_pool_to_the_end
 from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
 
 log = logging.getLogger("docbroker.runtime.kubernetes")
@@ -162,15 +163,8 @@ class KubernetesBackend(SandboxBackend):
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a blocking client call on this backend's pool; a cancelled caller still waits
-        for it (as broker/threads.py does): a Pod created after the caller's clean-up would be
-        left running."""
-        job = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        try:
-            return await asyncio.shield(job)
-        except asyncio.CancelledError:
-            with contextlib.suppress(BaseException):
-                await job
-            raise
+        for it: a Pod created after the caller's clean-up would be left running."""
+        return await in_pool_to_the_end(self._pool, fn, *args)
 
     # -- blocking helpers (worker threads) ---------------------------------------------------------
 
