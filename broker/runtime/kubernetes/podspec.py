@@ -48,7 +48,9 @@ INIT_RESOURCES = {"cpu": "100m", "memory": "32Mi"}
 # The CPU the scheduler reserves per container: about an idle one's use. CPU requests equal
 # to the limits would reserve a core per tenant Pod, and a node would fit as many idle tenants
 # as it has cores; the limits still bound each one. Memory is reserved as limited (no overcommit).
-CPU_REQUEST_MILLI = {"server": 50, "keeper": 10}
+# The init container counts too: a Pod reserves the larger of its init containers' requests and
+# its containers' sum, so an init request equal to its limit reserved 100m per tenant Pod.
+CPU_REQUEST_MILLI = {"server": 50, "keeper": 10, "init": 10}
 
 
 def seccomp_profile(setting: str) -> dict[str, str]:
@@ -152,7 +154,7 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["/opt/venv/bin/python", "-c", DROPBOX_INIT],
         "env": [{"name": "BOX", "value": KEEPER_DROPBOX_MOUNT}],
-        "resources": _limits(INIT_RESOURCES),
+        "resources": _limits(INIT_RESOURCES, CPU_REQUEST_MILLI["init"]),
         "securityContext": _container_security(KEEPER_UID, runtime_default),
         "volumeMounts": [{"name": "dropbox", "mountPath": KEEPER_DROPBOX_MOUNT}],
     }
