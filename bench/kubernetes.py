@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import shutil
@@ -61,6 +62,13 @@ async def first_call(broker: Broker, tenant: str) -> float:
     if result["status"] != "ok":
         raise RuntimeError(f"first call for a tenant answered {result['status']}")
     return time.perf_counter() - started
+
+
+def failure(exc: BaseException) -> str:
+    """The innermost error of a failed first call (the SDK wraps it in task groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def pod_memory(lab: Lab, tenants: list[str]) -> list[int]:
@@ -160,6 +168,9 @@ def main() -> int:
         results = asyncio.run(together())
         wall = time.perf_counter() - started
         times = [r for r in results if isinstance(r, float)]
+        failures = collections.Counter(failure(r) for r in results if not isinstance(r, float))
+        for why, count in failures.items():
+            print(f"{count} of the burst failed: {why}", file=sys.stderr)
         running = [
             p
             for p in lab.core.list_namespaced_pod(

@@ -179,3 +179,29 @@ def test_a_pod_killed_mid_use_gives_a_clean_error_and_the_next_call_a_new_pod(
     assert all(o in clean for o in outcomes), outcomes
     assert elapsed < 90  # no hang: a clean error or a new Pod, within the start timeout
     assert last == "ok" and new != old
+
+
+def test_the_reaper_does_not_delete_a_pod_the_broker_is_still_starting(
+    lab: Lab, setup: tuple[str, Path, Path]
+) -> None:
+    """An idle timeout of 2 s makes the reaper look at the cluster every 0.5 s, so it sees the
+    tenant's Pod many times while it starts (seconds): the broker's own start in progress is
+    not an orphan. On the old code the reaper deleted it and the first call failed
+    (sandbox_start_failed, found with 20 first calls at once through one broker)."""
+    tenant, _, base = setup
+    broker = host_broker(lab, base, [tenant])
+    broker.env["DOCBROKER_IDLE_TIMEOUT"] = "2"
+    start(broker)
+    try:
+
+        async def run() -> str:
+            async with broker.client(broker.token(tenant, scope="docs:read")) as client:
+                result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+            return str(result["status"])
+
+        status = asyncio.run(run())
+    finally:
+        broker.stop()
+    assert status == "ok"
+    assert [e["tenant"] for e in audit(broker, "sandbox.started")] == [tenant]
+    assert audit(broker, "sandbox.failed") == []
