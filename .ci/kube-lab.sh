@@ -346,6 +346,8 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available:
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 serializeImagePulls: false
+kubeAPIQPS: 50
+kubeAPIBurst: 100
 YAML
 }
 

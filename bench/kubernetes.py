@@ -30,6 +30,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,7 +51,10 @@ TARGET_P50 = 3.0
 CALL_TIMEOUT = 150.0
 
 
-async def first_call(broker: Broker, tenant: str) -> float:
+Calls = dict[str, tuple[float, float]]  # tenant: (request sent, answer received), perf_counter
+
+
+async def first_call(broker: Broker, tenant: str, calls: Calls | None = None) -> float:
     token = broker.token(tenant, scope="docs:read")
     started = time.perf_counter()
     # A longer wait than the tests' client: 20 Pods starting at once on 2 cores is CPU-bound.
@@ -61,7 +65,76 @@ async def first_call(broker: Broker, tenant: str) -> float:
         result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
     if result["status"] != "ok":
         raise RuntimeError(f"first call for a tenant answered {result['status']}")
-    return time.perf_counter() - started
+    answered = time.perf_counter()
+    if calls is not None:
+        calls[tenant] = (started, answered)
+    return answered - started
+
+
+PHASES = ("created", "scheduled", "initialized", "running", "ready")
+
+
+class PodPhases:
+    """When each tenant Pod reached each phase, as seen by a watch of the namespace (the API's
+    own timestamps have whole seconds only): created, scheduled, init done, containers
+    running, the kubelet's Ready. The broker itself connects once the containers run."""
+
+    def __init__(self, lab: Lab) -> None:
+        self._lab = lab
+        self.seen: dict[str, dict[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            stream = watch.Watch()  # type: ignore[no-untyped-call]
+            try:
+                for event in stream.stream(  # type: ignore[no-untyped-call]
+                    self._lab.core.list_namespaced_pod, names.TENANTS_NAMESPACE, timeout_seconds=5
+                ):
+                    self._record(event["object"], time.perf_counter())
+                    if self._stop.is_set():
+                        break
+            finally:
+                stream.stop()  # type: ignore[no-untyped-call]
+
+    def _record(self, pod: object, now: float) -> None:
+        name = pod.metadata.name  # type: ignore[attr-defined]
+        status = pod.status  # type: ignore[attr-defined]
+        marks = self.seen.setdefault(name, {})
+        marks.setdefault("created", now)
+        conditions = {c.type: c.status for c in (status.conditions or ())} if status else {}
+        if conditions.get("PodScheduled") == "True":
+            marks.setdefault("scheduled", now)
+        if conditions.get("Initialized") == "True":
+            marks.setdefault("initialized", now)
+        statuses = (status.container_statuses or ()) if status else ()
+        if statuses and all(c.state is not None and c.state.running is not None for c in statuses):
+            marks.setdefault("running", now)
+        if conditions.get("Ready") == "True":
+            marks.setdefault("ready", now)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def rows(self, tenants: list[str], calls: Calls) -> list[tuple[str, str]]:
+        """Median time from the client's first request to each phase, and to the answer."""
+        out = []
+        for phase in PHASES:
+            gaps = [
+                self.seen[names.object_name(t)][phase] - calls[t][0]
+                for t in tenants
+                if phase in self.seen.get(names.object_name(t), {})
+            ]
+            if gaps:
+                out.append((f"  request -> pod {phase} (p50)", f"{statistics.median(gaps):.2f} s"))
+        answers = [calls[t][1] - calls[t][0] for t in tenants]
+        out.append(("  request -> answer (p50)", f"{statistics.median(answers):.2f} s"))
+        return out
 
 
 def failure(exc: BaseException) -> str:
@@ -157,9 +230,16 @@ def main() -> int:
         for tenant in sequential + burst:
             lab.tenant(tenant)
         broker.start()
-        firsts = [asyncio.run(first_call(broker, t)) for t in sequential]
+        phases = PodPhases(lab)
+        calls: Calls = {}
+        try:
+            firsts = [asyncio.run(first_call(broker, t, calls)) for t in sequential]
+        finally:
+            phases.stop()
         rows.append(("first call, new tenant (p50)", f"{statistics.median(firsts):.2f} s"))
         rows.append(("first call, new tenant (max)", f"{max(firsts):.2f} s  (N={len(firsts)})"))
+        rows.append(("first call, new tenant (in order)", " ".join(f"{t:.2f}" for t in firsts)))
+        rows += phases.rows(sequential, calls)
 
         async def together() -> list[float | BaseException]:
             return list(await asyncio.gather(*(first_call(broker, t) for t in burst), return_exceptions=True))

@@ -9,7 +9,8 @@ container in the tenant's Pod does what `ReportStore` does on Docker, with the s
 
 - **Two containers, two uids.** `server` (uid 10001, the document tools, untrusted: it parses
   documents) and `keeper` (uid 10002, this package, from the broker image). They share one
-  emptyDir, the drop-box: made by an init container as the keeper's folder, mode 1733, so the
+  emptyDir, the drop-box: made by the keeper's postStart hook as its folder, mode 1733 (the
+  kubelet starts the server only after that hook; the keeper refuses any other), so the
   server can create a file there but cannot list it, nor remove or rename what is not its own.
   The Pod's fsGroup (10001) is the group of what the server creates: it writes reports with
   mode 0o040, so it cannot read back its own file while the keeper, by that group, can.

@@ -11,6 +11,7 @@ import logging
 import os
 import stat
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,27 @@ from server.listen import parse_host_port, tcp_listener, why
 # filesystems (into the reports PVC it would fail with EXDEV). The server mounts only the
 # drop-box folder itself (a subPath), so it cannot reach this one.
 QUARANTINE = "quarantine"
+DROPBOX_MODE = 0o1733
+# The container's postStart hook makes the drop-box while this process starts: wait for it.
+DROPBOX_WAIT_SECONDS = 10.0
+
+
+def wait_for_dropbox(env: Mapping[str, str] = os.environ) -> None:
+    """Until KEEPER_DROPBOX exists with its mode (or the wait ends: from_env then says what is
+    wrong). The kubelet starts the server only once the hook is done, so the wait is short."""
+    path = env.get("KEEPER_DROPBOX", "").strip()
+    deadline = time.monotonic() + DROPBOX_WAIT_SECONDS
+    seen: float | None = None  # when it first existed: the hook's chmod follows its mkdir
+    while path and time.monotonic() < deadline:
+        try:
+            if stat.S_IMODE(os.lstat(path).st_mode) == DROPBOX_MODE:
+                return
+            seen = seen or time.monotonic()
+            if time.monotonic() - seen > 0.5:
+                return
+        except OSError:
+            pass
+        time.sleep(0.01)
 
 
 @dataclass(frozen=True)
@@ -48,10 +70,16 @@ class KeeperConfig:
                 raise ConfigError(f"{name} must be a folder (not a symlink)")
             folders[name] = Path(value)
         dropbox = folders["KEEPER_DROPBOX"]
-        if os.stat(dropbox).st_dev != os.stat(dropbox.parent).st_dev:
+        made = os.stat(dropbox)
+        if made.st_dev != os.stat(dropbox.parent).st_dev:
             raise ConfigError(
                 "KEEPER_DROPBOX must be a folder inside the drop-box volume, not its mount point "
                 "(the quarantine goes beside it, on the same filesystem)"
+            )
+        if made.st_uid != os.geteuid() or stat.S_IMODE(made.st_mode) != DROPBOX_MODE:
+            raise ConfigError(
+                "KEEPER_DROPBOX must be the keeper's own folder with mode 1733 (the server may "
+                "create files there, never list it or remove what is not its own)"
             )
         key_file = env.get("KEEPER_KEY_FILE", "").strip()
         if not key_file:
@@ -78,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if listen is None:
         sys.stderr.write("docbroker keeper: --http takes HOST:PORT\n")
         return 2
+    wait_for_dropbox()
     try:
         config = KeeperConfig.from_env()
     except ConfigError as exc:

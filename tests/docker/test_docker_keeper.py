@@ -92,7 +92,7 @@ def pod() -> Iterator[Pod]:
         shutil.copytree(REPO / package, code / package, ignore=shutil.ignore_patterns("__pycache__"))
     for path in (code, *code.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    # As the Pod's init container makes them: the drop-box the keeper's, 1733; reports the keeper's only.
+    # As the Pod's keeper hook makes them: the drop-box the keeper's, 1733; reports the keeper's only.
     for name, mode in (("box", 0o700), ("box/reports", 0o1733), ("reports", 0o700)):
         (root / name).mkdir()
         os.chown(root / name, KEEPER_UID, POD_GID)

@@ -11,8 +11,14 @@ Pure functions: the backend sends them, tests run the restricted-profile check o
 - `keeper` (uid 10002, the broker image) alone mounts the reports PVC and alone holds
   `keeper-key`: the server can create a report in the drop-box, and never reach one the
   keeper accepted (DESIGN §7): a volume a container does not mount does not exist for it.
-- `dropbox` (init, uid 10002) makes the drop-box folder, owned by the keeper, mode 1733:
-  the server may create files in it, not list it, not remove what is not its own.
+- The drop-box folder (in an emptyDir), owned by the keeper, mode 1733: the server may create
+  files in it, not list it, not remove what is not its own. The keeper's postStart hook makes
+  it. The kubelet starts a Pod's containers in order and runs each one's postStart hook before
+  it starts the next (1.20's kuberuntime_manager, SyncPod step 7), so the keeper comes first
+  and the folder exists before the server's subPath mount would make it (as root, 0777). The
+  keeper itself refuses to serve a drop-box that is not its own 1733. Why not an init
+  container: it cost a second of every first call (another container's lifecycle, and the
+  kubelet notices its exit only at its next relist, once a second), measured on the lab.
 - Pod: no ServiceAccount token, no service links, non-root with non-zero gids, every
   capability dropped, no privilege escalation, read-only root fs, limits on every container,
   `restartPolicy: Never` (the broker replaces a crashed Pod: the lifecycle decides, not the kubelet).
@@ -38,19 +44,23 @@ DROPBOX_FOLDER = "reports"  # inside the emptyDir; the server sees it as DOCS_RO
 KEEPER_REPORTS = "/reports"
 SERVER_COMMAND = ["/opt/venv/bin/python", "-OO", "-m", "server", "--http", f"0.0.0.0:{names.MCP_PORT}"]
 KEEPER_COMMAND = ["/opt/venv/bin/python", "-m", "broker.keeper", "--http", f"0.0.0.0:{names.KEEPER_PORT}"]
-# mkdir under the umask, then chmod: the mode must be exactly 1733 whatever the umask.
-DROPBOX_INIT = (
-    "import os; p = os.path.join(os.environ['BOX'], 'reports'); "
-    "os.path.isdir(p) or os.mkdir(p); os.chmod(p, 0o1733)"
+# mkdir under the umask, then chmod: the mode must be exactly 1733 whatever the umask. -I -S:
+# no site-packages, no environment: the hook needs `os` only, and starts in milliseconds.
+MAKE_DROPBOX = (
+    "/opt/venv/bin/python",
+    "-I",
+    "-S",
+    "-c",
+    f"import os; p = '{KEEPER_DROPBOX_MOUNT}/{DROPBOX_FOLDER}'; "
+    "os.path.isdir(p) or os.mkdir(p); os.chmod(p, 0o1733)",
 )
-KEEPER_RESOURCES = {"cpu": "250m", "memory": "96Mi"}
-INIT_RESOURCES = {"cpu": "100m", "memory": "32Mi"}
+# A limit of a whole CPU: the keeper's Python start-up is on every first call's path (the
+# broker waits for both ports), and 250m made it four times slower. Idle, it uses next to none.
+KEEPER_RESOURCES = {"cpu": "1", "memory": "96Mi"}
 # The CPU the scheduler reserves per container: about an idle one's use. CPU requests equal
 # to the limits would reserve a core per tenant Pod, and a node would fit as many idle tenants
 # as it has cores; the limits still bound each one. Memory is reserved as limited (no overcommit).
-# The init container counts too: a Pod reserves the larger of its init containers' requests and
-# its containers' sum, so an init request equal to its limit reserved 100m per tenant Pod.
-CPU_REQUEST_MILLI = {"server": 50, "keeper": 10, "init": 10}
+CPU_REQUEST_MILLI = {"server": 50, "keeper": 10}
 
 
 def seccomp_profile(setting: str) -> dict[str, str]:
@@ -140,6 +150,7 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
             "periodSeconds": 1,
             "failureThreshold": 3,
         },
+        "lifecycle": {"postStart": {"exec": {"command": list(MAKE_DROPBOX)}}},
         "resources": _limits(KEEPER_RESOURCES, CPU_REQUEST_MILLI["keeper"]),
         "securityContext": _container_security(KEEPER_UID, runtime_default),
         "volumeMounts": [
@@ -147,16 +158,6 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
             {"name": "reports", "mountPath": KEEPER_REPORTS},
             {"name": "keeper-secret", "mountPath": KEEPER_SECRETS, "readOnly": True},
         ],
-    }
-    init = {
-        "name": "dropbox",
-        "image": settings.keeper_image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": ["/opt/venv/bin/python", "-c", DROPBOX_INIT],
-        "env": [{"name": "BOX", "value": KEEPER_DROPBOX_MOUNT}],
-        "resources": _limits(INIT_RESOURCES, CPU_REQUEST_MILLI["init"]),
-        "securityContext": _container_security(KEEPER_UID, runtime_default),
-        "volumeMounts": [{"name": "dropbox", "mountPath": KEEPER_DROPBOX_MOUNT}],
     }
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -171,8 +172,7 @@ def tenant_pod(settings: KubernetesSettings, tenant: str, *, instance: str, repl
             "supplementalGroups": [POD_GID],  # explicit: a PSP would otherwise add its range's first gid
             "seccompProfile": runtime_default,
         },
-        "initContainers": [init],
-        "containers": [server, keeper],
+        "containers": [keeper, server],  # this order: the keeper's hook makes the drop-box first
         "volumes": [
             {
                 "name": "sources",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker.keeper.keeper_support import KEEPER_KEY, Keeper, derived, start_keeper
+from tests.broker.keeper.keeper_support import KEEPER_KEY, Keeper, derived, start_keeper, wait_serving
 
 APPROVED = b"# Q3\nthe approved bytes\n"
 SHA = hashlib.sha256(APPROVED).hexdigest()
@@ -217,6 +217,33 @@ def test_bad_configuration_refuses_to_start(tmp_path: Path, env: dict[str, str],
         keeper.stop()
     text = keeper.log.read_text()
     assert expected in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o1777, 0o733])
+def test_a_drop_box_the_server_could_list_or_empty_refuses_to_start(tmp_path: Path, mode: int) -> None:
+    (tmp_path / "box").mkdir()
+    (tmp_path / "box").chmod(mode)
+    keeper = start_keeper(tmp_path, env={"KEEPER_DROPBOX": str(tmp_path / "box")})
+    try:
+        assert keeper.proc.wait(timeout=30) == 2
+    finally:
+        keeper.stop()
+    text = keeper.log.read_text()
+    assert "own folder with mode 1733" in text and "Traceback" not in text
+
+
+def test_the_keeper_waits_for_its_drop_box_made_by_the_start_hook(tmp_path: Path) -> None:
+    """In the Pod the keeper's postStart hook makes the drop-box while the keeper starts."""
+    box = tmp_path / "late"
+    keeper = start_keeper(tmp_path, env={"KEEPER_DROPBOX": str(box)})
+    try:
+        time.sleep(0.3)
+        assert keeper.proc.poll() is None  # still waiting, not refused
+        box.mkdir()
+        box.chmod(0o1733)
+        wait_serving(keeper)
+    finally:
+        keeper.stop()
 
 
 def test_a_weak_key_refuses_to_start(tmp_path: Path) -> None:
