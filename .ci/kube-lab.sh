@@ -18,7 +18,8 @@ set -euo pipefail
 
 KUBE_VERSION=1.20.2
 DEB_VERSION=1.20.5+really1.20.2-1.1+deb12u1
-CACHE=${DOCBROKER_KUBE_LAB_CACHE:-/var/cache/docbroker/kube-v$KUBE_VERSION}
+# Keyed by version and by build recipe (-r2: the kubelet built static, with the others).
+CACHE=${DOCBROKER_KUBE_LAB_CACHE:-/var/cache/docbroker/kube-v$KUBE_VERSION-r2}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 BIN=$CACHE/bin
@@ -95,6 +96,9 @@ build_kube() {
     export KUBE_GIT_VERSION=v$KUBE_VERSION KUBE_GIT_TREE_STATE=clean
     export KUBE_GIT_COMMIT=faecb196815e248d3ecfb03c680a4507229c2a56
     export GOCACHE=$CACHE/gocache GOPATH=$work/gopath
+    # The kubelet static (CGO_ENABLED=0) like the other three: built apart with cgo, every
+    # package it shares with them (client-go, apimachinery, ...) was compiled a second time.
+    export KUBE_STATIC_OVERRIDES=kubelet
     make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet" \
       >"$work/make.log" 2>&1 &
     pid=$!

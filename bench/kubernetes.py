@@ -189,7 +189,12 @@ def docker_memory(base: Path) -> int | None:
         except Exception as exc:
             print(f"docker: not measured ({type(exc).__name__}: {exc})", file=sys.stderr)
             return None
-        info = await backend.create(spec)
+        try:
+            info = await backend.create(spec)
+        except Exception as exc:
+            await backend.close()
+            print(f"docker: not measured ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return None
         try:
             await asyncio.sleep(5)
             stats = await asyncio.to_thread(

@@ -274,6 +274,9 @@ class Follower:
             stderr=subprocess.PIPE,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
+            # A test run started in the background (`pytest &`) ignores SIGINT, and Python keeps
+            # an ignored SIGINT ignored: `stop()` would then wait in vain.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         os.set_blocking(self.proc.stdout.fileno(), False)  # type: ignore[union-attr]
         self._buf = b""

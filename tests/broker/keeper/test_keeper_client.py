@@ -68,7 +68,9 @@ async def test_outcomes_come_back_as_the_keeper_decides(keeper: Keeper) -> None:
 
 
 @pytest.mark.parametrize(
-    "key", [derived(b"docbroker/keeper/v1/", "globex"), derived(b"docbroker/sandbox/v1/", "acme")]
+    "key",
+    [derived(b"docbroker/keeper/v1/", "globex"), derived(b"docbroker/sandbox/v1/", "acme")],
+    ids=["another_tenants_keeper_key", "the_sandbox_key"],  # the keys are random per run
 )
 async def test_a_wrong_key_accepts_nothing(keeper: Keeper, key: str) -> None:
     reports = reports_at(keeper.url, key)
