@@ -50,8 +50,7 @@ from broker.master_key import tenant_secret  # noqa: E402
 from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
-from broker.tenants import DROPBOX_MODE  # noqa: E402
-from broker.types import SandboxSpec  # noqa: E402
+from broker.types import DROPBOX_MODE, SandboxSpec  # noqa: E402
 
 QUERY = {"query": "bench"}
 _PROTOCOL = "2026-07-28"

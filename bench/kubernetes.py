@@ -163,13 +163,13 @@ def docker_memory(base: Path) -> int | None:
     """A Docker runtime sandbox's memory once idle (None when no daemon answers)."""
     from broker.runtime.docker import DockerBackend
     from broker.settings import DockerSettings
-    from broker.types import SandboxSpec
+    from broker.types import DROPBOX_MODE, SandboxSpec
 
     tenant = "benchmem"
     docs = base / "docker" / tenant / "docs"
     (docs / "sources").mkdir(parents=True)
     (docs / "reports").mkdir()
-    os.chmod(docs / "reports", 0o1733)  # noqa: S103 - the drop-box, as broker/tenants.py makes it
+    os.chmod(docs / "reports", DROPBOX_MODE)  # the drop-box, as broker/tenants.py makes it
     (docs / "sources" / "notes.md").write_text("# Notes\nthe cluster\n")
     run = base / "docker" / tenant / "run"
     run.mkdir()

@@ -18,13 +18,8 @@ from pathlib import Path
 
 from broker.master_key import tenant_secret
 from broker.settings import Settings
-from broker.types import SandboxSpec
+from broker.types import DROPBOX_MODE, SandboxSpec
 from server.contracts import TENANT_RE
-
-# The drop-box lets the sandbox's uid create files and nothing else: write+search, no read
-# (cannot list), sticky (cannot remove others' files). Rootless containers run under a
-# sub-uid, so "others" is the class that applies to them.
-DROPBOX_MODE = 0o1733
 
 
 class Tenants:

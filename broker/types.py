@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+# The drop-box (DESIGN §7) lets the sandbox's uid create files and nothing else: write+search,
+# no read (cannot list), sticky (cannot remove others' files). Rootless containers run under a
+# sub-uid, so "others" is the class that applies to them; in a tenant Pod the folder is the
+# keeper's and the server is "others" too. Docker's tenant folders and the Pod's keeper use it.
+DROPBOX_MODE = 0o1733
+
 
 class OAuthScope(StrEnum):
     """An OAuth scope a bearer token grants (never the ASGI `scope` of a request)."""

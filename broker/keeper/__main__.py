@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.types import DROPBOX_MODE
 from server.config import ConfigError, secret_from_fd
 from server.listen import parse_host_port, tcp_listener, why
 
@@ -23,7 +24,6 @@ from server.listen import parse_host_port, tcp_listener, why
 # filesystems (into the reports PVC it would fail with EXDEV). The server mounts only the
 # drop-box folder itself (a subPath), so it cannot reach this one.
 QUARANTINE = "quarantine"
-DROPBOX_MODE = 0o1733
 # The container's postStart hook makes the drop-box while this process starts: wait for it.
 DROPBOX_WAIT_SECONDS = 10.0
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from broker.settings import Settings
-from broker.tenants import DROPBOX_MODE, Tenants
+from broker.tenants import Tenants
+from broker.types import DROPBOX_MODE
 
 
 @pytest.fixture

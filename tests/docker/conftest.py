@@ -30,8 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 from broker.master_key import tenant_secret  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
-from broker.tenants import DROPBOX_MODE  # noqa: E402
-from broker.types import SandboxInfo, SandboxSpec  # noqa: E402
+from broker.types import DROPBOX_MODE, SandboxInfo, SandboxSpec  # noqa: E402
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 IMAGE = os.environ.get("DOCBROKER_TEST_IMAGE", "docbroker-server:latest")

@@ -32,6 +32,7 @@ from typing import Any
 from broker.master_key import keeper_key, sandbox_key, tenant_secret
 from broker.runtime.kubernetes import names
 from broker.settings import KubernetesSettings
+from broker.types import DROPBOX_MODE
 
 SERVER_UID = 10001
 KEEPER_UID = 10002
@@ -52,7 +53,7 @@ MAKE_DROPBOX = (
     "-S",
     "-c",
     f"import os; p = '{KEEPER_DROPBOX_MOUNT}/{DROPBOX_FOLDER}'; "
-    "os.path.isdir(p) or os.mkdir(p); os.chmod(p, 0o1733)",
+    f"os.path.isdir(p) or os.mkdir(p); os.chmod(p, {DROPBOX_MODE:#o})",
 )
 # A limit of a whole CPU: the keeper's Python start-up is on every first call's path (the
 # broker waits for both ports), and 250m made it four times slower. Idle, it uses next to none.

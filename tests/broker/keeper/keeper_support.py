@@ -116,7 +116,7 @@ class Keeper:
 def start_keeper(base: Path, *, key: str = KEEPER_KEY, env: dict[str, str] | None = None) -> Keeper:
     for folder in ("dropbox", "reports"):
         (base / folder).mkdir(exist_ok=True)
-    (base / "dropbox").chmod(0o1733)  # as the Pod's keeper makes it
+    (base / "dropbox").chmod(0o1733)  # as the Pod's keeper makes it (the contract, stated here)
     key_file = base / "keeper.key"
     key_file.write_text(key + "\n", encoding="ascii")
     key_file.chmod(0o600)
