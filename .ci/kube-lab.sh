@@ -597,7 +597,7 @@ cmd_stop() {
   # Container processes left in the lab's cgroups (a shim killed before its children).
   for h in /sys/fs/cgroup/*/"$CGROUP_ROOT"; do
     [ -d "$h" ] || continue
-    find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
+    { find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
   done
   sleep 0.5
   # Mounts under DIR (pod volumes, overlay rootfs, netns files), deepest first.
@@ -605,7 +605,8 @@ cmd_stop() {
     umount -l "$m" 2>/dev/null || true
   done
   for h in /sys/fs/cgroup/*/"$CGROUP_ROOT"; do
-    [ -d "$h" ] && find "$h" -depth -type d -exec rmdir {} + 2>/dev/null
+    # || true: a cgroup still busy must not end `stop` before the netns and DIR go (set -e)
+    [ -d "$h" ] && find "$h" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
   if [ -e "/run/netns/$NETNS" ]; then
     ip route del "$SUBNET_PREFIX.0/24" 2>/dev/null || true

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from broker.approvals.store import ApprovalStore, Claim, HeldClaim
-from broker.audit import AuditSinkError
+from broker.audit import AuditFn, AuditSinkError
 from broker.audit.schema import AuditEvent
 
 log = logging.getLogger("docbroker")
@@ -30,7 +30,6 @@ PER_RECOVERY = 100
 # approval reads as approved again without waiting for its requester's retry.
 RECOVERY_INTERVAL_SECONDS = 30.0
 
-AuditFn = Callable[..., Awaitable[None]]
 
 
 class Claims:

@@ -18,7 +18,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from broker.approvals.claims import Claims, recover_claims
 from broker.approvals.reports import Reports
 from broker.approvals.sealing import SealedApproval, StateSealer
 from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavailable, TooManyPending
+from broker.audit import AuditFn
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial, Denied
 from broker.policy import TenantPolicy
@@ -49,7 +50,6 @@ NO_APPROVE_SCOPE_MESSAGE = "answering an approval needs the reports:approve scop
 SAME_PERSON_MESSAGE = "this report must be approved by someone other than its requester"
 
 # event name, fields (names and ids only)
-AuditFn = Callable[..., Awaitable[None]]
 
 
 class _ClientSave(c.StrictInput):
@@ -140,7 +140,7 @@ class ApprovalFlow:
             responses = msg.params.get("inputResponses")
             return await self._answered_in_band(principal, policy, draft, state, responses, ids)
 
-        approved = await self._consume(draft, ids)
+        approved = await self._consume(draft)
         if approved is not None:
             await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok", **ids)
             return self._forward(draft, approved.id)
@@ -297,7 +297,7 @@ class ApprovalFlow:
         await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome="ok", **ids)
         return self._forward(draft, record.id)
 
-    async def _consume(self, draft: Draft, ids: dict[str, str]) -> Approval | None:
+    async def _consume(self, draft: Draft) -> Approval | None:
         """Take the approval for exactly this report; first take back claims on it that are
         lost (a broker that died after consuming it, before sending the write)."""
         take = functools.partial(

@@ -70,8 +70,8 @@ class KeeperReports:
     async def saving(self, on_swept: OnSwept) -> AsyncIterator[None]:
         async with self._turns:
             self._turn, swept = await self._begin()
-            await on_swept(swept, SweepReason.BEFORE_SAVE)
-            try:
+            try:  # the turn is ended whatever happens from here, or it stays leased for minutes
+                await on_swept(swept, SweepReason.BEFORE_SAVE)
                 yield
             finally:
                 turn, self._turn = self._turn, None
@@ -85,7 +85,9 @@ class KeeperReports:
         try:
             body = {"name": name, "sha256": sha256}
             answer = await self._ask("accept", body if self._turn is None else {**body, "turn": self._turn})
-            return Accepted(answer["accepted"]) if set(answer) == {"accepted"} else _bad_answer()
+            if set(answer) != {"accepted"} or answer["accepted"] not in Accepted._value2member_map_:
+                _bad_answer()  # never Accepted(value): its ValueError would carry the answer to the log
+            return Accepted(answer["accepted"])
         except (KeeperError, ValueError, TypeError) as exc:
             _warn("could not have a report accepted", exc)
             return Accepted.IO_ERROR
@@ -183,4 +185,5 @@ def _bad_answer() -> Any:
 
 
 def _warn(what: str, exc: Exception) -> None:
-    log.warning("%s: keeper %s", what, exc)  # a fixed phrase or a status code: never a name
+    # KeeperError's own fixed phrases or status codes; of anything else only its type: never a name
+    log.warning("%s: keeper %s", what, exc if isinstance(exc, KeeperError) else type(exc).__name__)

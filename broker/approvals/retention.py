@@ -10,17 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from broker.approvals.store import ApprovalStore
-from broker.audit import AuditSinkError
+from broker.audit import AuditFn, AuditSinkError
 from broker.audit.schema import AuditEvent
 
 log = logging.getLogger("docbroker")
 
 INTERVAL_SECONDS = 600.0  # a purge is one indexed scan; often enough that the age is kept to the hour
 
-AuditFn = Callable[..., Awaitable[None]]
 
 
 async def purge_once(

@@ -18,12 +18,13 @@ signed RFC 6962 checkpoints over it.
 
 from broker.audit.errors import AuditError, AuditSinkError, UnknownEventError
 from broker.audit.log import AuditLog, AuditStats
-from broker.audit.schema import AuditEvent
+from broker.audit.schema import AuditEvent, AuditFn
 from broker.audit.verify import VerifyReport, main_verify, verify_file
 
 __all__ = [
     "AuditError",
     "AuditEvent",
+    "AuditFn",
     "AuditLog",
     "AuditSinkError",
     "AuditStats",

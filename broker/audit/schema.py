@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from enum import StrEnum
 from typing import Final
 
@@ -21,6 +21,10 @@ SCHEMA_VERSION: Final = 1
 MAX_LIST_ITEMS: Final = 64
 MAX_SUBJECT_CHARS: Final = 256
 MAX_COUNT: Final = 2**53  # largest integer every JSON reader keeps exact
+
+
+# What the approvals code is handed to write an event: `await audit(event, **fields)`.
+AuditFn = Callable[..., Awaitable[None]]
 
 
 class AuditEvent(StrEnum):

@@ -15,7 +15,7 @@ leaves it to its lease (`seconds`, capped), after which the turn is free again.
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import re
 import secrets
 from typing import Any
@@ -24,9 +24,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.approvals.reports import ReportFiles, SweepReason
+from broker.protocol.codec import loads_strict
 from broker.threads import to_thread_to_the_end
 from server.bearer import BearerRequired
 from server.contracts import FILENAME_RE
@@ -38,17 +39,12 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _SECONDS_RE = re.compile(r"[0-9]{1,3}")  # ASCII digits only: int() also reads other scripts' digits
 _REASONS = frozenset(reason.value for reason in SweepReason)
 
+log = logging.getLogger("docbroker.keeper")
+
 
 class _Refused(Exception):
     def __init__(self, status: int, code: str) -> None:
         self.status, self.code = status, code
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise _Refused(400, "invalid_body")
-    return out
 
 
 async def _body(
@@ -62,8 +58,8 @@ async def _body(
         if len(raw) > MAX_BODY_BYTES:
             raise _Refused(413, "body_too_large")
     try:
-        body = json.loads(raw, object_pairs_hook=_no_duplicates)
-    except (ValueError, RecursionError):
+        body = loads_strict(raw.decode("utf-8"))  # duplicate members and NaN refused
+    except (ValueError, RecursionError):  # UnicodeDecodeError and StrictJsonError are ValueErrors
         raise _Refused(400, "invalid_body") from None
     if not isinstance(body, dict) or not keys <= set(body) <= keys | optional:
         raise _Refused(400, "invalid_body")
@@ -184,4 +180,19 @@ def keeper_app(files: ReportFiles, *, key: str) -> ASGIApp:
         ],
         exception_handlers={_Refused: refused, Exception: failed},
     )
-    return BearerRequired(app, key=key)
+    return BearerRequired(_NoTracebacks(app), key=key)
+
+
+class _NoTracebacks:
+    """Starlette answers an unexpected error with `failed` (500), then raises it again for the
+    server to log, traceback and message included; an OSError's message names the file (a
+    report's name). Logged here by its type only."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._app(scope, receive, send)
+        except Exception as exc:
+            log.error("keeper request failed (%s)", type(exc).__name__)

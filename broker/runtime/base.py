@@ -325,29 +325,37 @@ class Runtime:
         for info in await self.backend.discover():
             if not info.tenant or info.tenant in self._sandboxes:
                 continue
-            lock = self._locks.get(info.tenant)
-            if lock is not None and lock.locked():
+            lock = self._locks.setdefault(info.tenant, asyncio.Lock())
+            if lock.locked():
                 # This replica is starting (or replacing) it right now: on Kubernetes a start
                 # is still in the backend's create for seconds, and under load for longer
                 # than a reaper interval. Seen live: 20 first calls at once, 18 Pods deleted.
                 continue
-            creator = str(info.details.get("replica", ""))
-            peer = creator != self._replicas.me and self._replicas.alive(creator)
-            if peer and not startup:
-                continue
-            if (
-                info.endpoint is not None
-                and info.state is SandboxState.RUNNING
-                and await self.backend.alive(info)
-                and await wait_ready(info.endpoint, 0.05 if peer else 2.0)
-            ):
-                idle = self._use.idle_for(info.tenant)
-                info.state = SandboxState.RUNNING
-                info.last_used = self._clock() - (idle or 0.0)
-                self._sandboxes[info.tenant] = info
-                log.info("adopted sandbox", extra={"backend": self.backend.name})
-            elif not peer:
-                await self.backend.delete(info)
+            async with lock:  # free, so taken at once: a start that begins now waits for this one
+                await self._sync_one(info, startup=startup)
+
+    async def _sync_one(self, info: SandboxInfo, *, startup: bool) -> None:
+        """Adopt one sandbox the engine runs and this replica does not know, or remove it; under
+        the tenant's lock."""
+        if info.tenant in self._sandboxes:
+            return
+        creator = str(info.details.get("replica", ""))
+        peer = creator != self._replicas.me and self._replicas.alive(creator)
+        if peer and not startup:
+            return
+        if (
+            info.endpoint is not None
+            and info.state is SandboxState.RUNNING
+            and await self.backend.alive(info)
+            and await wait_ready(info.endpoint, 0.05 if peer else 2.0)
+        ):
+            idle = self._use.idle_for(info.tenant)
+            info.state = SandboxState.RUNNING
+            info.last_used = self._clock() - (idle or 0.0)
+            self._sandboxes[info.tenant] = info
+            log.info("adopted sandbox", extra={"backend": self.backend.name})
+        elif not peer:
+            await self.backend.delete(info)
 
     async def _reap_forever(self) -> None:
         interval = max(0.5, min(self._idle_timeout / 4, 30.0))

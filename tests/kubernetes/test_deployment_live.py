@@ -155,6 +155,10 @@ def readyz(ip: str) -> dict[str, Any] | None:
     return dict(answer.json()) if answer.status_code == 200 else None
 
 
+# What the Deployment test applies beyond what Lab.open() applies for every Kubernetes test.
+OWN_KINDS = ("Deployment", "PodDisruptionBudget", "ConfigMap", "Secret")
+
+
 @pytest.fixture
 def deployed(tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]]]:
     lab = Lab.open()  # namespaces, RBAC, PSP and storage class first: the tenant PVCs need them
@@ -183,8 +187,13 @@ def deployed(tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]
         except AssertionError:
             pass
         try:
-            delete = ("delete", "-k", str(tmp_path), "--ignore-not-found", "--wait=true", "--timeout=180s")
-            _kubectl(lab.kubeconfig, *delete)
+            # Only what this test adds to the lab: the namespaces, RBAC, PSP and storage class
+            # stay (Lab.open applies them), since the other Kubernetes tests stand on them,
+            # maybe at this moment on the other worker.
+            mine = [d for d in yaml.safe_load_all(_kubectl(lab.kubeconfig, "kustomize", str(tmp_path))) if d]
+            mine = [d for d in mine if d["kind"] in OWN_KINDS]
+            delete = ("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=180s")
+            _kubectl(lab.kubeconfig, *delete, stdin=yaml.safe_dump_all(mine))
         finally:
             lab.drop_tenant(tenant)
             cluster.remove()
