@@ -136,6 +136,7 @@ class KubernetesSettings:
 
 KUBE_SECCOMP_RE = re.compile(r"RuntimeDefault|localhost/[A-Za-z0-9._/-]{1,200}")
 KUBE_QUANTITY_RE = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
+KUBE_CPU_RE = re.compile(r"[0-9]+(\.[0-9]+)?m?")  # cores or millicores: what the Pod spec computes with
 
 
 @dataclass(frozen=True)
@@ -456,9 +457,10 @@ def _kubernetes_settings(r: _Reader) -> KubernetesSettings:
         )
     if k.runtime_class is not None and not INSTANCE_RE.fullmatch(k.runtime_class):
         raise SettingsError(f"{PREFIX}KUBE_RUNTIME_CLASS must be a DNS label")
-    for name, value in (("KUBE_CPU_LIMIT", k.cpu_limit), ("KUBE_MEMORY_LIMIT", k.memory_limit)):
-        if not KUBE_QUANTITY_RE.fullmatch(value):
-            raise SettingsError(f"{PREFIX}{name} must be a Kubernetes quantity such as 500m or 128Mi")
+    if not KUBE_CPU_RE.fullmatch(k.cpu_limit):
+        raise SettingsError(f"{PREFIX}KUBE_CPU_LIMIT must be a CPU quantity such as 1, 1.5 or 500m")
+    if not KUBE_QUANTITY_RE.fullmatch(k.memory_limit):
+        raise SettingsError(f"{PREFIX}KUBE_MEMORY_LIMIT must be a Kubernetes quantity such as 128Mi")
     return k
 
 

@@ -195,6 +195,8 @@ def test_tenant_manifest_command(tmp_path: Path) -> None:
         ("DOCBROKER_KUBE_SECCOMP", "Unconfined"),
         ("DOCBROKER_KUBE_SECCOMP", "localhost/../../etc/x"),
         ("DOCBROKER_KUBE_CPU_LIMIT", "lots"),
+        ("DOCBROKER_KUBE_CPU_LIMIT", "2k"),  # a quantity, but the Pod spec could not compute with it
+        ("DOCBROKER_KUBE_CPU_LIMIT", "1Gi"),
         ("DOCBROKER_KUBE_MEMORY_LIMIT", "128 MB"),
         ("DOCBROKER_KUBE_NAMESPACE", "Bad_NS"),
         ("DOCBROKER_KUBE_RUNTIME_CLASS", "g visor"),
