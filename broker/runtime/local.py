@@ -86,8 +86,10 @@ class LocalProcessBackend(SandboxBackend):
 
     async def alive(self, info: SandboxInfo) -> bool:
         proc = self._procs.get(info.backend_id)
-        if proc is not None:
-            return proc.returncode is None
+        if proc is not None and proc.returncode is not None:
+            return False
+        # Our own child too: another replica may have stopped it, and until this event loop
+        # reaps the zombie its `returncode` still says running (seen: a sandbox reaped twice).
         return info.backend_id.isdigit() and _serves(int(info.backend_id), info.tenant)
 
     async def delete(self, info: SandboxInfo) -> None:
