@@ -56,8 +56,8 @@ def _master_key(settings: Settings) -> tuple[str, str]:
     path = settings.master_key_file
     if not path.exists():
         return WARN, "missing: `docbroker serve` or `docbroker tenant` creates one"
-    load_master_key(path)
-    return OK, f"{len(path.read_text().strip()) // 2} bytes, mode {stat.S_IMODE(path.stat().st_mode):o}"
+    key = load_master_key(path)  # refuses a link, a FIFO, an open mode: the mode is 0600 or less
+    return OK, f"{len(key)} bytes, mode {stat.S_IMODE(path.lstat().st_mode):o}"
 
 
 def _policies(settings: Settings) -> tuple[str, str]:

@@ -30,6 +30,10 @@ class UnsafeFileError(Exception):
     """The file cannot be used: missing, not a regular file, a link, too large, too open."""
 
 
+class FileTooLargeError(UnsafeFileError):
+    """The file holds more than the caller's limit (nothing of it is returned)."""
+
+
 def open_regular(path: str | Path, *, follow_links: bool = False) -> int:
     """An fd for reading `path`, which must be a regular file; blocking mode restored.
 
@@ -45,7 +49,7 @@ def open_regular(path: str | Path, *, follow_links: bool = False) -> int:
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last component is a symlink and O_NOFOLLOW said no
             raise UnsafeFileError(f"{name}: is a symbolic link (refused)") from None
-        raise UnsafeFileError(f"{name}: cannot be opened ({exc.strerror})") from None
+        raise UnsafeFileError(f"{name}: cannot be read ({exc.strerror})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -86,5 +90,5 @@ def read_bounded(path: str | Path, limit: int, *, private: bool = False, follow_
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise UnsafeFileError(f"{name}: larger than {limit} bytes (refused)")
+        raise FileTooLargeError(f"{name}: larger than {limit} bytes (refused)")
     return data

@@ -12,10 +12,12 @@ import hashlib
 import hmac
 import os
 import secrets
-import stat
 from pathlib import Path
 
+from broker.files import UnsafeFileError, read_bounded
+
 MIN_MASTER_KEY_BYTES = 32
+_MAX_MASTER_KEY_FILE_BYTES = 4096  # 64 hex digits and a newline; the cap bounds a planted file
 _APPROVAL_LABEL = b"docbroker/approval/v1/"
 _SEAL_LABEL = b"docbroker/request-state/v1"
 _SESSION_LABEL = b"docbroker/mcp-session/v1"
@@ -51,16 +53,15 @@ def session_key(master_key: bytes) -> bytes:
 
 
 def load_master_key(path: Path) -> bytes:
+    # No symlink, no FIFO, mode 0600, bounded: the Deployment copies the Secret into an
+    # emptyDir as a regular file, and the Docker layout writes one, so nothing legitimate links.
     try:
-        info = path.stat()
-        raw = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        raise MasterKeyError(f"master key file cannot be read: {path.name}") from None
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise MasterKeyError("master key file must not be readable by group or others (chmod 600)")
+        raw = read_bounded(path, _MAX_MASTER_KEY_FILE_BYTES, private=True)
+    except UnsafeFileError as exc:
+        raise MasterKeyError(f"master key file {exc}") from None
     try:
-        key = bytes.fromhex(raw)
-    except ValueError:
+        key = bytes.fromhex(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
         raise MasterKeyError("master key file must hold hex") from None
     if len(key) < MIN_MASTER_KEY_BYTES:
         raise MasterKeyError(f"master key must be at least {MIN_MASTER_KEY_BYTES} bytes")

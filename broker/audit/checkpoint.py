@@ -34,9 +34,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from broker.files import UnsafeFileError, read_bounded
+
 FORMAT: Final = 1
 CHECKPOINT_LABEL: Final = b"docbroker-audit-checkpoint/v1\n"
 GAP_LABEL: Final = b"docbroker-audit-gap/v1\n"
+MAX_KEY_FILE_BYTES: Final = 16 * 1024  # a PEM key is a few hundred bytes
 
 
 class KeyFileError(Exception):
@@ -100,12 +103,9 @@ def create_signing_key(path: Path) -> bool:
 
 def load_signing_key(path: Path) -> Signer:
     try:
-        info = path.stat()
-        data = path.read_bytes()
-    except OSError:
-        raise KeyFileError(f"audit key file cannot be read: {path.name}") from None
-    if info.st_mode & 0o077:
-        raise KeyFileError("audit key file must not be readable by group or others (chmod 600)")
+        data = read_bounded(path, MAX_KEY_FILE_BYTES, private=True)
+    except UnsafeFileError as exc:
+        raise KeyFileError(f"audit key file {exc}") from None
     try:
         private = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
@@ -139,9 +139,13 @@ def load_public_key(spec: str) -> Ed25519PublicKey:
     """`spec` is a file (PEM or hex) or the hex itself."""
     path = Path(spec)
     if len(spec) != 64 and path.exists():
+        # A public key is not secret: an operator's link to it is fine (follow), but a FIFO or
+        # a device given as --key must not hang or fill memory.
         try:
-            return parse_public_key(path.read_text(encoding="ascii"))
-        except (OSError, UnicodeDecodeError):
+            return parse_public_key(read_bounded(path, MAX_KEY_FILE_BYTES, follow_links=True).decode("ascii"))
+        except UnsafeFileError as exc:
+            raise KeyFileError(f"public key file {exc}") from None
+        except UnicodeDecodeError:
             raise KeyFileError(f"public key file cannot be read: {path.name}") from None
     return parse_public_key(spec)
 

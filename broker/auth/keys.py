@@ -15,8 +15,6 @@ keys, private keys, short RSA moduli, other curves — are dropped when the set 
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from broker.auth.encoding import json_object
 from broker.auth.errors import KeysUnavailable
+from broker.files import FileTooLargeError, UnsafeFileError, read_bounded
 from broker.settings import ALLOWED_ALGORITHMS, PREFIX, AuthSettings, SettingsError
 
 log = logging.getLogger("docbroker.auth")
@@ -187,14 +186,11 @@ def _jwk_to_key(entry: Any, algorithms: Collection[str]) -> VerificationKey | No
 
 
 def _read_capped(path: Path, variable: str) -> bytes:
+    # Public keys: a link is fine (follow), a FIFO or a device is not (regular file, bounded).
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_JWKS_BYTES + 1)
-    except OSError:
-        raise SettingsError(f"{PREFIX}{variable}: the file cannot be read ({path.name})") from None
-    if len(data) > MAX_JWKS_BYTES:
-        raise SettingsError(f"{PREFIX}{variable}: the file is larger than {MAX_JWKS_BYTES} bytes")
-    return data
+        return read_bounded(path, MAX_JWKS_BYTES, follow_links=True)
+    except UnsafeFileError as exc:
+        raise SettingsError(f"{PREFIX}{variable}: the file {exc}") from None
 
 
 def load_key_file(path: Path, algorithms: Collection[str]) -> StaticKeySource:
@@ -225,18 +221,12 @@ def load_dev_secret(path: Path) -> bytes:
     """The HS256 dev-mode secret: the file's bytes without surrounding whitespace."""
     variable = f"{PREFIX}AUTH_DEV_HS256_SECRET_FILE"
     try:
-        # O_NONBLOCK and fstat on the open file: a FIFO must not hang start-up, and what is
-        # checked is what is read.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise SettingsError(f"{variable}: not a regular file")
-            secret = f.read(_MAX_DEV_SECRET_BYTES + 1).strip()
-    except OSError:
-        raise SettingsError(f"{variable}: the file cannot be read ({path.name})") from None
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SettingsError(f"{variable}: must not be readable by group or others (chmod 600)")
+        # Read past the cap so surrounding whitespace does not count against it.
+        secret = read_bounded(path, 2 * _MAX_DEV_SECRET_BYTES, private=True).strip()
+    except FileTooLargeError:
+        raise SettingsError(f"{variable}: the secret must be at most {_MAX_DEV_SECRET_BYTES} bytes") from None
+    except UnsafeFileError as exc:
+        raise SettingsError(f"{variable}: the file {exc}") from None
     if len(secret) > _MAX_DEV_SECRET_BYTES:  # never silently use a truncated secret
         raise SettingsError(f"{variable}: the secret must be at most {_MAX_DEV_SECRET_BYTES} bytes")
     if len(secret) < MIN_DEV_SECRET_BYTES:

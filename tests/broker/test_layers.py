@@ -20,8 +20,9 @@ LAYERS: dict[str, int] = {
     "broker.threads": 0,
     "broker.metrics": 0,
     "broker.images": 0,
-    "broker.master_key": 0,  # the master key and every per-tenant key derived from it
+    "broker.files": 0,  # opening a file someone may have planted (keys, audit inputs)
     "broker.protocol": 1,
+    "broker.master_key": 1,  # the master key and every per-tenant key derived from it
     "broker.audit": 2,
     "broker.errors": 3,
     "broker.policy": 3,
