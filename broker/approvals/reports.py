@@ -69,6 +69,9 @@ class Swept:
 
 OnSwept = Callable[[Swept, SweepReason], Awaitable[None]]
 _LOCK_POLL_SECONDS = 0.02
+# Every folder is opened the same way: a symlink put in place of the drop-box, the reports store or
+# the quarantine must never redirect an accept, a sweep or a quarantine to another folder.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Quarantined names get a random suffix; a planted name may already be as long as a name can be.
 _MAX_KEPT_NAME_BYTES = 200
 
@@ -173,7 +176,7 @@ class ReportFiles:
     def sweep(self) -> Swept:
         """Quarantine everything in the drop-box."""
         try:
-            drop_fd = os.open(self._dropbox, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            drop_fd = os.open(self._dropbox, _DIR_FLAGS)
         except FileNotFoundError:
             return Swept()  # never provisioned: nothing can have been dropped
         except OSError as exc:
@@ -195,8 +198,17 @@ class ReportFiles:
     def accept(self, name: str, sha256: str) -> Accepted:
         if not FILENAME_RE.fullmatch(name):
             return Accepted.NOT_REGULAR
-        drop_fd = os.open(self._dropbox, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        reports_fd = os.open(self._reports, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            drop_fd = os.open(self._dropbox, _DIR_FLAGS)
+        except OSError as exc:
+            _warn("could not open a drop-box to accept from it", exc)
+            return Accepted.IO_ERROR
+        try:
+            reports_fd = os.open(self._reports, _DIR_FLAGS)
+        except OSError as exc:
+            os.close(drop_fd)
+            _warn("could not open the reports folder to accept into it", exc)
+            return Accepted.IO_ERROR
         try:
             return self._accept(drop_fd, reports_fd, name, sha256)
         finally:
@@ -265,7 +277,7 @@ class ReportFiles:
         kept = source[:_MAX_KEPT_NAME_BYTES] + b"." + os.urandom(4).hex().encode()
         try:
             self.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
-            q_fd = os.open(self.quarantine_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            q_fd = os.open(self.quarantine_dir, _DIR_FLAGS)
         except OSError as exc:
             _warn("could not open the quarantine", exc)
             return False
