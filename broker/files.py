@@ -17,6 +17,8 @@ its content (DESIGN: names only).
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import os
 import stat
@@ -47,7 +49,7 @@ def open_regular(path: str | Path, *, follow_links: bool = False) -> int:
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the last component is a symlink and O_NOFOLLOW said no
+        if exc.errno == errno.ELOOP:  # the last component is a symlink and O_NOFOLLOW said no
             raise UnsafeFileError(f"{name}: is a symbolic link (refused)") from None
         raise UnsafeFileError(f"{name}: cannot be read ({exc.strerror})") from None
     try:
@@ -92,3 +94,25 @@ def read_bounded(path: str | Path, limit: int, *, private: bool = False, follow_
     if len(data) > limit:
         raise FileTooLargeError(f"{name}: larger than {limit} bytes (refused)")
     return data
+
+
+_RENAME_NOREPLACE: Final = 1  # linux/fs.h
+_AT_FDCWD: Final = -100
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def rename_noreplace(source: str | Path, target: str | Path) -> None:
+    """Rename `source` to `target` unless `target` exists (FileExistsError): one atomic step.
+
+    `exists()` then `rename()` leaves a window in which a file planted at `target` is replaced
+    silently; renameat2(RENAME_NOREPLACE) has none. Where the filesystem lacks the flag
+    (EINVAL), link + unlink gives the same no-replace guarantee, non-atomically.
+    """
+    src, dst = os.fsencode(source), os.fsencode(target)
+    if _libc.renameat2(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_NOREPLACE) == 0:
+        return
+    err = ctypes.get_errno()
+    if err not in (errno.EINVAL, errno.ENOSYS):
+        raise OSError(err, os.strerror(err), Path(os.fsdecode(dst)).name)
+    os.link(src, dst, follow_symlinks=False)  # EEXIST if planted meanwhile
+    os.unlink(src)

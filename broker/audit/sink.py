@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
+from broker.files import rename_noreplace
+
 logger = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 1 << 20  # far above any valid line (~20 KB with every list full)
@@ -127,9 +129,8 @@ class FileSink:
         index = int(existing[-1].name.rsplit(".", 1)[1]) + 1 if existing else 1
         target = self.path.with_name(f"{self.path.name}.{index:06d}")
         os.fsync(self._fd)
-        if target.exists():
-            raise OSError(errno.EEXIST, "rotated audit file exists")
-        os.rename(self.path, target)
+        # No-replace in one step: a file planted at the target after the listing is never lost.
+        rename_noreplace(self.path, target)
         try:
             self.open()
         except BaseException:
