@@ -14,8 +14,10 @@ died mid-save). Two rules keep a file in flight safe:
 Waiting for the turn awaits the lock directly, under `asyncio.timeout`, never
 `wait_for(lock.acquire())`: that runs the acquire as a task of its own, and a caller cancelled
 just as the lock was handed to that task got the turn anyway on Python 3.11 (the cancellation
-swallowed: a lease granted to no one) and loses it outright on 3.12 (the lock held forever).
-Awaited directly, a cancellation lands in `Lock.acquire` itself, which passes the lock on.
+swallowed: a lease granted to a caller that is gone; tests/broker/keeper/test_turns.py shows
+it), and from 3.12, where wait_for awaits that task under a timeout, the acquired lock can be
+dropped with the task's result (held by no one, for good). Awaited directly, a cancellation
+lands in `Lock.acquire` itself, which passes the lock on.
 """
 
 from __future__ import annotations
