@@ -115,6 +115,9 @@ class DockerSettings:
     # Warm, tenant-less sandboxes kept ready so a first call skips the ~1 s SDK import
     # (broker/runtime/pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
     pool_size: int = 1
+    # Each blocking call to the daemon, at most (docker-py's own default is 60 s, longer than
+    # a whole sandbox start): a hung daemon fails a start, it does not hold it.
+    api_timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,7 @@ class Settings:
                 f"{PREFIX}AUTH_JWKS_URL, {PREFIX}AUTH_JWKS_FILE and {PREFIX}AUTH_DEV_HS256_SECRET_FILE: "
                 "set exactly one (HS256 dev mode is never mixed with public keys)"
             )
+        start_timeout = r.number("START_TIMEOUT", 20.0, low=1, high=600)
         docker = DockerSettings(
             base_url=r.optional("DOCKER_HOST"),
             image=r.text("DOCKER_IMAGE", "docbroker-server:latest"),
@@ -311,6 +315,8 @@ class Settings:
             pids_limit=r.integer("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
             nofile=r.integer("DOCKER_NOFILE", 256, low=32, high=65_536),
             pool_size=r.integer("DOCKER_POOL_SIZE", 1, low=0, high=32),
+            # Never above the start timeout: one call must not outlast the start it serves.
+            api_timeout_seconds=min(r.number("DOCKER_API_TIMEOUT", 10.0, low=1, high=120), start_timeout),
             # Beside the tenant policies unless named: one folder holds every policy file.
             seccomp_profile=Path(
                 r.text(
@@ -326,7 +332,7 @@ class Settings:
             local_command=tuple(shlex.split(r.text("LOCAL_SERVER_COMMAND", ""))) or None,
             max_sandboxes=r.integer("MAX_SANDBOXES", 100, low=1, high=10_000),
             idle_timeout_seconds=r.number("IDLE_TIMEOUT", 600.0, low=1, high=86_400),
-            start_timeout_seconds=r.number("START_TIMEOUT", 20.0, low=1, high=600),
+            start_timeout_seconds=start_timeout,
             call_timeout_seconds=r.number("CALL_TIMEOUT", 30.0, low=0.1, high=600),
             breaker_threshold=r.integer("BREAKER_THRESHOLD", 3, low=1, high=1000),
             breaker_cooldown_seconds=r.number("BREAKER_COOLDOWN", 30.0, low=0.1, high=3600),

@@ -9,16 +9,14 @@ A save is a *turn* that spans several requests, and the keeper is the one place 
 replica reaches, so it holds the turn: `/v1/turn` waits for it and sweeps (before the save),
 `/v1/accept` with the turn's id accepts, `/v1/sweep` with the id sweeps (after) and ends it.
 Meanwhile no other replica's sweep can take the file in flight. A broker that dies mid-turn
-leaves it to its lease (`seconds`, capped), after which the turn is free again.
+leaves it to its lease (`seconds`, capped), after which the turn is free again: once the work
+still running in it is done (turns.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import secrets
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,13 +25,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.approvals.reports import ReportFiles, SweepReason
+from broker.keeper.turns import Busy, TurnOver, Turns
 from broker.protocol.codec import loads_strict
 from broker.threads import to_thread_to_the_end
 from server.bearer import BearerRequired
 from server.contracts import FILENAME_RE
 
 MAX_BODY_BYTES = 1024
-TURN_WAIT_SECONDS = 30.0  # a turn waited for longer: 503, the save goes on as "result unknown"
 MAX_TURN_SECONDS = 900  # the longest lease a broker may ask for (its call timeout and more)
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _SECONDS_RE = re.compile(r"[0-9]{1,3}")  # ASCII digits only: int() also reads other scripts' digits
@@ -68,56 +66,13 @@ async def _body(
     return body
 
 
-class _Turns:
-    """The one turn on the files, held for a single request or leased to a save."""
-
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-        self._holder: str | None = None  # a leased turn's id
-        self._lease: asyncio.TimerHandle | None = None
-
-    async def run(self, fn: Any, *args: Any) -> Any:
-        """`fn` in a turn of its own, once no save holds one."""
-        try:
-            await asyncio.wait_for(self._lock.acquire(), TURN_WAIT_SECONDS)
-        except TimeoutError:
-            raise _Refused(503, "busy") from None
-        try:
-            return await to_thread_to_the_end(fn, *args)
-        finally:
-            self._lock.release()
-
-    async def lease(self, seconds: float) -> str:
-        try:
-            await asyncio.wait_for(self._lock.acquire(), TURN_WAIT_SECONDS)
-        except TimeoutError:
-            raise _Refused(503, "busy") from None
-        turn = secrets.token_hex(16)
-        self._holder = turn
-        self._lease = asyncio.get_running_loop().call_later(seconds, self.end, turn)
-        return turn
-
-    async def within(self, turn: str, fn: Any, *args: Any) -> Any:
-        """`fn` within the leased `turn`; 409 when that turn is over (its lease ran out)."""
-        if self._holder is None or not secrets.compare_digest(turn, self._holder):
-            raise _Refused(409, "turn_over")
-        return await to_thread_to_the_end(fn, *args)
-
-    def end(self, turn: str) -> None:
-        if self._holder is not None and secrets.compare_digest(turn, self._holder):
-            self._holder = None
-            if self._lease is not None:
-                self._lease.cancel()
-            self._lock.release()
-
-
 def _reason(body: dict[str, str]) -> None:
     if body["reason"] not in _REASONS:
         raise _Refused(400, "invalid_reason")
 
 
 def keeper_app(files: ReportFiles, *, key: str) -> ASGIApp:
-    turns = _Turns()
+    turns = Turns()
     in_turn = turns.run
 
     async def turn(request: Request) -> Response:
@@ -168,6 +123,12 @@ def keeper_app(files: ReportFiles, *, key: str) -> ASGIApp:
         assert isinstance(exc, _Refused)
         return JSONResponse({"error": exc.code}, exc.status)
 
+    async def busy(_: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": "busy"}, 503)
+
+    async def turn_over(_: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": "turn_over"}, 409)
+
     async def failed(_: Request, exc: Exception) -> Response:
         return JSONResponse({"error": "internal_error"}, 500)  # never a traceback to the caller
 
@@ -178,7 +139,7 @@ def keeper_app(files: ReportFiles, *, key: str) -> ASGIApp:
             Route("/v1/accept", accept, methods=["POST"]),
             Route("/v1/exists", exists, methods=["POST"]),
         ],
-        exception_handlers={_Refused: refused, Exception: failed},
+        exception_handlers={_Refused: refused, Busy: busy, TurnOver: turn_over, Exception: failed},
     )
     return BearerRequired(_NoTracebacks(app), key=key)
 

@@ -34,7 +34,9 @@ Paths inside the sandbox: DOCS_ROOT=/srv/docs (sources/, reports/ = drop-box), t
 /run/docs/approval.key; it moved to its own read-only mount because /run/docs is the
 writable run dir the socket lives in, shared with the host.
 
-Every blocking SDK call runs in a worker thread (`asyncio.to_thread`).
+Every blocking SDK call runs on the backend's own bounded thread pool, each with a timeout
+(DOCBROKER_DOCKER_API_TIMEOUT, never above the start timeout): a hung daemon fails Docker's
+calls in time and leaves the event loop's default executor to the rest of the broker.
 """
 
 from broker.runtime.docker.backend import DaemonUnavailable, DockerBackend, ImageMissing

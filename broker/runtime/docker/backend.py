@@ -5,21 +5,28 @@ hardening.py, the warm slots in pool.py; the reasons for both in the package doc
     backend = await DockerBackend.connect(settings.runtime.docker)
     runtime = Runtime(backend, tenants.provision, ...)
 
-Every blocking SDK call runs in a worker thread (`asyncio.to_thread`). Past 400 lines: one
-class, the SandboxBackend and the blocking helpers of its container lifecycle, kept together.
+Every blocking SDK call runs on this backend's own bounded pool of threads, never the event
+loop's default executor (a handful of threads, sized by CPU count, that everything else in the
+broker shares): a daemon that hangs holds Docker's calls, not every `to_thread` in the process.
+Each call is bounded by DockerSettings.api_timeout_seconds (docker-py's default is 60 s), and a
+daemon that does not answer in time is DaemonUnavailable, one line. Past 400 lines: one class,
+the SandboxBackend and the blocking helpers of its container lifecycle, kept together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
+import requests.exceptions
 
 from broker.runtime.base import BackendRefused, SandboxBackend, SandboxStartError
 from broker.runtime.daemon import DaemonFacts, daemon_facts
@@ -36,13 +43,17 @@ from broker.runtime.docker.pool import (
 from broker.runtime.pool import WarmPool
 from broker.runtime.shared import Replicas
 from broker.settings import DockerSettings
-from broker.threads import to_thread_to_the_end
+from broker.threads import in_pool_to_the_end
 from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
 from server.binding import BindingError
 from server.contracts import TENANT_RE
 
 log = logging.getLogger("docbroker.runtime.docker")
+_T = TypeVar("_T")
 WINNER_WAIT_SECONDS = 10.0  # for a peer's container still being started ("created")
+# Threads of the backend's own pool, as many as the client keeps connections to the daemon:
+# twenty tenants starting at once do not queue behind each other or behind the broker's files.
+WORKERS = 32
 
 LABEL_MANAGED = "io.docbroker.managed"
 LABEL_TENANT = "io.docbroker.tenant"
@@ -71,14 +82,17 @@ class DockerBackend(SandboxBackend):
         instance: str = "default",
         pool_dir: Path | None = None,
         replicas: Replicas | None = None,
+        threads: concurrent.futures.ThreadPoolExecutor | None = None,
     ) -> None:
         """Use `connect()`: it talks to the daemon (blocking) and applies the refusals.
 
         `pool_dir` (host folder for the warm slots' run dirs) turns the warm pool on with
-        `settings.pool_size` slots; without it every sandbox starts cold.
+        `settings.pool_size` slots; without it every sandbox starts cold. `threads`: the pool
+        `connect()` talked to the daemon on, kept for every later call.
         """
         self._settings = settings
         self._client = client
+        self._threads = threads or _thread_pool()
         self._facts = facts
         self._seccomp = seccomp_json
         self._instance = instance
@@ -107,7 +121,14 @@ class DockerBackend(SandboxBackend):
         is required; no seccomp; bad profile) or ImageMissing.
         """
         seccomp_json = load_seccomp_profile(settings.seccomp_profile)
-        client, facts = await asyncio.to_thread(_open_client, settings.base_url)
+        threads = _thread_pool()
+        try:
+            client, facts = await _in_pool(
+                threads, _open_client, settings.base_url, settings.api_timeout_seconds
+            )
+        except BaseException:
+            threads.shutdown(wait=False, cancel_futures=True)
+            raise
         try:
             if settings.require_rootless and facts.mode is not DaemonMode.ROOTLESS:
                 raise BackendRefused(
@@ -120,8 +141,9 @@ class DockerBackend(SandboxBackend):
                     f"on a rootful Docker daemon the broker must run as root or in group {SANDBOX_GID}: "
                     "it reads reports and reaches the sandbox's socket through that group"
                 )
-            await asyncio.to_thread(_require_image, client, settings.image)
+            await _in_pool(threads, _require_image, client, settings.image)
         except BaseException:
+            threads.shutdown(wait=False, cancel_futures=True)
             client.close()
             raise
         if not facts.limits_enforced:
@@ -137,7 +159,14 @@ class DockerBackend(SandboxBackend):
             instance=instance,
             pool_dir=pool_dir,
             replicas=replicas,
+            threads=threads,
         )
+
+    async def blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn` (SDK calls, this backend's and its warm slots') on this backend's threads. A
+        cancelled caller still waits for it: a container made after the caller's clean-up
+        would run unknown to the lifecycle. The wait is bounded: each SDK call times out."""
+        return await _in_pool(self._threads, fn, *args)
 
     # -- SandboxBackend ---------------------------------------------------------------------
 
@@ -175,13 +204,13 @@ class DockerBackend(SandboxBackend):
         # before one is taken from the pool.
         _check_spec(spec)
         name = self.container_name(spec.tenant)
-        winner = await asyncio.to_thread(self._winner, name)
+        winner = await self.blocking(self._winner, name)
         if winner is not None:  # another replica's, running: share it, keep the warm slot
             return winner
         slot = await self._pool.take()
         if slot is not None:
             try:
-                return await to_thread_to_the_end(self._slots.bind, slot, spec)
+                return await self.blocking(self._slots.bind, slot, spec)
             except NameTaken:
                 # Lost the race to another replica: this slot is bound to the tenant now, so it
                 # goes; the winner is adopted below.
@@ -198,26 +227,27 @@ class DockerBackend(SandboxBackend):
                     str(exc) if isinstance(exc, (BindingError, SandboxStartError)) else type(exc).__name__
                 )
                 await self._pool.discard(slot, why=reason)
-        return await asyncio.to_thread(self._create_and_start, spec)
+        return await self.blocking(self._create_and_start, spec)
 
     async def alive(self, info: SandboxInfo) -> bool:
-        return await asyncio.to_thread(self._running, info.backend_id)
+        return await self.blocking(self._running, info.backend_id)
 
     async def delete(self, info: SandboxInfo) -> None:
-        await asyncio.to_thread(self._remove, info.backend_id)
+        await self.blocking(self._remove, info.backend_id)
         if info.endpoint is not None and info.endpoint.uds is not None:
             remove_stale_socket(info.endpoint.uds)
             self._slots.remove_dir(os.path.dirname(info.endpoint.uds))
 
     async def discover(self) -> list[SandboxInfo]:
-        return await asyncio.to_thread(self._discover)
+        return await self.blocking(self._discover)
 
     async def remove_tenant(self, tenant: str, run_dir: str) -> int:
-        return await asyncio.to_thread(self._remove_tenant, tenant)
+        return await self.blocking(self._remove_tenant, tenant)
 
     async def close(self) -> None:
         await self._pool.close()
-        await asyncio.to_thread(self._client.close)
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._client.close()  # closes the connection pool's sockets: no call to the daemon
 
     # -- blocking helpers (worker threads) ---------------------------------------------------
 
@@ -399,12 +429,27 @@ class DockerBackend(SandboxBackend):
 # --- module helpers -------------------------------------------------------------------------------
 
 
-def _open_client(base_url: str | None) -> tuple[Any, DaemonFacts]:
+def _thread_pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="docker")
+
+
+async def _in_pool(threads: concurrent.futures.Executor, fn: Callable[..., _T], *args: Any) -> _T:
+    try:
+        return await in_pool_to_the_end(threads, fn, *args)
+    except (requests.exceptions.Timeout, requests.exceptions.ConnectionError) as exc:
+        # docker-py lets the HTTP library's errors through (its APIError is an answer, these
+        # are none): translated here, one line naming the setting, for every call alike.
+        raise DaemonUnavailable(
+            "the Docker daemon did not answer within DOCBROKER_DOCKER_API_TIMEOUT (hung? overloaded?)"
+        ) from exc
+
+
+def _open_client(base_url: str | None, timeout: float) -> tuple[Any, DaemonFacts]:
     try:
         client = (
-            docker.DockerClient(base_url=base_url, max_pool_size=32)
+            docker.DockerClient(base_url=base_url, max_pool_size=WORKERS, timeout=timeout)
             if base_url
-            else docker.from_env(max_pool_size=32)
+            else docker.from_env(max_pool_size=WORKERS, timeout=timeout)
         )
         info = client.info()
         version = client.version().get("Version", "")

@@ -22,7 +22,6 @@ from broker.runtime.base import SandboxStartError, wait_ready
 from broker.runtime.docker.hardening import RUN_DIR
 from broker.runtime.pool import Slot
 from broker.settings import DockerSettings
-from broker.threads import to_thread_to_the_end
 from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
 from server import landlock
 from server.binding import send_binding
@@ -66,21 +65,21 @@ class WarmSlots:
         endpoint = Endpoint(url="http://localhost/mcp", uds=slot.bind_socket)
 
         async def alive() -> bool:
-            return await asyncio.to_thread(self._backend._running, name)
+            return await self._backend.blocking(self._backend._running, name)
 
         try:
-            slot.sandbox_id = await to_thread_to_the_end(self._create, slot, name)
+            slot.sandbox_id = await self._backend.blocking(self._create, slot, name)
             if not await wait_ready(endpoint, WARM_START_TIMEOUT_SECONDS, alive):
                 raise SandboxStartError("a warm sandbox did not become ready")
         except BaseException:
             # Failed, or cancelled by a shutdown: remove what was made (by name: the create may
             # have failed before the daemon gave it an id). Nothing is left.
-            await asyncio.shield(asyncio.to_thread(self.remove_now, name, slot.run_dir))
+            await asyncio.shield(self._backend.blocking(self.remove_now, name, slot.run_dir))
             raise
         return slot
 
     async def remove(self, slot: Slot) -> None:
-        await asyncio.to_thread(self.remove_now, slot.sandbox_id, slot.run_dir)
+        await self._backend.blocking(self.remove_now, slot.sandbox_id, slot.run_dir)
 
     def remove_now(self, container: str, run_dir: str) -> None:
         if container:

@@ -292,3 +292,18 @@ def test_a_turn_whose_broker_died_is_free_again_after_its_lease(keeper: Keeper) 
     assert again["quarantined"] == 1  # what the dead save left is swept by the next one
     assert keeper.post("/v1/accept", {"name": "left.md", "sha256": SHA, "turn": begun["turn"]})[0] == 409
     keeper.post("/v1/sweep", {"reason": "dropbox_after_save", "turn": again["turn"]})
+
+
+def test_a_turn_id_of_other_characters_is_a_turn_over_not_an_error(keeper: Keeper) -> None:
+    status, begun = keeper.post("/v1/turn", {"reason": "dropbox_before_save", "seconds": "60"})
+    assert status == 200
+    keeper.drop("q3.md", APPROVED)
+    for forged in ("é" * 32, "\ud800"):  # compare_digest refuses non-ASCII str with a TypeError
+        assert keeper.post("/v1/accept", {"name": "q3.md", "sha256": SHA, "turn": forged}) == (
+            409, {"error": "turn_over"},
+        )  # fmt: skip
+        assert keeper.post("/v1/sweep", {"reason": "dropbox_after_save", "turn": forged})[0] == 409
+    assert keeper.post("/v1/accept", {"name": "q3.md", "sha256": SHA, "turn": begun["turn"]})[1] == {
+        "accepted": "ok"
+    }
+    keeper.post("/v1/sweep", {"reason": "dropbox_after_save", "turn": begun["turn"]})
