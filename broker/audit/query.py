@@ -91,21 +91,29 @@ def parse_time(text: str, *, now: datetime | None = None) -> str:
     """RFC 3339 (or a date, taken as UTC midnight) or a relative age (`90s`, `15m`, `12h`, `7d`, `2w`)
     → the writer's ts form. Raises FilterError."""
     text = text.strip()
-    if m := _RELATIVE.fullmatch(text):
-        moment = (now or datetime.now(UTC)) - timedelta(**{_UNITS[m[2]]: int(m[1])})
-    else:
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError:
-            raise FilterError(
-                "expected RFC 3339 (2026-11-30T08:00:00Z), a date, or an age such as 7d"
-            ) from None
-        if moment.tzinfo is None:
-            if "T" in text.upper() or " " in text:
-                raise FilterError("a time needs its offset (Z or +hh:mm): the log is in UTC")
-            moment = moment.replace(tzinfo=UTC)
-    moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    try:
+        if m := _RELATIVE.fullmatch(text):
+            moment = (now or datetime.now(UTC)) - timedelta(**{_UNITS[m[2]]: int(m[1])})
+        else:
+            try:
+                moment = datetime.fromisoformat(text)
+            except ValueError:
+                raise FilterError(
+                    "expected RFC 3339 (2026-11-30T08:00:00Z), a date, or an age such as 7d"
+                ) from None
+            if moment.tzinfo is None:
+                if "T" in text.upper() or " " in text:
+                    raise FilterError("a time needs its offset (Z or +hh:mm): the log is in UTC")
+                moment = moment.replace(tzinfo=UTC)
+        moment = moment.astimezone(UTC)
+    except OverflowError:
+        # An age reaching before year 1, or a time whose offset carries it past year 1 or 9999.
+        raise FilterError("out of range: times run from year 1 to 9999 (UTC)") from None
+    # Formatted by hand: strftime("%Y") writes year 1 as "1", and the form must keep its width.
+    return (
+        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}T{moment.hour:02d}:{moment.minute:02d}:"
+        f"{moment.second:02d}.{moment.microsecond // 1000:03d}Z"
+    )
 
 
 def build_filters(

@@ -222,15 +222,22 @@ async def test_lines_that_are_not_events_are_skipped_and_counted(log_path: Path,
         (["--reason", "Not A Code"], "--reason"),
         (["--subject", "a\nb"], "--subject"),
         (["--json", "--bogus"], "unrecognized"),
+        # far times: before year 1 or after 9999 once counted back or moved to UTC
+        (["--since", "999999999d"], "--since: out of range"),
+        (["--since", "999999999w"], "--since: out of range"),
+        (["--until", "0001-01-01T00:00:00+01:00"], "--until: out of range"),
+        (["--since", "9999-12-31T23:59:59-00:01"], "--since: out of range"),
     ],
 )
 async def test_bad_filters_are_refused_with_exit_2_and_no_traceback(
     log_path: Path, log: list[dict[str, Any]], args: list[str], message: str
 ) -> None:
-    result = run_cli("query", *args, str(log_path))
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert message in result.stderr and "Traceback" not in result.stderr
+    for command in (["query"], ["export", "--format", "ocsf"]):
+        result = run_cli(*command, *args, str(log_path))
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert message in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.splitlines()) == 1 or "unrecognized" in message, result.stderr
 
 
 async def test_an_unreadable_file_is_exit_1_and_no_traceback(tmp_path: Path) -> None:
