@@ -8,9 +8,12 @@ dumped per event would cost ten times as much. The mapping, field by field, is i
 
 Names only, as in the log: the export is built from an allow-list of the log's keys, each
 checked again with the schema's own validator, so a value that should never have been in the log
-(or a key a rewritten log invents) does not reach the SIEM through the export either. The log's
-own evidence lines (`audit.*`) are not API activity: they are left out unless `--evidence` asks
-for them, and then exported as activity "Other".
+(or a key a rewritten log invents) does not reach the SIEM through the export either. The names a
+client or sandbox could choose (`method`, `tool`, `arg_names`, `header_names`) pass only when
+they are names the broker writes, `reason` only in the form of its codes, `other` otherwise
+(broker/audit/names.py): a rewritten log's `tool` may hold a file name of the right shape. The
+log's own evidence lines (`audit.*`) are not API activity: they are left out unless `--evidence`
+asks for them, and then exported as activity "Other".
 
 A line the export cannot carry (a `ts` that is no real time, such as month 13 or year 0) is
 named on stderr by file and line, counted and skipped; the feed goes on (query.BadLine).
@@ -28,6 +31,7 @@ import orjson
 import pydantic
 from ocsf_emitter import OCSF_SCHEMA_VERSION, OcsfClass, class_identity, models, type_uid_for
 
+from broker.audit import names
 from broker.audit.query import EVIDENCE_PREFIX, BadLine, run_scan
 from broker.audit.schema import ALL_FIELDS, INVALID, AuditEvent
 
@@ -223,9 +227,16 @@ def _drop_none(mapping: dict[str, Any]) -> dict[str, Any]:
 
 def _names_only(record: dict[str, Any]) -> dict[str, Any]:
     """Keys of the audit schema whose values still pass its validators; everything else is dropped.
-    `ts` becomes `time` (epoch ms). Raises BadLine when `ts` is no real time."""
+    Names the broker chooses from a list are kept only when on it (`other` otherwise), and `ts`
+    becomes `time` (epoch ms). Raises BadLine when `ts` is no real time."""
     kept: dict[str, Any] = {}
     for key, value in record.items():
+        known = _KNOWN.get(key)
+        if known is not None:
+            kept[key] = known(value)
+            continue
+        if key == "arg_names":
+            continue  # known only for the tool that declares them: decided below
         check = ALL_FIELDS.get(key) or _EXTRA_FIELDS.get(key)
         if check is None:
             continue
@@ -238,6 +249,9 @@ def _names_only(record: dict[str, Any]) -> dict[str, Any]:
         checked = check(value)
         if checked is not INVALID:
             kept[key] = checked
+    if "arg_names" in record:  # as the gateway writes them: the line's tool declares them
+        declared = names.ARGS_BY_TOOL.get(kept.get("tool", ""), frozenset({names.OTHER}))
+        kept["arg_names"] = names.known_list(record["arg_names"], declared)
     if "ts" in kept:
         kept["time"] = _epoch_ms(kept["ts"])
     elif "ts" in record:
@@ -245,6 +259,15 @@ def _names_only(record: dict[str, Any]) -> dict[str, Any]:
     else:
         kept["time"] = 0
     return kept
+
+
+# Fields whose values the broker takes from a fixed list: the list decides, not the shape.
+_KNOWN: Final = {
+    "method": lambda v: names.known(v, names.METHODS),
+    "tool": lambda v: names.known(v, names.TOOLS),
+    "header_names": lambda v: names.known_list(v, names.HEADERS),
+    "reason": names.reason_code,
+}
 
 
 def _is_evidence(name: str) -> bool:
