@@ -8,23 +8,31 @@ dumped per event would cost ten times as much. The mapping, field by field, is i
 
 Names only, as in the log: the export is built from an allow-list of the log's keys, each
 checked again with the schema's own validator, so a value that should never have been in the log
-(or a key a rewritten log invents) does not reach the SIEM through the export either. The log's
-own evidence lines (`audit.*`) are not API activity: they are left out unless `--evidence` asks
-for them, and then exported as activity "Other".
+(or a key a rewritten log invents) does not reach the SIEM through the export either. The names a
+client or sandbox could choose (`method`, `tool`, `arg_names`, `header_names`) pass only when
+they are names the broker writes, `reason` only in the form of its codes, `other` otherwise
+(broker/audit/names.py): a rewritten log's `tool` may hold a file name of the right shape. The
+log's own evidence lines (`audit.*`) are not API activity: they are left out unless `--evidence`
+asks for them, and then exported as activity "Other".
+
+A line the export cannot carry (a `ts` that is no real time, such as month 13 or year 0) is
+named on stderr by file and line, counted and skipped; the feed goes on (query.BadLine).
 """
 
 from __future__ import annotations
 
 import argparse
-import calendar
 import functools
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 import orjson
+import pydantic
 from ocsf_emitter import OCSF_SCHEMA_VERSION, OcsfClass, class_identity, models, type_uid_for
 
-from broker.audit.query import EVIDENCE_PREFIX, run_scan
+from broker.audit import names
+from broker.audit.query import EVIDENCE_PREFIX, BadLine, run_scan
 from broker.audit.schema import ALL_FIELDS, INVALID, AuditEvent
 
 # OCSF API Activity's activity_id, status_id and severity_id values (schema 1.5.0).
@@ -82,7 +90,7 @@ _EVENT_SEVERITY: Final = {AuditEvent.SANDBOX_FAILED: HIGH, AuditEvent.TOOLS_REJE
 # Keys that have an OCSF home; every other key of the log goes to `unmapped` under its own name.
 _MAPPED: Final = frozenset(
     {"v", "event", "ts", "seq", "tenant", "subject", "method", "tool", "request_id", "outcome", "reason"}
-    | {"duration_ms", "status", "approval_id", "sandbox", "replica", "log_id", "count"}
+    | {"duration_ms", "status", "approval_id", "sandbox", "replica", "log_id", "count", "time"}
 )
 
 
@@ -157,7 +165,7 @@ def _mapped(fields: dict[str, Any]) -> dict[str, Any]:
             "activity_name": _ACTIVITY_NAMES[activity],
             "type_uid": type_uid_for(OcsfClass.API_ACTIVITY, activity),
             "type_name": f"API Activity: {_ACTIVITY_NAMES[activity]}",
-            "time": _epoch_ms(fields["ts"]) if "ts" in fields else 0,
+            "time": fields["time"],
             "severity_id": severity,
             "severity": _SEVERITY_NAMES[severity],
             "status_id": status,
@@ -196,11 +204,17 @@ class Exporter:
         self._checked: set[tuple[object, ...]] = set()
 
     def line(self, record: dict[str, Any]) -> bytes:
+        """Raises BadLine for a line that cannot be exported (reported and skipped by run_scan)."""
         fields = _names_only(record)
         line = orjson.dumps(_mapped(fields))
         shape = (tuple(fields), *(fields.get(k) for k in ("event", "method", "tool", "outcome")))
         if shape not in self._checked:
-            models.ApiActivity.model_validate_json(line, strict=True)
+            try:
+                models.ApiActivity.model_validate_json(line, strict=True)
+            except pydantic.ValidationError:
+                # A mapping gap a planted line found: skip the line, keep the feed (the error's
+                # text would quote the line's values, so it is not shown).
+                raise BadLine("does not map to a valid OCSF event") from None
             if len(self._checked) >= self._MAX_SHAPES:
                 self._checked.clear()
             self._checked.add(shape)
@@ -212,9 +226,17 @@ def _drop_none(mapping: dict[str, Any]) -> dict[str, Any]:
 
 
 def _names_only(record: dict[str, Any]) -> dict[str, Any]:
-    """Keys of the audit schema whose values still pass its validators; everything else is dropped."""
+    """Keys of the audit schema whose values still pass its validators; everything else is dropped.
+    Names the broker chooses from a list are kept only when on it (`other` otherwise), and `ts`
+    becomes `time` (epoch ms). Raises BadLine when `ts` is no real time."""
     kept: dict[str, Any] = {}
     for key, value in record.items():
+        known = _KNOWN.get(key)
+        if known is not None:
+            kept[key] = known(value)
+            continue
+        if key == "arg_names":
+            continue  # known only for the tool that declares them: decided below
         check = ALL_FIELDS.get(key) or _EXTRA_FIELDS.get(key)
         if check is None:
             continue
@@ -227,7 +249,25 @@ def _names_only(record: dict[str, Any]) -> dict[str, Any]:
         checked = check(value)
         if checked is not INVALID:
             kept[key] = checked
+    if "arg_names" in record:  # as the gateway writes them: the line's tool declares them
+        declared = names.ARGS_BY_TOOL.get(kept.get("tool", ""), frozenset({names.OTHER}))
+        kept["arg_names"] = names.known_list(record["arg_names"], declared)
+    if "ts" in kept:
+        kept["time"] = _epoch_ms(kept["ts"])
+    elif "ts" in record:
+        raise BadLine("ts is not a time in the log's form")
+    else:
+        kept["time"] = 0
     return kept
+
+
+# Fields whose values the broker takes from a fixed list: the list decides, not the shape.
+_KNOWN: Final = {
+    "method": lambda v: names.known(v, names.METHODS),
+    "tool": lambda v: names.known(v, names.TOOLS),
+    "header_names": lambda v: names.known_list(v, names.HEADERS),
+    "reason": names.reason_code,
+}
 
 
 def _is_evidence(name: str) -> bool:
@@ -275,16 +315,20 @@ def _epoch_ms(ts: str) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _epoch_second(text: str) -> int:
-    return calendar.timegm(
-        (
+    """Raises BadLine for a time of the right form that does not exist (month 13, year 0, Feb 30)."""
+    try:
+        moment = datetime(
             int(text[0:4]),
             int(text[5:7]),
             int(text[8:10]),
             int(text[11:13]),
             int(text[14:16]),
             int(text[17:19]),
+            tzinfo=UTC,
         )
-    )
+    except ValueError:
+        raise BadLine("ts is not a real time") from None
+    return int(moment.timestamp())
 
 
 def main_export(args: argparse.Namespace) -> int:

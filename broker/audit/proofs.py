@@ -156,6 +156,8 @@ def verify_proof(proof: Any, keys: Keyring) -> tuple[bool, str]:
         line, index = proof.get("line"), proof.get("index")
         if not isinstance(line, str) or type(index) is not int:
             return False, "inclusion proof without a line and an index"
+        if not line.isascii():  # the writer escapes everything else: no line of a log has it
+            return False, "the line is not an audit event at that index"
         record = _parse(line.encode("ascii", "replace") + b"\n")
         if isinstance(record, str) or record.seq != index + 1:
             return False, "the line is not an audit event at that index"

@@ -9,9 +9,10 @@ cannot match are dropped without being parsed. The lines that pass are parsed an
 
 Query trusts the writer's form; it is no integrity check (that is `audit verify`): a line edited
 into another form (spaces, reordered keys) may not match a filter it would match in the writer's.
-Lines that are not JSON objects are skipped and counted. The log's own evidence lines (`audit.*`
-events such as checkpoints and gap records) are left out unless asked for (`--evidence` or
-`--event audit.…`).
+Lines that are not JSON objects are skipped and counted (with `--json`, also lines in characters
+the writer never writes: they would reach a terminal as they are). The table escapes what it
+prints (broker/audit/table.py). The log's own evidence lines (`audit.*` events such as
+checkpoints and gap records) are left out unless asked for (`--evidence` or `--event audit.…`).
 
 `--follow` keeps reading the last file as it grows, like `tail -F`: when the path is rotated (a
 new file appears under the same name) or truncated, it finishes the old file and continues with
@@ -36,6 +37,7 @@ import orjson
 
 from broker.audit.schema import CALLER_FIELDS, INVALID, AuditEvent
 from broker.audit.sink import MAX_LINE_BYTES
+from broker.audit.table import table_header, table_row
 from broker.types import Outcome
 
 EVIDENCE_PREFIX: Final = "audit."  # events the log writes about itself (checkpoints, gaps)
@@ -48,6 +50,11 @@ _EVIDENCE_EVENT = re.compile(r"audit\.[a-z_]{1,32}")
 
 class FilterError(ValueError):
     """A filter the user gave cannot be used; the message names the option, never a log value."""
+
+
+class BadLine(ValueError):
+    """A renderer cannot use this line (a fixed text, never a value from it): it is reported by
+    its position, counted and skipped, and the scan goes on (a `--follow` feed must not end)."""
 
 
 @dataclass(frozen=True)
@@ -91,21 +98,29 @@ def parse_time(text: str, *, now: datetime | None = None) -> str:
     """RFC 3339 (or a date, taken as UTC midnight) or a relative age (`90s`, `15m`, `12h`, `7d`, `2w`)
     → the writer's ts form. Raises FilterError."""
     text = text.strip()
-    if m := _RELATIVE.fullmatch(text):
-        moment = (now or datetime.now(UTC)) - timedelta(**{_UNITS[m[2]]: int(m[1])})
-    else:
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError:
-            raise FilterError(
-                "expected RFC 3339 (2026-11-30T08:00:00Z), a date, or an age such as 7d"
-            ) from None
-        if moment.tzinfo is None:
-            if "T" in text.upper() or " " in text:
-                raise FilterError("a time needs its offset (Z or +hh:mm): the log is in UTC")
-            moment = moment.replace(tzinfo=UTC)
-    moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    try:
+        if m := _RELATIVE.fullmatch(text):
+            moment = (now or datetime.now(UTC)) - timedelta(**{_UNITS[m[2]]: int(m[1])})
+        else:
+            try:
+                moment = datetime.fromisoformat(text)
+            except ValueError:
+                raise FilterError(
+                    "expected RFC 3339 (2026-11-30T08:00:00Z), a date, or an age such as 7d"
+                ) from None
+            if moment.tzinfo is None:
+                if "T" in text.upper() or " " in text:
+                    raise FilterError("a time needs its offset (Z or +hh:mm): the log is in UTC")
+                moment = moment.replace(tzinfo=UTC)
+        moment = moment.astimezone(UTC)
+    except OverflowError:
+        # An age reaching before year 1, or a time whose offset carries it past year 1 or 9999.
+        raise FilterError("out of range: times run from year 1 to 9999 (UTC)") from None
+    # Formatted by hand: strftime("%Y") writes year 1 as "1", and the form must keep its width.
+    return (
+        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}T{moment.hour:02d}:{moment.minute:02d}:"
+        f"{moment.second:02d}.{moment.microsecond // 1000:03d}Z"
+    )
 
 
 def build_filters(
@@ -164,7 +179,8 @@ def _time_option(option: str, text: str | None, now: datetime | None) -> str | N
 class ScanStats:
     lines: int = 0
     matched: int = 0
-    unreadable: int = 0  # not a JSON object, or longer than any valid line
+    unreadable: int = 0  # not a JSON object, or longer than any valid line, or refused by the renderer
+    reported: int = 0  # lines the renderer refused (BadLine), each named on stderr up to a limit
     files: int = 0
 
 
@@ -174,13 +190,17 @@ class Scanner:
 
     Every filter is decided on the raw bytes: in a line of the writer's form (flat, sorted keys,
     compact, escaped) the bytes `"tenant":"acme"` can only be the key tenant with the value acme,
-    since inside a string every quote is escaped. So a line is parsed only when the caller needs
-    its fields (`parse=True`): printing matches as JSON lines parses nothing.
+    since inside a string every quote is escaped. Only the lines that pass are parsed. With
+    `raw`, the caller prints the line itself (no record is handed out), so a line must also be
+    in the writer's characters: printable ASCII (the writer escapes everything else). A planted
+    line with raw DEL, C1 controls or bidi overrides is valid JSON, but never the writer's, and
+    must not reach a terminal as it is.
     """
 
     filters: Filters
-    parse: bool = True
+    raw: bool = False
     stats: ScanStats = field(default_factory=ScanStats)
+    position: tuple[str, int] = ("", 0)  # the file (as given) and line number of the last line read
 
     def __post_init__(self) -> None:
         self._needles = self.filters.needles()
@@ -200,18 +220,22 @@ class Scanner:
         for i, path in enumerate(paths):
             last = i == len(paths) - 1
             if follow and last:
-                yield from self._select(_follow(path, stop, poll_seconds, self.stats))
+                yield from self._select(str(path), _follow(path, stop, poll_seconds, self.stats))
             else:
                 with open(path, "rb", buffering=0) as stream:
                     self.stats.files += 1
-                    yield from self._select(_lines(stream, self.stats))
+                    yield from self._select(str(path), _lines(stream, self.stats))
 
-    def _select(self, lines: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
-        needles, stats, parse = self._needles, self.stats, self.parse
+    def _select(self, name: str, lines: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
+        needles, stats, raw = self._needles, self.stats, self.raw
         since, until = self.filters.since, self.filters.until
         evidence = self._evidence if self.filters.excludes_evidence else None
+        files, number = stats.files, 0
         for line in lines:
             stats.lines += 1
+            if stats.files != files:  # `--follow` went on to a new file under the same name
+                files, number = stats.files, 0
+            number += 1
             if not (line[:1] == b"{" and line[-1:] == b"}"):
                 stats.unreadable += 1
                 continue
@@ -223,17 +247,19 @@ class Scanner:
                 ts = _raw_ts(line)
                 if ts is None or (since is not None and ts < since) or (until is not None and ts >= until):
                     continue
-            record = None
-            if parse:
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    record = None
-                if not isinstance(record, dict):
-                    stats.unreadable += 1
-                    continue
+            if raw and not (line.isascii() and b"\x7f" not in line):
+                stats.unreadable += 1
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict):
+                stats.unreadable += 1
+                continue
             stats.matched += 1
-            yield line, record
+            self.position = (name, number)
+            yield line, (None if raw else record)
 
 
 def log_order(paths: Sequence[Path]) -> list[Path]:
@@ -281,7 +307,7 @@ def _lines(stream: IO[bytes], stats: ScanStats, carry: bytearray | None = None) 
                 buf += chunk[:end]
                 yield bytes(buf)
             else:
-                stats.unreadable += 1
+                yield b""  # the line too long: counted as unreadable by the caller, in its place
             buf.clear()
             skipping = False
             start = end + 1
@@ -338,46 +364,6 @@ def _replaced(path: Path, stream: IO[bytes]) -> bool:
     return False
 
 
-# --- output -------------------------------------------------------------------------------------
-
-_COLUMNS: Final = (
-    ("ts", 25),
-    ("event", 18),
-    ("tenant", 14),
-    ("subject", 24),
-    ("outcome", 16),
-    ("reason", 22),
-    ("method", 16),
-    ("tool", 18),
-    ("id", 0),
-)
-
-
-def table_header() -> str:
-    return _row({name: name.upper() for name, _ in _COLUMNS})
-
-
-def table_row(record: dict[str, Any]) -> str:
-    cells = {name: _cell(record.get(name)) for name, _ in _COLUMNS}
-    cells["id"] = _cell(record.get("request_id") or record.get("approval_id") or record.get("sandbox"))
-    return _row(cells)
-
-
-def _cell(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-def _row(cells: dict[str, str]) -> str:
-    out = []
-    for name, width in _COLUMNS:
-        text = cells[name]
-        if width:
-            text = text if len(text) < width else text[: width - 2] + "…"
-            text = text.ljust(width)
-        out.append(text)
-    return " ".join(out).rstrip()
-
-
 # --- the command ----------------------------------------------------------------------------------
 
 
@@ -395,27 +381,33 @@ def filters_from_args(args: argparse.Namespace) -> Filters:
 
 
 Render = Callable[[bytes, dict[str, Any] | None], bytes]
+_MAX_REPORTED: Final = 100  # bad lines named one by one on stderr; past that they are only counted
 
 
 def run_scan(
-    args: argparse.Namespace, command: str, render: Render, *, parse: bool = True, header: bytes | None = None
+    args: argparse.Namespace, command: str, render: Render, *, raw: bool = False, header: bytes | None = None
 ) -> int:
     """Shared driver: filters → scan → render each match to stdout. Exit 0, 1 (unreadable file), 2.
 
-    `render` gets the parsed record when `parse`, else None (then it may use only the raw line)."""
+    `render` gets the parsed record, or None with `raw` (then it may use only the raw line). A
+    line it raises BadLine for is named on stderr by file and line number, counted, and skipped."""
     try:
         filters = filters_from_args(args)
     except FilterError as exc:
         sys.stderr.write(f"docbroker audit {command}: {exc}\n")
         return 2
-    scanner = Scanner(filters, parse=parse)
+    scanner = Scanner(filters, raw=raw)
     out = sys.stdout.buffer
     try:
         paths = log_order([Path(f) for f in args.files])  # an unreadable file fails before any output
         if header is not None:
             out.write(header)
-        for raw, record in scanner.scan(paths, follow=args.follow):
-            out.write(render(raw, record))
+        for line, record in scanner.scan(paths, follow=args.follow):
+            try:
+                out.write(render(line, record))
+            except BadLine as exc:
+                _report(command, scanner, exc)
+                continue
             if args.follow:
                 out.flush()
         out.flush()
@@ -439,6 +431,19 @@ def run_scan(
     return 0
 
 
+def _report(command: str, scanner: Scanner, exc: BadLine) -> None:
+    stats = scanner.stats
+    stats.unreadable += 1
+    stats.matched -= 1
+    stats.reported += 1
+    if stats.reported <= _MAX_REPORTED:
+        name, number = scanner.position
+        sys.stderr.write(f"docbroker audit {command}: {name} line {number}: {exc}; skipped\n")
+    elif stats.reported == _MAX_REPORTED + 1:
+        sys.stderr.write(f"docbroker audit {command}: more bad lines: from here on they are only counted\n")
+    sys.stderr.flush()
+
+
 def _silence_stdout() -> None:
     # Python flushes stdout at exit and would raise BrokenPipeError again there.
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -449,7 +454,7 @@ def _silence_stdout() -> None:
 def main_query(args: argparse.Namespace) -> int:
     """`docbroker audit query`."""
     if args.json:
-        return run_scan(args, "query", lambda raw, _: raw + b"\n", parse=False)
+        return run_scan(args, "query", lambda line, _: line + b"\n", raw=True)
     return run_scan(args, "query", _render_row, header=(table_header() + "\n").encode("ascii"))
 
 

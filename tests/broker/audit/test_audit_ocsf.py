@@ -22,7 +22,7 @@ import ocsf_emitter
 import pytest
 from ocsf.v1_5_0.events import APIActivity as OfficialApiActivity
 from pydantic import BaseModel
-from test_audit_query import T0, Clock, evidence_line, run_cli
+from test_audit_query import T0, Clock, Follower, evidence_line, run_cli
 
 from broker.audit import AuditEvent, AuditLog
 from broker.settings import AuditSettings
@@ -235,6 +235,93 @@ async def test_values_planted_in_a_rewritten_log_do_not_reach_the_export(
     assert_valid_ocsf(planted)
 
 
+def canonical(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+async def test_names_a_rewritten_log_invents_export_as_other(log_path: Path, every_event: list[Any]) -> None:
+    """Values of the right shape (a file name is a fine `tool` to the schema) under the keys whose
+    names the broker takes from fixed lists: the export passes only those names, `other` else."""
+    lower = CANARY.lower()
+    record = every_event[0] | {
+        "tool": f"{CANARY}.md",
+        "method": f"tools/{CANARY}",
+        "arg_names": ["query", f"{CANARY}.md", "filename"],  # filename: read_document's, not search's
+        "header_names": [f"Mcp-Param-{CANARY}"],
+        "reason": f"{lower}.md",
+        "seq": len(every_event) + 1,
+    }
+    with log_path.open("ab") as f:
+        f.write(canonical(record) + b"\n")
+    result = run_cli("export", "--format", "ocsf", str(log_path))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert CANARY not in result.stdout and lower not in result.stdout
+    assert CANARY not in result.stderr and lower not in result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(events) == len(every_event) + 1
+    planted = events[-1]
+    assert_valid_ocsf(planted)
+    assert planted["api"]["operation"] == "other" and planted["activity_name"] == "Other"
+    assert {"type": "tool", "name": "other"} in planted["resources"]
+    assert planted["unmapped"]["arg_names"] == ["other"]  # the tool is unknown: so are its arguments
+    assert planted["unmapped"]["header_names"] == ["other"]
+    assert planted["status_code"] == "other"
+    # The broker's own names still pass: the honest first line, and a tool's declared arguments.
+    assert events[0]["resources"][0] == {"type": "tool", "name": "search_documents"}
+    assert events[0]["unmapped"]["arg_names"] == ["max_results", "query"]
+    assert events[0]["status_code"] == "ok" and events[0]["api"]["operation"] == "tools/call"
+    known_tool = every_event[0] | {"arg_names": ["query", "filename"], "seq": len(every_event) + 2}
+    with log_path.open("ab") as f:
+        f.write(canonical(known_tool) + b"\n")
+    last = export(str(log_path))[-1]
+    assert last["unmapped"]["arg_names"] == ["other", "query"]
+
+
+# `ts` of the writer's form (what the schema's pattern checks) that is no time at all.
+IMPOSSIBLE_TS = ("2026-13-01T00:00:00.000Z", "0000-06-01T00:00:00.000Z", "2026-02-30T25:61:00.000Z")
+
+
+async def test_a_line_with_an_impossible_time_is_reported_counted_and_skipped(
+    log_path: Path, every_event: list[Any]
+) -> None:
+    lines = log_path.read_bytes().splitlines()
+    for i, ts in enumerate(IMPOSSIBLE_TS):
+        lines.insert(2 + 2 * i, canonical(every_event[0] | {"ts": ts}))  # lines 3, 5 and 7
+    log_path.write_bytes(b"\n".join(lines) + b"\n")
+    result = run_cli("export", "--format", "ocsf", str(log_path))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    exported = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["metadata"]["sequence"] for e in exported] == [e["seq"] for e in every_event]
+    errors = result.stderr.splitlines()
+    assert errors[:3] == [
+        f"docbroker audit export: {log_path} line {n}: ts is not a real time; skipped" for n in (3, 5, 7)
+    ]
+    assert "skipped 3 lines that are not audit events" in errors[-1]
+
+
+async def test_follow_reports_a_bad_line_and_the_feed_goes_on(log_path: Path, every_event: list[Any]) -> None:
+    """A SIEM feed (`export --follow`): a bad line appended to the live file must not end it."""
+    follower = Follower(str(log_path), command=("export", "--format", "ocsf"))
+    try:
+        assert [e["metadata"]["sequence"] for e in follower.lines(len(every_event))] == [
+            e["seq"] for e in every_event
+        ]
+        bad = every_event[-1] | {"seq": len(every_event) + 1, "ts": IMPOSSIBLE_TS[0]}
+        good = every_event[-1] | {"seq": len(every_event) + 2, "ts": "2027-01-01T00:00:00.000Z"}
+        with log_path.open("ab") as f:
+            f.write(canonical(bad) + b"\n" + canonical(good) + b"\n")
+        after = follower.lines(1)
+        assert [e["metadata"]["sequence"] for e in after] == [good["seq"]]  # the feed went on
+        assert follower.proc.poll() is None
+    finally:
+        done = follower.stop()
+    err = done.stderr.decode()
+    assert done.returncode == 0 and "Traceback" not in err, err
+    bad_line = len(every_event) + 1
+    assert f"{log_path} line {bad_line}: ts is not a real time; skipped" in err
+    assert "skipped 1 lines that are not audit events" in err
+
+
 class Canaries(dict[str, str]):
     def __call__(self, where: str) -> str:
         self[where] = value = f"cnry{secrets.token_hex(6)}"
@@ -275,6 +362,8 @@ async def test_canaries_through_a_real_broker_never_reach_the_export(broker: Bro
     exported = [json.loads(line) for line in result.stdout.splitlines()]
     for event in exported:
         assert_valid_ocsf(event)
+    # the reason codes a real broker writes all pass the export's check as they are
+    assert all(e.get("status_code") != "other" for e in exported), [e.get("status_code") for e in exported]
     # who approved this report: the approval id, not its file name, leads to the approver
     decided = [
         e

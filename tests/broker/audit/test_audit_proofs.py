@@ -113,3 +113,16 @@ async def test_prove_refuses_what_it_cannot_prove(tmp_path: Path) -> None:
     two = await write_log(tmp_path, "r2", events=3)
     mixed = cli("prove", replica.log, two.log, "--seq", "2")
     assert mixed.returncode == 1 and "more than one log" in mixed.stderr
+
+
+async def test_a_non_ascii_letter_in_the_proofs_line_is_broken_not_a_traceback(tmp_path: Path) -> None:
+    """A proof's line edited with a letter no log line has (the writer escapes it): a verdict."""
+    replica = await write_log(tmp_path, events=12, every=5)
+    proof = prove(replica, "--seq", "3")
+    line = json.loads(proof["line"])
+    # A letter in the subject (any printable text) keeps the line an event; one in a name does not.
+    for edited in (proof["line"].replace("alice", "alicé"), proof["line"].replace("acme", "acmé")):
+        assert edited != proof["line"] and (json.loads(edited) != line)
+        result = check({**proof, "line": edited}, replica.public)  # `cli` asserts: no Traceback
+        assert result.returncode == 1 and result.stdout.startswith("proof BROKEN:"), result.stdout
+        assert result.stderr == ""

@@ -209,6 +209,63 @@ async def test_lines_that_are_not_events_are_skipped_and_counted(log_path: Path,
     assert "Traceback" not in result.stderr
 
 
+def planted(record: dict[str, Any]) -> bytes:
+    """A line as someone who can write the file plants it: real characters, not the writer's escapes."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+# What a planted value can do to a terminal, each with the escape the table must show instead.
+TERMINAL_TRICKS = {
+    "subject": ("\x1b]0;owned\x07", "\\x1b]0;owned\\x07"),  # OSC: set the window title
+    "reason": ("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H"),  # CSI: clear the screen, cursor home
+    "tool": ("ok\r\x08\x08", "ok\\x0d\\x08\\x08"),  # CR, backspace: overwrite the row
+    "method": ("\x9b31m\x85", "\\x9b31m\\x85"),  # C1 CSI (colour), C1 NEL
+    "tenant": ("a\x7fb", "a\\x7fb"),  # DEL
+    "request_id": ("txt\u202eexe.md\u2066\u2028", "txt\\u202eexe.md\\u2066\\u2028"),  # bidi, LS
+}
+
+
+async def test_the_table_escapes_what_a_planted_line_would_send_to_a_terminal(
+    log_path: Path, log: list[dict[str, Any]]
+) -> None:
+    record = dict(log[0]) | {k: raw for k, (raw, _) in TERMINAL_TRICKS.items()} | {"seq": len(log) + 1}
+    with log_path.open("ab") as f:
+        f.write(planted(record))
+    result = run_cli("query", str(log_path))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    rows = result.stdout.split("\n")
+    assert rows.pop() == "" and len(rows) == len(log) + 2  # the header, every event, the planted one
+    unsafe = sorted({f"U+{ord(c):04X}" for row in rows for c in row if not c.isprintable()})
+    assert unsafe == [], f"characters a terminal acts on reached it: {unsafe}"
+    last = rows[-1]
+    for key, (_, shown) in TERMINAL_TRICKS.items():
+        assert shown in last, (key, last)
+    # The honest rows are untouched: each starts with its own ts, in order.
+    assert [r.split()[0] for r in rows[1:-1]] == [e["ts"] for e in log]
+
+
+async def test_json_output_skips_lines_that_are_not_the_writers_json(
+    log_path: Path, log: list[dict[str, Any]]
+) -> None:
+    """`--json` prints lines as they are, so it prints only JSON objects in the writer's characters
+    (ASCII: the writer escapes the rest); the others are skipped and counted."""
+    good = log_path.read_bytes()
+    bad = [
+        b'{"tenant":"acme" broken}\n',  # braces outside, no JSON inside
+        b'{"tenant":"acme","x":}\n',
+        planted(dict(log[0]) | {"subject": "\x9b2J\u202e"}),  # JSON, but raw C1 and bidi bytes
+        planted(dict(log[0]) | {"subject": "del\x7f"}),  # raw DEL
+    ]
+    with log_path.open("ab") as f:
+        f.writelines(bad)
+    result = run_cli("query", "--json", str(log_path))
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert result.stdout.encode() == good
+    assert "skipped 4 lines that are not audit events" in result.stderr
+    selected = run_cli("query", "--json", "--tenant", "acme", str(log_path))
+    assert json_lines(selected.stdout) == [e for e in log if e.get("tenant") == "acme"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -222,15 +279,22 @@ async def test_lines_that_are_not_events_are_skipped_and_counted(log_path: Path,
         (["--reason", "Not A Code"], "--reason"),
         (["--subject", "a\nb"], "--subject"),
         (["--json", "--bogus"], "unrecognized"),
+        # far times: before year 1 or after 9999 once counted back or moved to UTC
+        (["--since", "999999999d"], "--since: out of range"),
+        (["--since", "999999999w"], "--since: out of range"),
+        (["--until", "0001-01-01T00:00:00+01:00"], "--until: out of range"),
+        (["--since", "9999-12-31T23:59:59-00:01"], "--since: out of range"),
     ],
 )
 async def test_bad_filters_are_refused_with_exit_2_and_no_traceback(
     log_path: Path, log: list[dict[str, Any]], args: list[str], message: str
 ) -> None:
-    result = run_cli("query", *args, str(log_path))
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert message in result.stderr and "Traceback" not in result.stderr
+    for command in (["query"], ["export", "--format", "ocsf"]):
+        result = run_cli(*command, *args, str(log_path))
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert message in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.splitlines()) == 1 or "unrecognized" in message, result.stderr
 
 
 async def test_an_unreadable_file_is_exit_1_and_no_traceback(tmp_path: Path) -> None:
@@ -265,11 +329,12 @@ async def test_a_closed_pipe_ends_quietly(log_path: Path) -> None:
 
 
 class Follower:
-    """`audit query --follow --json` in a child process, its lines read as they arrive."""
+    """`audit query --follow --json` (or another command given) in a child process, its lines read
+    as they arrive."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, command: tuple[str, ...] = ("query", "--json")) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "audit", "query", "--follow", "--json", *args],
+            [sys.executable, "-m", "broker.cli", "audit", *command, "--follow", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=ROOT,
