@@ -184,6 +184,12 @@ class DatabaseSettings:
     # every statement: past either, the operation fails closed (503) instead of hanging.
     pool_timeout_seconds: float = 2.0
     statement_timeout_seconds: float = 2.0
+    # A connection over the network without `sslmode=verify-full` (DOCBROKER_DATABASE_ALLOW_
+    # INSECURE_TRANSPORT): approvals and their reports cross it, readable and forgeable.
+    allow_insecure_transport: bool = False
+    # The libpq variables (PGHOST, PGSSLMODE, …) the connection will also obey: a URL without
+    # a host or an sslmode takes them from there (`from_env` passes the broker's own).
+    libpq_env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.pool_min > self.pool_max:
@@ -195,9 +201,35 @@ class DatabaseSettings:
             from psycopg.conninfo import conninfo_to_dict
 
             try:
-                conninfo_to_dict(self.url)
+                params = conninfo_to_dict(self.url)
             except psycopg.Error:
                 raise SettingsError(f"{PREFIX}DATABASE_URL is not a valid PostgreSQL URL") from None
+            if not self.allow_insecure_transport and not _verified_or_local(params, self.libpq_env):
+                raise SettingsError(
+                    f"{PREFIX}DATABASE_URL names a server over the network without sslmode=verify-full "
+                    f"(set {PREFIX}DATABASE_ALLOW_INSECURE_TRANSPORT=1 to accept that)"
+                )
+
+
+def _verified_or_local(params: Mapping[str, object], libpq_env: Mapping[str, str]) -> bool:
+    """Whether libpq will reach the server only over a unix socket, or over TLS that checks
+    both the certificate chain and the host name (`verify-full`; `require` and `verify-ca`
+    let a machine in the path, or any holder of a certificate from the same CA, pose as it).
+
+    What the URL leaves out libpq takes from PGHOST, PGHOSTADDR, PGSSLMODE and a PGSERVICE
+    file; a service file is not read here, so with one only the URL's own values count."""
+
+    def value(key: str, variable: str) -> str | None:
+        found = params.get(key) or libpq_env.get(variable) or None
+        return str(found) if found is not None else None
+
+    host, hostaddr = value("host", "PGHOST"), value("hostaddr", "PGHOSTADDR")
+    if hostaddr is None and (host is not None or value("service", "PGSERVICE") is None):
+        # A host that is a directory (or an abstract socket's @name) is a unix socket; an empty
+        # entry is libpq's default, the socket too.
+        if all(h == "" or h.startswith(("/", "@")) for h in (host or "").split(",")):
+            return True
+    return value("sslmode", "PGSSLMODE") == "verify-full"
 
 
 @dataclass(frozen=True)
@@ -398,13 +430,7 @@ class Settings:
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
             replicas=r.integer("REPLICAS", 1, low=1, high=1000),
-            database=DatabaseSettings(
-                url=r.optional("DATABASE_URL"),
-                pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),
-                pool_max=r.integer("DATABASE_POOL_MAX", 10, low=1, high=100),
-                pool_timeout_seconds=r.number("DATABASE_POOL_TIMEOUT", 2.0, low=0.1, high=60),
-                statement_timeout_seconds=r.number("DATABASE_STATEMENT_TIMEOUT", 2.0, low=0.1, high=60),
-            ),
+            database=_database_settings(r),
         )
 
 
@@ -433,6 +459,18 @@ def kubernetes_from_env(env: Mapping[str, str] = os.environ) -> tuple[Kubernetes
     if not INSTANCE_RE.fullmatch(instance):
         raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
     return _kubernetes_settings(r), instance
+
+
+def _database_settings(r: _Reader) -> DatabaseSettings:
+    return DatabaseSettings(
+        url=r.optional("DATABASE_URL"),
+        pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),
+        pool_max=r.integer("DATABASE_POOL_MAX", 10, low=1, high=100),
+        pool_timeout_seconds=r.number("DATABASE_POOL_TIMEOUT", 2.0, low=0.1, high=60),
+        statement_timeout_seconds=r.number("DATABASE_STATEMENT_TIMEOUT", 2.0, low=0.1, high=60),
+        allow_insecure_transport=r.flag("DATABASE_ALLOW_INSECURE_TRANSPORT", False),
+        libpq_env=r.libpq(),
+    )
 
 
 def _kubernetes_settings(r: _Reader) -> KubernetesSettings:
@@ -473,6 +511,11 @@ class _Reader:
     def optional(self, name: str) -> str | None:
         value = self._env.get(PREFIX + name, "").strip()
         return value or None
+
+    def libpq(self) -> dict[str, str]:
+        """The libpq variables that decide where and how a PostgreSQL connection goes."""
+        names = ("PGHOST", "PGHOSTADDR", "PGSSLMODE", "PGSERVICE")
+        return {name: self._env[name] for name in names if self._env.get(name, "").strip()}
 
     def text(self, name: str, default: str) -> str:
         return self.optional(name) or default

@@ -50,6 +50,9 @@ def _env(name: str) -> str:
     return value
 
 
+INSECURE_DATABASE = {"DOCBROKER_DATABASE_ALLOW_INSECURE_TRANSPORT": "1"}
+
+
 def postgres_for_pods(host_ip: str) -> tuple[ThrowAwayCluster, int]:
     """A throw-away PostgreSQL that also listens on TCP at `host_ip` and trusts the lab's Pods."""
     cluster = ThrowAwayCluster()
@@ -169,7 +172,8 @@ def deployed(tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]
         upgraded = subprocess.run(
             [sys.executable, "-m", "broker", "db", "upgrade"],
             cwd=ROOT,
-            env={**idp.env, "DOCBROKER_DATABASE_URL": cluster.url},
+            # the lab's PostgreSQL: TCP on the host's bridge, without TLS
+            env={**idp.env, "DOCBROKER_DATABASE_URL": cluster.url, **INSECURE_DATABASE},
             capture_output=True,
             text=True,
             timeout=120,
