@@ -32,7 +32,7 @@ from broker.approvals.store import ApprovalStore
 from broker.audit import fields as audit_fields
 from broker.audit.log import AuditLog
 from broker.audit.schema import AuditEvent
-from broker.auth.preauth import PreAuthLimiter, client_address, write_counts
+from broker.auth.preauth import PreAuthLimiter, TrustedProxies, client_address, write_counts
 from broker.auth.service import AuthService
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins
@@ -274,7 +274,8 @@ def build_app(
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.components = parts
     origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
-    return BrokerApp(app, gateway, origins=origins, preauth=preauth, audit=audit)
+    proxies = TrustedProxies(settings.preauth.trusted_proxies)
+    return BrokerApp(app, gateway, origins=origins, preauth=preauth, proxies=proxies, audit=audit)
 
 
 def _gateway(
@@ -322,8 +323,8 @@ def _gateway(
 
 
 class BrokerApp:
-    """Refuses a disallowed `Origin` on every surface, then sends `/mcp` straight to the
-    gateway and everything else through Starlette.
+    """Finds the client behind a trusted proxy, refuses a disallowed `Origin` on every
+    surface, then sends `/mcp` straight to the gateway and everything else through Starlette.
 
     The gateway handles its own errors and is on the path of every call; Starlette's
     middleware stack and router would add work to each one and give nothing there.
@@ -336,12 +337,14 @@ class BrokerApp:
         *,
         origins: Origins,
         preauth: PreAuthLimiter,
+        proxies: TrustedProxies,
         audit: AuditLog,
     ) -> None:
         self.app = app
         self._gateway = gateway
         self._origins = origins
         self._preauth = preauth
+        self._proxies = proxies
         self._audit = audit
 
     @property
@@ -351,6 +354,7 @@ class BrokerApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            self._proxies.rewrite(scope)  # first: every limit below is per client address
             if self._origins.refused(scope["headers"]):
                 await self._refuse_origin(scope, send)
             elif scope["path"] == "/mcp":

@@ -7,6 +7,7 @@ the environment after this module has run; the object is passed down explicitly.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shlex
@@ -18,6 +19,8 @@ from enum import StrEnum
 from pathlib import Path
 
 PREFIX = "DOCBROKER_"
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ALLOWED_ALGORITHMS = ("RS256", "ES256", "EdDSA")
 MAX_LEEWAY_SECONDS = 30
@@ -254,6 +257,9 @@ class PreAuthSettings:
     burst: int = 20
     interval_seconds: float = 60.0
     max_addresses: int = 4096  # addresses tracked; past it, the others share one bucket
+    # Reverse proxies whose X-Forwarded-For names the client (DOCBROKER_TRUSTED_PROXIES); a
+    # request from anywhere else is its peer's, whatever it claims.
+    trusted_proxies: tuple[IPNetwork, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -427,6 +433,7 @@ class Settings:
                 burst=r.integer("PREAUTH_BURST", 20, low=1, high=1_000_000),
                 interval_seconds=r.number("PREAUTH_INTERVAL", 60.0, low=0.5, high=3600),
                 max_addresses=r.integer("PREAUTH_MAX_ADDRESSES", 4096, low=16, high=1_000_000),
+                trusted_proxies=r.networks("TRUSTED_PROXIES"),
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
             replicas=r.integer("REPLICAS", 1, low=1, high=1000),
@@ -584,6 +591,23 @@ class _Reader:
                 raise SettingsError(f"{PREFIX}{name} must list origins (https://host[:port]), by commas")
             origins.append(origin)
         return tuple(dict.fromkeys(origins))
+
+    def networks(self, name: str) -> tuple[IPNetwork, ...]:
+        """A comma-separated list of IP addresses and networks (`10.0.0.0/8`, `2001:db8::/32`)."""
+        raw = self.optional(name)
+        if raw is None:
+            return ()
+        found: list[IPNetwork] = []
+        for item in (x.strip() for x in raw.split(",")):
+            try:
+                network = ipaddress.ip_network(item)  # strict: host bits set is a typo, not a range
+            except ValueError:
+                raise SettingsError(f"{PREFIX}{name} must list IP addresses or networks, by commas") from None
+            if network.prefixlen == 0:
+                # Everyone a proxy: every client could name any address, and have a fresh budget each.
+                raise SettingsError(f"{PREFIX}{name} must not trust every address")
+            found.append(network)
+        return tuple(dict.fromkeys(found))
 
     def algorithms(self, name: str) -> tuple[str, ...]:
         raw = self.optional(name)
