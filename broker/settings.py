@@ -283,6 +283,9 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     # How many replicas serve the deployment: each enforces its share of a tenant's limits.
     replicas: int = 1
+    # The operators' bearer tokens for /metrics and /readyz's details (broker/auth/ops.py);
+    # None: nobody reads them.
+    ops_token_file: Path | None = None
 
     @property
     def replica_id(self) -> str:
@@ -437,6 +440,7 @@ class Settings:
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
             replicas=r.integer("REPLICAS", 1, low=1, high=1000),
+            ops_token_file=r.path("OPS_TOKEN_FILE"),
             database=_database_settings(r),
         )
 

@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "broker.metrics": 0,
     "broker.images": 0,
     "broker.master_key": 0,  # the master key and every per-tenant key derived from it
+    "broker.files": 0,  # opening files someone may have planted (keys, audit inputs)
     "broker.protocol": 1,
     "broker.audit": 2,
     "broker.errors": 3,

@@ -2,11 +2,12 @@
 
 Each unauthenticated request used to write its own `auth.denied` line (~316 B; 1.7 GB an hour
 from one sequential client), and the audit log fails closed: one client with no token could
-stop every tenant. Now a client address that fails too often gets 429 for each token that
-fails (one that verifies is served all the same), and past a broker-wide budget of lines per interval the denials are counted, one line per
-reason and interval with `count`. Each test owns a broker (the counts are checked after its
-shutdown, which writes the last interval's), and floods from its own loopback address
-(127.0.0.x are all this host) so the tenant on 127.0.0.1 is another client.
+stop every tenant. Now a client address that fails too often gets 429 for each token that fails
+(one that verifies is served all the same), and past a broker-wide budget of lines per interval
+the denials are counted, one line per reason and interval with `count`. Each test owns a broker
+(the counts are checked after its shutdown, which writes the last interval's), and floods from
+its own loopback address (127.0.0.x are all this host) so the tenant on 127.0.0.1 is another
+client.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
     )
+    (folder / "ops.token").write_text(idp.ops_token + "\n")
     policy = folder / f"{tenant}.toml"
     policy.write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
     name, _, tag = BROKER_IMAGE.rpartition(":")
@@ -116,6 +117,7 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
                     f"DOCBROKER_KUBE_SERVER_IMAGE={SERVER_IMAGE}",
                     f"DOCBROKER_KUBE_KEEPER_IMAGE={KEEPER_IMAGE}",
                     "DOCBROKER_START_TIMEOUT=60",
+                    "DOCBROKER_OPS_TOKEN_FILE=/run/docbroker/keys/ops.token",
                 ],
             },
             {
@@ -129,7 +131,7 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
             {
                 "name": "docbroker-keys",
                 "namespace": BROKER_NS,
-                "files": [master.name, audit.name, "jwks.json=idp/jwks.json"],
+                "files": [master.name, audit.name, "ops.token", "jwks.json=idp/jwks.json"],
                 "options": {"disableNameSuffixHash": True},
             }
         ],
@@ -150,9 +152,9 @@ def ready_broker_ips(lab: Lab) -> list[str]:
     return sorted(ready) if len(ready) == 2 else []
 
 
-def readyz(ip: str) -> dict[str, Any] | None:
+def readyz(ip: str, ops: Broker) -> dict[str, Any] | None:
     try:
-        answer = httpx2.get(f"http://{ip}:8000/readyz", timeout=5)
+        answer = httpx2.get(f"http://{ip}:8000/readyz", headers=ops.ops_headers, timeout=5)
     except httpx2.TransportError:
         return None
     return dict(answer.json()) if answer.status_code == 200 else None
@@ -208,7 +210,7 @@ def test_the_deployment_serves_a_tenant_through_both_replicas(
 ) -> None:
     lab, tenant, storage, idp, ips = deployed
     started = time.monotonic()
-    checks = {ip: wait_until(f"/readyz of {ip}", lambda ip=ip: readyz(ip), timeout=60) for ip in ips}
+    checks = {ip: wait_until(f"/readyz of {ip}", lambda ip=ip: readyz(ip, idp), timeout=60) for ip in ips}
     a, b = (dataclasses.replace(idp, url=f"http://{ip}:8000") for ip in ips)
     writer = a.token(tenant, subject="alice", scope="docs:read docs:write")
     approver = b.token(tenant, subject="bob", scope="reports:approve")
