@@ -2,7 +2,9 @@
 
 Every value is validated when the object is built and every default is named here, so a
 misconfigured broker refuses to start with a message that names the variable. Nothing reads
-the environment after this module has run; the object is passed down explicitly.
+the environment after this module has run; the object is passed down explicitly. Commands
+that need only a part (`docbroker db`, `image build`, `tenant manifest`) read that part here
+too (`*_from_env` below), so an operator's shell needs no DOCBROKER_AUTH_* to run them.
 """
 
 from __future__ import annotations
@@ -235,6 +237,21 @@ def _verified_or_local(params: Mapping[str, object], libpq_env: Mapping[str, str
     return value("sslmode", "PGSSLMODE") == "verify-full"
 
 
+APPROVALS_DB = "approvals.sqlite3"  # in the data dir, without DOCBROKER_DATABASE_URL
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where approvals live: all `docbroker db` needs (`store_from_env`)."""
+
+    data_dir: Path
+    database: DatabaseSettings
+
+    @property
+    def approvals_db(self) -> Path:
+        return self.data_dir / APPROVALS_DB
+
+
 @dataclass(frozen=True)
 class EdgeSettings:
     """What a client must respect before any handler runs (`broker.http_edge`)."""
@@ -317,12 +334,12 @@ class Settings:
 
     @property
     def approvals_db(self) -> Path:
-        return self.data_dir / "approvals.sqlite3"
+        return self.data_dir / APPROVALS_DB
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         r = _Reader(env)
-        data_dir = Path(r.text("DATA_DIR", "var")).absolute()
+        data_dir = _data_dir(r)
         host = r.text("HOST", "127.0.0.1")
         port = r.integer("PORT", 8080, low=1, high=65535)
         auth = AuthSettings(
@@ -401,7 +418,7 @@ class Settings:
         return cls(
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
-            master_key_file=Path(r.text("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute(),
+            master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,
             port=port,
@@ -470,6 +487,31 @@ def kubernetes_from_env(env: Mapping[str, str] = os.environ) -> tuple[Kubernetes
     if not INSTANCE_RE.fullmatch(instance):
         raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
     return _kubernetes_settings(r), instance
+
+
+def store_from_env(env: Mapping[str, str] = os.environ) -> StoreSettings:
+    """The data dir and the database alone, for `docbroker db` (no auth or runtime settings)."""
+    r = _Reader(env)
+    return StoreSettings(_data_dir(r), _database_settings(r))
+
+
+def master_key_file_from_env(env: Mapping[str, str] = os.environ) -> Path:
+    """DOCBROKER_MASTER_KEY_FILE, or its default in the data dir (`docbroker tenant manifest`)."""
+    r = _Reader(env)
+    return _master_key_file(r, _data_dir(r))
+
+
+def docker_host_from_env(env: Mapping[str, str] = os.environ) -> str | None:
+    """DOCBROKER_DOCKER_HOST alone (`docbroker image build`); None: Docker's own default."""
+    return _Reader(env).optional("DOCKER_HOST")
+
+
+def _data_dir(r: _Reader) -> Path:
+    return Path(r.text("DATA_DIR", "var")).absolute()
+
+
+def _master_key_file(r: _Reader, data_dir: Path) -> Path:
+    return Path(r.text("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute()
 
 
 def _database_settings(r: _Reader) -> DatabaseSettings:
