@@ -300,7 +300,7 @@ def wait_pool_warm(broker: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     with httpx2.Client(timeout=10) as http:
         while time.monotonic() < deadline:
-            if http.get(ready_url).json()["checks"]["sandboxes"]["pool"]["ready"]:
+            if http.get(ready_url, headers=broker.ops_headers).json()["checks"]["sandboxes"]["pool"]["ready"]:
                 return
             time.sleep(0.05)
     raise RuntimeError("the broker's pool never became warm")

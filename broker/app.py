@@ -32,7 +32,9 @@ from broker.approvals.store import ApprovalStore
 from broker.audit import fields as audit_fields
 from broker.audit.log import AuditLog
 from broker.audit.schema import AuditEvent
-from broker.auth.preauth import PreAuthLimiter, client_address, write_counts
+from broker.auth.ops import REALM as OPS_REALM
+from broker.auth.ops import OpsTokens
+from broker.auth.preauth import PreAuthLimiter, TrustedProxies, client_address, write_counts
 from broker.auth.service import AuthService
 from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins
@@ -58,6 +60,8 @@ from broker.web import page
 from broker.web.api import ApprovalsApi
 
 log = logging.getLogger("docbroker")
+
+NO_STORE = {"cache-control": "no-store"}  # answers that are true now, for one caller
 
 
 async def make_backend(settings: Settings) -> SandboxBackend:
@@ -119,6 +123,7 @@ def build_app(
 ) -> BrokerApp:
     """The app, wired. The audit log, the backend and the store are opened by the caller first."""
     master_key = load_master_key(settings.master_key_file)
+    ops = OpsTokens.load(settings.ops_token_file)
     policies = Policies.load(settings.policies_dir)
     tenants = Tenants(settings, master_key)
     preauth = PreAuthLimiter(settings.preauth)
@@ -203,20 +208,27 @@ def build_app(
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def readyz(_: Request) -> Response:
-        checks = {
-            "audit": audit.healthy,
-            "keys": await auth.ready(),
-            "sandboxes": runtime.backend.describe(),
-            # Reported, not required: without its database a replica still serves search
-            # and read (approvals fail closed), so it stays in the load balancer's set.
-            "approvals_database": await store.health(),
-        }
-        ok = checks["audit"] and checks["keys"]
-        return JSONResponse({"status": "ready" if ok else "not_ready", "checks": checks}, 200 if ok else 503)
+    async def readyz(request: Request) -> Response:
+        keys = await auth.ready()
+        ok = audit.healthy and keys
+        body: dict[str, Any] = {"status": "ready" if ok else "not_ready"}
+        # Ready or not is for anyone (probes, load balancers); what runs where is for operators.
+        if ops.allowed(request.scope["headers"]):
+            body["checks"] = {
+                "audit": audit.healthy,
+                "keys": keys,
+                "sandboxes": runtime.backend.describe(),
+                # Reported, not required: without its database a replica still serves search
+                # and read (approvals fail closed), so it stays in the load balancer's set.
+                "approvals_database": await store.health(),
+            }
+        return JSONResponse(body, 200 if ok else 503, headers=NO_STORE)
 
-    async def metrics_endpoint(_: Request) -> Response:
-        return Response(metrics.render(), media_type=metrics.content_type)
+    async def metrics_endpoint(request: Request) -> Response:
+        if not ops.allowed(request.scope["headers"]):
+            refusal = {"www-authenticate": OPS_REALM, **NO_STORE}
+            return JSONResponse({"error": "unauthorized"}, 401, headers=refusal)
+        return Response(metrics.render(), media_type=metrics.content_type, headers=NO_STORE)
 
     async def resource_metadata(_: Request) -> Response:
         return JSONResponse(auth.resource_metadata(), headers={"cache-control": "public, max-age=3600"})
@@ -274,7 +286,8 @@ def build_app(
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.components = parts
     origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
-    return BrokerApp(app, gateway, origins=origins, preauth=preauth, audit=audit)
+    proxies = TrustedProxies(settings.preauth.trusted_proxies)
+    return BrokerApp(app, gateway, origins=origins, preauth=preauth, proxies=proxies, audit=audit)
 
 
 def _gateway(
@@ -322,8 +335,8 @@ def _gateway(
 
 
 class BrokerApp:
-    """Refuses a disallowed `Origin` on every surface, then sends `/mcp` straight to the
-    gateway and everything else through Starlette.
+    """Finds the client behind a trusted proxy, refuses a disallowed `Origin` on every
+    surface, then sends `/mcp` straight to the gateway and everything else through Starlette.
 
     The gateway handles its own errors and is on the path of every call; Starlette's
     middleware stack and router would add work to each one and give nothing there.
@@ -336,12 +349,14 @@ class BrokerApp:
         *,
         origins: Origins,
         preauth: PreAuthLimiter,
+        proxies: TrustedProxies,
         audit: AuditLog,
     ) -> None:
         self.app = app
         self._gateway = gateway
         self._origins = origins
         self._preauth = preauth
+        self._proxies = proxies
         self._audit = audit
 
     @property
@@ -351,6 +366,7 @@ class BrokerApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            self._proxies.rewrite(scope)  # first: every limit below is per client address
             if self._origins.refused(scope["headers"]):
                 await self._refuse_origin(scope, send)
             elif scope["path"] == "/mcp":

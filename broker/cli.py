@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.settings import Settings, SettingsError
+from broker.settings import Settings, SettingsError, StoreSettings
 
 _DEMO_SCOPES = "docs:read docs:write reports:approve"
 
@@ -327,17 +327,11 @@ def _progress(line: str) -> None:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    import os
-
     from broker.images import ImageError, build_images
+    from broker.settings import docker_host_from_env
 
     try:
-        build_images(
-            args.which,
-            base=args.base,
-            progress=_progress,
-            base_url=os.environ.get("DOCBROKER_DOCKER_HOST") or None,
-        )
+        build_images(args.which, base=args.base, progress=_progress, base_url=docker_host_from_env())
     except ImageError as exc:
         sys.stderr.write(f"docbroker image build: {exc}\n")
         return 1
@@ -357,8 +351,13 @@ def cmd_db(args: argparse.Namespace) -> int:
     import asyncio
 
     from broker.approvals.store import StoreError
+    from broker.settings import store_from_env
 
-    settings = _settings()
+    try:
+        # Only what the schema needs: an operator's shell has no DOCBROKER_AUTH_* to set.
+        settings = store_from_env()
+    except SettingsError as exc:
+        raise SystemExit(f"docbroker: configuration error: {exc}") from None
     try:
         before, applied = asyncio.run(_db(settings, upgrade=args.db_command == "upgrade"))
     except StoreError as exc:  # fixed texts: never the database URL
@@ -376,7 +375,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0 if now == LATEST else 1
 
 
-async def _db(settings: Settings, *, upgrade: bool) -> tuple[int, list[int]]:
+async def _db(settings: StoreSettings, *, upgrade: bool) -> tuple[int, list[int]]:
     """(version found, versions applied)."""
     if settings.database.url is not None:
         from broker.approvals.postgres_store import PostgresApprovalStore

@@ -118,23 +118,7 @@ def build_wheelhouse(*, with_broker: bool, progress: Progress, python: str = sys
         # The docbroker wheel itself changes with the code: rebuild it every time.
         for old in WHEELHOUSE.glob("docbroker-*.whl"):
             old.unlink()
-        progress("wheelhouse: building the docbroker wheel")
-        _stream_command(
-            [
-                python,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                "--wheel-dir",
-                str(WHEELHOUSE),
-                str(REPO_ROOT),
-            ],
-            progress,
-            step="docbroker wheel",
-        )
+        build_docbroker_wheel(WHEELHOUSE, progress, python=python)
         requirements.append(str(REPO_ROOT))
     target = _target_flags()
     for req in requirements:
@@ -162,6 +146,36 @@ def build_wheelhouse(*, with_broker: bool, progress: Progress, python: str = sys
         progress(f"wheelhouse: downloading wheels for {Path(req).name}")
         _stream_command(download, progress, step="wheelhouse")
     return WHEELHOUSE
+
+
+# What the wheel is built from. Not the checkout itself: pip builds in the tree, and setuptools
+# packs whatever an earlier build left in build/lib (a package since excluded, such as
+# broker/testing, or a module since deleted) into the new wheel.
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "broker", "server")
+
+
+def build_docbroker_wheel(dest: Path, progress: Progress, *, python: str = sys.executable) -> Path:
+    """The docbroker wheel, built from a clean copy of the sources, into `dest`."""
+    with tempfile.TemporaryDirectory(prefix="docbroker-wheel-") as tmp:
+        source = Path(tmp) / "src"
+        source.mkdir()
+        for name in WHEEL_SOURCES:
+            if (REPO_ROOT / name).is_dir():
+                ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+                shutil.copytree(REPO_ROOT / name, source / name, ignore=ignore)
+            else:
+                shutil.copy2(REPO_ROOT / name, source / name)
+        progress("wheelhouse: building the docbroker wheel")
+        built = Path(tmp) / "wheel"
+        _stream_command(
+            [python, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
+             "--wheel-dir", str(built), str(source)],
+            progress,
+            step="docbroker wheel",
+        )  # fmt: skip
+        (wheel,) = built.glob("docbroker-*.whl")
+        dest.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy2(wheel, dest / wheel.name))
 
 
 def _target_flags() -> list[str]:

@@ -2,11 +2,14 @@
 
 Every value is validated when the object is built and every default is named here, so a
 misconfigured broker refuses to start with a message that names the variable. Nothing reads
-the environment after this module has run; the object is passed down explicitly.
+the environment after this module has run; the object is passed down explicitly. Commands
+that need only a part (`docbroker db`, `image build`, `tenant manifest`) read that part here
+too (`*_from_env` below), so an operator's shell needs no DOCBROKER_AUTH_* to run them.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shlex
@@ -18,6 +21,8 @@ from enum import StrEnum
 from pathlib import Path
 
 PREFIX = "DOCBROKER_"
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ALLOWED_ALGORITHMS = ("RS256", "ES256", "EdDSA")
 MAX_LEEWAY_SECONDS = 30
@@ -187,6 +192,12 @@ class DatabaseSettings:
     # every statement: past either, the operation fails closed (503) instead of hanging.
     pool_timeout_seconds: float = 2.0
     statement_timeout_seconds: float = 2.0
+    # A connection over the network without `sslmode=verify-full` (DOCBROKER_DATABASE_ALLOW_
+    # INSECURE_TRANSPORT): approvals and their reports cross it, readable and forgeable.
+    allow_insecure_transport: bool = False
+    # The libpq variables (PGHOST, PGSSLMODE, …) the connection will also obey: a URL without
+    # a host or an sslmode takes them from there (`from_env` passes the broker's own).
+    libpq_env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.pool_min > self.pool_max:
@@ -198,9 +209,50 @@ class DatabaseSettings:
             from psycopg.conninfo import conninfo_to_dict
 
             try:
-                conninfo_to_dict(self.url)
+                params = conninfo_to_dict(self.url)
             except psycopg.Error:
                 raise SettingsError(f"{PREFIX}DATABASE_URL is not a valid PostgreSQL URL") from None
+            if not self.allow_insecure_transport and not _verified_or_local(params, self.libpq_env):
+                raise SettingsError(
+                    f"{PREFIX}DATABASE_URL names a server over the network without sslmode=verify-full "
+                    f"(set {PREFIX}DATABASE_ALLOW_INSECURE_TRANSPORT=1 to accept that)"
+                )
+
+
+def _verified_or_local(params: Mapping[str, object], libpq_env: Mapping[str, str]) -> bool:
+    """Whether libpq will reach the server only over a unix socket, or over TLS that checks
+    both the certificate chain and the host name (`verify-full`; `require` and `verify-ca`
+    let a machine in the path, or any holder of a certificate from the same CA, pose as it).
+
+    What the URL leaves out libpq takes from PGHOST, PGHOSTADDR, PGSSLMODE and a PGSERVICE
+    file; a service file is not read here, so with one only the URL's own values count."""
+
+    def value(key: str, variable: str) -> str | None:
+        found = params.get(key) or libpq_env.get(variable) or None
+        return str(found) if found is not None else None
+
+    host, hostaddr = value("host", "PGHOST"), value("hostaddr", "PGHOSTADDR")
+    if hostaddr is None and (host is not None or value("service", "PGSERVICE") is None):
+        # A host that is a directory (or an abstract socket's @name) is a unix socket; an empty
+        # entry is libpq's default, the socket too.
+        if all(h == "" or h.startswith(("/", "@")) for h in (host or "").split(",")):
+            return True
+    return value("sslmode", "PGSSLMODE") == "verify-full"
+
+
+APPROVALS_DB = "approvals.sqlite3"  # in the data dir, without DOCBROKER_DATABASE_URL
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where approvals live: all `docbroker db` needs (`store_from_env`)."""
+
+    data_dir: Path
+    database: DatabaseSettings
+
+    @property
+    def approvals_db(self) -> Path:
+        return self.data_dir / APPROVALS_DB
 
 
 @dataclass(frozen=True)
@@ -225,6 +277,9 @@ class PreAuthSettings:
     burst: int = 20
     interval_seconds: float = 60.0
     max_addresses: int = 4096  # addresses tracked; past it, the others share one bucket
+    # Reverse proxies whose X-Forwarded-For names the client (DOCBROKER_TRUSTED_PROXIES); a
+    # request from anywhere else is its peer's, whatever it claims.
+    trusted_proxies: tuple[IPNetwork, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -248,6 +303,9 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     # How many replicas serve the deployment: each enforces its share of a tenant's limits.
     replicas: int = 1
+    # The operators' bearer tokens for /metrics and /readyz's details (broker/auth/ops.py);
+    # None: nobody reads them.
+    ops_token_file: Path | None = None
 
     @property
     def replica_id(self) -> str:
@@ -279,12 +337,12 @@ class Settings:
 
     @property
     def approvals_db(self) -> Path:
-        return self.data_dir / "approvals.sqlite3"
+        return self.data_dir / APPROVALS_DB
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         r = _Reader(env)
-        data_dir = Path(r.text("DATA_DIR", "var")).absolute()
+        data_dir = _data_dir(r)
         host = r.text("HOST", "127.0.0.1")
         port = r.integer("PORT", 8080, low=1, high=65535)
         auth = AuthSettings(
@@ -366,7 +424,7 @@ class Settings:
         return cls(
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
-            master_key_file=Path(r.text("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute(),
+            master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,
             port=port,
@@ -401,16 +459,12 @@ class Settings:
                 burst=r.integer("PREAUTH_BURST", 20, low=1, high=1_000_000),
                 interval_seconds=r.number("PREAUTH_INTERVAL", 60.0, low=0.5, high=3600),
                 max_addresses=r.integer("PREAUTH_MAX_ADDRESSES", 4096, low=16, high=1_000_000),
+                trusted_proxies=r.networks("TRUSTED_PROXIES"),
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
             replicas=r.integer("REPLICAS", 1, low=1, high=1000),
-            database=DatabaseSettings(
-                url=r.optional("DATABASE_URL"),
-                pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),
-                pool_max=r.integer("DATABASE_POOL_MAX", 10, low=1, high=100),
-                pool_timeout_seconds=r.number("DATABASE_POOL_TIMEOUT", 2.0, low=0.1, high=60),
-                statement_timeout_seconds=r.number("DATABASE_STATEMENT_TIMEOUT", 2.0, low=0.1, high=60),
-            ),
+            ops_token_file=r.path("OPS_TOKEN_FILE"),
+            database=_database_settings(r),
         )
 
 
@@ -439,6 +493,43 @@ def kubernetes_from_env(env: Mapping[str, str] = os.environ) -> tuple[Kubernetes
     if not INSTANCE_RE.fullmatch(instance):
         raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
     return _kubernetes_settings(r), instance
+
+
+def store_from_env(env: Mapping[str, str] = os.environ) -> StoreSettings:
+    """The data dir and the database alone, for `docbroker db` (no auth or runtime settings)."""
+    r = _Reader(env)
+    return StoreSettings(_data_dir(r), _database_settings(r))
+
+
+def master_key_file_from_env(env: Mapping[str, str] = os.environ) -> Path:
+    """DOCBROKER_MASTER_KEY_FILE, or its default in the data dir (`docbroker tenant manifest`)."""
+    r = _Reader(env)
+    return _master_key_file(r, _data_dir(r))
+
+
+def docker_host_from_env(env: Mapping[str, str] = os.environ) -> str | None:
+    """DOCBROKER_DOCKER_HOST alone (`docbroker image build`); None: Docker's own default."""
+    return _Reader(env).optional("DOCKER_HOST")
+
+
+def _data_dir(r: _Reader) -> Path:
+    return Path(r.text("DATA_DIR", "var")).absolute()
+
+
+def _master_key_file(r: _Reader, data_dir: Path) -> Path:
+    return Path(r.text("MASTER_KEY_FILE", str(data_dir / "master.key"))).absolute()
+
+
+def _database_settings(r: _Reader) -> DatabaseSettings:
+    return DatabaseSettings(
+        url=r.optional("DATABASE_URL"),
+        pool_min=r.integer("DATABASE_POOL_MIN", 1, low=0, high=100),
+        pool_max=r.integer("DATABASE_POOL_MAX", 10, low=1, high=100),
+        pool_timeout_seconds=r.number("DATABASE_POOL_TIMEOUT", 2.0, low=0.1, high=60),
+        statement_timeout_seconds=r.number("DATABASE_STATEMENT_TIMEOUT", 2.0, low=0.1, high=60),
+        allow_insecure_transport=r.flag("DATABASE_ALLOW_INSECURE_TRANSPORT", False),
+        libpq_env=r.libpq(),
+    )
 
 
 def _kubernetes_settings(r: _Reader) -> KubernetesSettings:
@@ -479,6 +570,11 @@ class _Reader:
     def optional(self, name: str) -> str | None:
         value = self._env.get(PREFIX + name, "").strip()
         return value or None
+
+    def libpq(self) -> dict[str, str]:
+        """The libpq variables that decide where and how a PostgreSQL connection goes."""
+        names = ("PGHOST", "PGHOSTADDR", "PGSSLMODE", "PGSERVICE")
+        return {name: self._env[name] for name in names if self._env.get(name, "").strip()}
 
     def text(self, name: str, default: str) -> str:
         return self.optional(name) or default
@@ -547,6 +643,23 @@ class _Reader:
                 raise SettingsError(f"{PREFIX}{name} must list origins (https://host[:port]), by commas")
             origins.append(origin)
         return tuple(dict.fromkeys(origins))
+
+    def networks(self, name: str) -> tuple[IPNetwork, ...]:
+        """A comma-separated list of IP addresses and networks (`10.0.0.0/8`, `2001:db8::/32`)."""
+        raw = self.optional(name)
+        if raw is None:
+            return ()
+        found: list[IPNetwork] = []
+        for item in (x.strip() for x in raw.split(",")):
+            try:
+                network = ipaddress.ip_network(item)  # strict: host bits set is a typo, not a range
+            except ValueError:
+                raise SettingsError(f"{PREFIX}{name} must list IP addresses or networks, by commas") from None
+            if network.prefixlen == 0:
+                # Everyone a proxy: every client could name any address, and have a fresh budget each.
+                raise SettingsError(f"{PREFIX}{name} must not trust every address")
+            found.append(network)
+        return tuple(dict.fromkeys(found))
 
     def algorithms(self, name: str) -> tuple[str, ...]:
         raw = self.optional(name)

@@ -151,17 +151,6 @@ class Authenticator:
             self._cache.put(digest, entry, self._clock())
         return principal
 
-    async def reuse(self, authorization: str | None) -> Principal | None:
-        """The principal of a token verified before and still valid, else None; never decodes
-        or verifies a token (the pre-auth limiter lets only these through)."""
-        try:
-            token = bearer_token(authorization)
-            self._sizes(token)
-        except AuthError:
-            return None
-        digest = token_digest(token) if self._cache.max_entries else None
-        return None if digest is None else await self._reuse(digest)
-
     async def _reuse(self, digest: bytes) -> Principal | None:
         """The cached principal if everything that can change since still holds, else None.
 

@@ -3,8 +3,21 @@
 Each request that fails authentication (no token, a bad one, an unknown tenant) or comes from
 a refused `Origin` costs its client address one try from a token bucket (`burst` tries,
 refilled at `rate` per second). An address whose bucket is empty gets `429` with
-`Retry-After` before any token work, unless it presents a token the broker has already
-verified (`Authenticator.reuse`): a tenant behind the same NAT as a flooder keeps working.
+`Retry-After` instead of `401` for each token that fails, counted and never audited alone;
+a token that verifies is served all the same (`AuthService.authenticate`): what is limited
+is the cost of bad tokens, not the service to good ones, so a tenant behind the same NAT or
+proxy as a flooder keeps working, with a token it had before or a new one. A limited
+address's bad token still costs one signature check (a few tens of µs: far less than the
+request around it), and a lookup of an unknown key id stays bounded broker-wide by the key
+source's refetch cooldown.
+
+**Behind a reverse proxy** every client has the proxy's address. `TrustedProxies` gives
+back each one's own: only a request whose peer is a configured proxy
+(`DOCBROKER_TRUSTED_PROXIES`) has its `X-Forwarded-For` read, from the right, skipping
+trusted proxies, to the first address that is not one, the client as the outermost trusted
+proxy saw it. Everything left of that was written by the client and is never believed
+(else each request could name a fresh address, and a fresh budget). A hop that is not an
+address stops the walk at the proxy that passed it on.
 
 The audit log fails closed, so an unauthenticated client that could fill its disk could stop
 every tenant (one line each was ~1.7 GB an hour from one sequential client). So, broker-wide,
@@ -27,22 +40,75 @@ needs to see a flood; the address of one is for the network's own logs.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from starlette.types import Scope
 
 from broker.audit.schema import AuditEvent
-from broker.settings import PreAuthSettings
+from broker.settings import IPNetwork, PreAuthSettings
 
 LIMITED = "preauth_limited"  # the reason a 429 of this limiter is counted under
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 
 def client_address(scope: Scope) -> str:
-    """The peer's host as the ASGI server saw it ("" for a unix socket)."""
+    """The client's host: the peer's as the ASGI server saw it ("" for a unix socket), or the
+    one `TrustedProxies.rewrite` put in its place."""
     client = scope.get("client")
     return str(client[0]) if client else ""
+
+
+class TrustedProxies:
+    """Which peers may say, in `X-Forwarded-For`, whom they forward for (see the module)."""
+
+    def __init__(self, networks: Iterable[IPNetwork]) -> None:
+        self._networks = tuple(networks)
+
+    def rewrite(self, scope: Scope) -> None:
+        """Put the forwarded client in `scope["client"]` if the peer is a trusted proxy (as
+        uvicorn's proxy middleware does, with its right-most-untrusted rule, minus `scheme`)."""
+        if not self._networks:
+            return
+        peer = _address(client_address(scope))
+        if peer is None or not self._trusted(peer):
+            return
+        hops: list[str] = []
+        for name, value in scope["headers"]:
+            if name == b"x-forwarded-for":  # several headers are one list, in order (RFC 9110 §5.3)
+                hops.extend(value.decode("latin-1").split(","))
+        client = peer
+        for hop in reversed(hops):
+            address = _address(hop.strip())
+            if address is None:
+                break  # not an address: the proxy that passed it on is the client we know
+            client = address
+            if not self._trusted(address):
+                break
+        if client != peer:
+            scope["client"] = (str(client), 0)
+
+    def _trusted(self, address: IPAddress) -> bool:
+        return any(address in network for network in self._networks)
+
+
+def _address(text: str) -> IPAddress | None:
+    """An address as proxies write it: bare, `v4:port` or `[v6]:port`; IPv4-mapped IPv6 as
+    IPv4, so that one client has one spelling (and one bucket)."""
+    if text.startswith("["):
+        text = text[1 : text.find("]")] if "]" in text else ""
+    elif text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 class _Bucket:

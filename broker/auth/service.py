@@ -37,23 +37,22 @@ class AuthService:
     async def authenticate(self, authorization: Sequence[str], address: str = "") -> Principal:
         """The principal for the request's Authorization header values. Raises AuthError.
 
-        `address` is the client's (`preauth.client_address`): an address that failed too
-        often gets a 429 AuthError before any token work, unless its token was verified
-        before. A refusal the limiter counts for its interval line has `counted` set."""
+        `address` is the client's (`preauth.client_address`). A token that verifies is served
+        whatever the address did before; from an address that failed too often, a token that
+        does not gets a 429 AuthError instead of its own reason (counted, never audited alone,
+        and not charged again). A refusal the limiter counts for its interval line has
+        `counted` set."""
         wait = self.preauth.retry_after(address)
-        if wait:
-            principal = await self._authenticator.reuse(authorization[0] if len(authorization) == 1 else None)
-            if principal is not None:
-                return principal
-            self.preauth.limited()
-            error = AuthError.of(AuthReason.PREAUTH_LIMITED)
-            error.retry_after, error.counted = wait, True
-            raise error
         try:
             return await self._authenticator.authenticate(authorization_header(list(authorization)))
         except AuthError as exc:
             # The identity provider's keys being unavailable is not the client's doing.
             charge = exc.reason is not AuthReason.KEYS_UNAVAILABLE
+            if wait and charge:
+                self.preauth.limited()
+                error = AuthError.of(AuthReason.PREAUTH_LIMITED)
+                error.retry_after, error.counted = wait, True
+                raise error from None
             exc.counted = not self.preauth.failed(address, exc.reason.value, charge=charge)
             raise
 

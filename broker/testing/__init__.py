@@ -52,6 +52,7 @@ class Broker:
     private_key: rsa.RSAPrivateKey
     kid: str
     proc: subprocess.Popen[bytes] | None = None
+    ops_token: str = ""  # DOCBROKER_OPS_TOKEN_FILE's: /metrics and /readyz's details
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -92,6 +93,11 @@ class Broker:
 
     def logs(self) -> str:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+    @property
+    def ops_headers(self) -> dict[str, str]:
+        """What an operator (a Prometheus scraper) sends to read /metrics and /readyz's details."""
+        return {"authorization": f"Bearer {self.ops_token}"}
 
     def http(self, token: str | None = None, **kwargs: Any) -> httpx2.Client:
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -169,6 +175,10 @@ def make_broker(
     jwk.update({"kid": kid, "alg": "RS256", "use": "sig"})
     jwks_file = tmp / "jwks.json"
     jwks_file.write_text(json.dumps({"keys": [jwk]}))
+    ops_token = secrets.token_urlsafe(32)
+    ops_file = tmp / "ops.token"
+    ops_file.write_text(ops_token + "\n")
+    ops_file.chmod(0o600)
     port = free_port()
     full_env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -181,6 +191,7 @@ def make_broker(
         "DOCBROKER_AUTH_ISSUER": ISSUER,
         "DOCBROKER_AUTH_AUDIENCE": AUDIENCE,
         "DOCBROKER_AUTH_JWKS_FILE": str(jwks_file),
+        "DOCBROKER_OPS_TOKEN_FILE": str(ops_file),
         "DOCBROKER_RUNTIME": runtime,
         "DOCBROKER_ALLOW_INSECURE_LOCAL_RUNTIME": "1" if runtime == "local" else "0",
         # Every test client shares 127.0.0.1, and many send bad tokens on purpose: the pre-auth
@@ -200,6 +211,7 @@ def make_broker(
         env=full_env,
         private_key=key,
         kid=kid,
+        ops_token=ops_token,
     )
 
 

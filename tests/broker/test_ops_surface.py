@@ -55,7 +55,7 @@ def test_healthz_and_readyz(broker: Broker) -> None:
         health = http.get("/healthz")
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
         assert "server" not in health.headers  # no software banner for callers to fingerprint
-        ready = http.get("/readyz")
+        ready = http.get("/readyz", headers=broker.ops_headers)
     assert ready.status_code == 200
     body = ready.json()
     assert body["status"] == "ready"
@@ -64,9 +64,39 @@ def test_healthz_and_readyz(broker: Broker) -> None:
     assert body["checks"]["approvals_database"] == {"backend": "sqlite", "reachable": True}
 
 
+# Who may see what runs where (issue 24, item 12): anyone on the /mcp listener, before. Each
+# of these credentials is refused; only the operators' bearer (DOCBROKER_OPS_TOKEN_FILE) reads.
+NOT_OPERATORS = {
+    "nobody": {},
+    "a wrong bearer": {"authorization": "Bearer " + "x" * 43},
+    "basic": {"authorization": "Basic b3BzOm9wcw=="},
+}
+
+
+@pytest.mark.parametrize("who", sorted(NOT_OPERATORS))
+def test_metrics_and_readiness_details_are_for_operators_only(broker: Broker, who: str) -> None:
+    headers = NOT_OPERATORS[who]
+    with open_http(broker) as http:
+        metrics = http.get("/metrics", headers=headers)
+        ready = http.get("/readyz", headers=headers)
+        twice = http.get("/metrics", headers=[("authorization", broker.ops_headers["authorization"])] * 2)
+    assert metrics.status_code == 401 and twice.status_code == 401
+    assert metrics.headers["www-authenticate"] == 'Bearer realm="docbroker-ops"'
+    assert metrics.json() == {"error": "unauthorized"} and "docbroker_" not in metrics.text
+    # Ready or not, for probes and load balancers: nothing about the engine, limits or images.
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    assert ready.headers["cache-control"] == "no-store"
+
+
+def test_a_tenant_token_is_not_an_operator(broker: Broker) -> None:
+    with open_http(broker, broker.token(scope="docs:read docs:write reports:approve")) as tenant:
+        assert tenant.get("/metrics").status_code == 401
+        assert tenant.get("/readyz").json() == {"status": "ready"}
+
+
 def test_metrics_count_requests_sandboxes_and_pending_approvals(broker: Broker) -> None:
-    with open_http(broker) as anonymous:
-        before = anonymous.get("/metrics")
+    with open_http(broker) as operator:
+        before = operator.get("/metrics", headers=broker.ops_headers)
     assert before.status_code == 200 and before.headers["content-type"].startswith("text/plain")
     labels = {"method": "tools/call", "tool": "save_report", "outcome": "waiting_approval"}
     with open_http(broker, broker.token()) as http:
@@ -75,8 +105,8 @@ def test_metrics_count_requests_sandboxes_and_pending_approvals(broker: Broker) 
         assert waiting.status_code == 200
         call_modern(http, "cnrymetriclabel", {})  # a client's tool name must not become a label
         post_modern(http, "cnry/method")
-    with open_http(broker) as anonymous:
-        after = anonymous.get("/metrics").text
+    with open_http(broker) as operator:
+        after = operator.get("/metrics", headers=broker.ops_headers).text
     assert (
         metric(after, "docbroker_requests_total", **labels)
         == metric(before.text, "docbroker_requests_total", **labels) + 1
@@ -91,8 +121,8 @@ def test_metrics_count_requests_sandboxes_and_pending_approvals(broker: Broker) 
 
     approval_id = waiting.json()["result"]["structuredContent"]["data"]["approval_id"]
     assert decide(broker, approval_id, approve=False).status_code == 200
-    with open_http(broker) as anonymous:
-        decided = anonymous.get("/metrics").text
+    with open_http(broker) as operator:
+        decided = operator.get("/metrics", headers=broker.ops_headers).text
     assert metric(decided, "docbroker_approvals_pending") == metric(after, "docbroker_approvals_pending") - 1
 
 

@@ -2,11 +2,12 @@
 
 Each unauthenticated request used to write its own `auth.denied` line (~316 B; 1.7 GB an hour
 from one sequential client), and the audit log fails closed: one client with no token could
-stop every tenant. Now a client address that fails too often gets 429 before any token work,
-and past a broker-wide budget of lines per interval the denials are counted, one line per
-reason and interval with `count`. Each test owns a broker (the counts are checked after its
-shutdown, which writes the last interval's), and floods from its own loopback address
-(127.0.0.x are all this host) so the tenant on 127.0.0.1 is another client.
+stop every tenant. Now a client address that fails too often gets 429 for each token that fails
+(one that verifies is served all the same), and past a broker-wide budget of lines per interval
+the denials are counted, one line per reason and interval with `count`. Each test owns a broker
+(the counts are checked after its shutdown, which writes the last interval's), and floods from
+its own loopback address (127.0.0.x are all this host) so the tenant on 127.0.0.1 is another
+client.
 """
 
 from __future__ import annotations
@@ -84,11 +85,11 @@ def test_a_flood_without_tokens_gets_429_and_the_audit_grows_by_lines_per_interv
         again = [tools_list(attacker).status_code for _ in range(BURST + 1)]  # dry now, whatever refilled
         assert again[-1] == 429
         with client(broker, "127.0.0.2", known) as same_address:
-            # A token verified before passes the limit; a new one from the limited address waits.
+            # A token that verifies passes the limit, one verified before or a new one.
             assert tools_list(same_address).status_code == 200
             fresh = broker.token(subject="new-at-the-limited-address")
             same_address.headers["authorization"] = f"Bearer {fresh}"
-            assert tools_list(same_address).status_code == 429
+            assert tools_list(same_address).status_code == 200
     elapsed = time.monotonic() - started
     assert statuses[:BURST] == [401] * BURST
     assert statuses.count(429) > flood // 2
@@ -96,7 +97,7 @@ def test_a_flood_without_tokens_gets_429_and_the_audit_grows_by_lines_per_interv
 
     broker.stop()  # writes the last interval's counts
     lines = denied_lines(broker, before)
-    assert counted(lines) == flood + len(again) + 1  # every refused request counted, none twice
+    assert counted(lines) == flood + len(again)  # every refused request counted, none twice
     intervals = elapsed / INTERVAL + 2
     reasons = {line["reason"] for line in lines}
     assert reasons <= {"missing_token", "malformed_token", "bad_algorithm", "preauth_limited"}

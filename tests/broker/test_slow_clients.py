@@ -68,7 +68,7 @@ def request_bytes(broker: Broker, method: str, path: str, body: bytes = b"", **h
 def cuts(broker: Broker, reason: str) -> float:
     """The broker's `docbroker_connections_cut_total` for `reason`, as /metrics shows it."""
     with connect(broker) as sock:
-        sock.sendall(request_bytes(broker, "GET", "/metrics", connection="close"))
+        sock.sendall(request_bytes(broker, "GET", "/metrics", connection="close", **broker.ops_headers))
         text = read_until_closed(sock).decode()
     prefix = f'docbroker_connections_cut_total{{reason="{reason}"}} '
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(prefix))

@@ -173,7 +173,7 @@ async def test_search_read_and_approved_save_through_a_real_container(
     assert started[0]["sandbox_mode"] == expected_mode
 
     with broker.http() as http:
-        ready = http.get("/readyz").json()
+        ready = http.get("/readyz", headers=broker.ops_headers).json()
     assert ready["checks"]["sandboxes"]["mode"] == expected_mode
     pool = ready["checks"]["sandboxes"]["pool"]
     client = daemon.client()

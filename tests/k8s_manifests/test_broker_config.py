@@ -49,7 +49,7 @@ def broker_env(docs: list[dict[str, Any]]) -> dict[str, str]:
         elif "fieldRef" in ref:
             env[var["name"]] = "docbroker-broker-5d8f7c9b4-x2x7q"  # metadata.name
         elif "secretKeyRef" in ref:
-            env[var["name"]] = "postgresql://docbroker:pw@db.example.com:5432/docbroker"
+            env[var["name"]] = "postgresql://docbroker:pw@db.example.com:5432/docbroker?sslmode=verify-full"
         else:
             key = ref["configMapKeyRef"]
             env[var["name"]] = maps[key["name"]][key["key"]]

@@ -223,6 +223,7 @@ def test_lab_overlay_differs_from_the_base_only_where_the_lab_needs_it(
         "DOCBROKER_KUBE_SECCOMP": "localhost/docbroker/seccomp-tcp.json",
         "DOCBROKER_PUBLIC_URL": "http://docbroker-broker.docbroker:8000",
         "DOCBROKER_AUTH_ISSUER": "https://issuer.lab.invalid",
+        "DOCBROKER_DATABASE_ALLOW_INSECURE_TRANSPORT": "true",  # PostgreSQL on the node, no TLS
     }
     spec = find(rendered["overlays/lab"], "Deployment", "docbroker-broker")["spec"]["template"]["spec"]
     assert {c["imagePullPolicy"] for c in spec["containers"] + spec["initContainers"]} == {"Never"}

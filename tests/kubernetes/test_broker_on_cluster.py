@@ -90,7 +90,7 @@ def test_search_read_and_an_approved_save_through_the_broker(lab: Lab, setup: tu
 
         facts = asyncio.run(run())
         with broker.http() as http:
-            ready = http.get("/readyz").json()
+            ready = http.get("/readyz", headers=broker.ops_headers).json()
     finally:
         broker.stop()
     assert facts["found"]["status"] == "ok" and "notes.md" in str(facts["found"]["data"])

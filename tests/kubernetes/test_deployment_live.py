@@ -50,6 +50,9 @@ def _env(name: str) -> str:
     return value
 
 
+INSECURE_DATABASE = {"DOCBROKER_DATABASE_ALLOW_INSECURE_TRANSPORT": "1"}
+
+
 def postgres_for_pods(host_ip: str) -> tuple[ThrowAwayCluster, int]:
     """A throw-away PostgreSQL that also listens on TCP at `host_ip` and trusts the lab's Pods."""
     cluster = ThrowAwayCluster()
@@ -83,6 +86,7 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
     )
+    (folder / "ops.token").write_text(idp.ops_token + "\n")
     policy = folder / f"{tenant}.toml"
     policy.write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
     name, _, tag = BROKER_IMAGE.rpartition(":")
@@ -113,6 +117,7 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
                     f"DOCBROKER_KUBE_SERVER_IMAGE={SERVER_IMAGE}",
                     f"DOCBROKER_KUBE_KEEPER_IMAGE={KEEPER_IMAGE}",
                     "DOCBROKER_START_TIMEOUT=60",
+                    "DOCBROKER_OPS_TOKEN_FILE=/run/docbroker/keys/ops.token",
                 ],
             },
             {
@@ -126,7 +131,7 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
             {
                 "name": "docbroker-keys",
                 "namespace": BROKER_NS,
-                "files": [master.name, audit.name, "jwks.json=idp/jwks.json"],
+                "files": [master.name, audit.name, "ops.token", "jwks.json=idp/jwks.json"],
                 "options": {"disableNameSuffixHash": True},
             }
         ],
@@ -147,9 +152,9 @@ def ready_broker_ips(lab: Lab) -> list[str]:
     return sorted(ready) if len(ready) == 2 else []
 
 
-def readyz(ip: str) -> dict[str, Any] | None:
+def readyz(ip: str, ops: Broker) -> dict[str, Any] | None:
     try:
-        answer = httpx2.get(f"http://{ip}:8000/readyz", timeout=5)
+        answer = httpx2.get(f"http://{ip}:8000/readyz", headers=ops.ops_headers, timeout=5)
     except httpx2.TransportError:
         return None
     return dict(answer.json()) if answer.status_code == 200 else None
@@ -169,7 +174,8 @@ def deployed(tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]
         upgraded = subprocess.run(
             [sys.executable, "-m", "broker", "db", "upgrade"],
             cwd=ROOT,
-            env={**idp.env, "DOCBROKER_DATABASE_URL": cluster.url},
+            # the lab's PostgreSQL: TCP on the host's bridge, without TLS
+            env={**idp.env, "DOCBROKER_DATABASE_URL": cluster.url, **INSECURE_DATABASE},
             capture_output=True,
             text=True,
             timeout=120,
@@ -204,7 +210,7 @@ def test_the_deployment_serves_a_tenant_through_both_replicas(
 ) -> None:
     lab, tenant, storage, idp, ips = deployed
     started = time.monotonic()
-    checks = {ip: wait_until(f"/readyz of {ip}", lambda ip=ip: readyz(ip), timeout=60) for ip in ips}
+    checks = {ip: wait_until(f"/readyz of {ip}", lambda ip=ip: readyz(ip, idp), timeout=60) for ip in ips}
     a, b = (dataclasses.replace(idp, url=f"http://{ip}:8000") for ip in ips)
     writer = a.token(tenant, subject="alice", scope="docs:read docs:write")
     approver = b.token(tenant, subject="bob", scope="reports:approve")

@@ -10,8 +10,6 @@ keep the broker's RBAC without secrets/create (and rotations: re-apply after a n
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 from typing import Any, TextIO
 
 from broker.runtime.kubernetes import names
@@ -78,7 +76,13 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
     """The command: namespace and instance from DOCBROKER_KUBE_NAMESPACE / DOCBROKER_INSTANCE."""
     from broker.master_key import MasterKeyError, load_master_key
-    from broker.settings import INSTANCE_RE, KUBE_QUANTITY_RE, SettingsError, kubernetes_from_env
+    from broker.settings import (
+        INSTANCE_RE,
+        KUBE_QUANTITY_RE,
+        SettingsError,
+        kubernetes_from_env,
+        master_key_file_from_env,
+    )
     from server.contracts import TENANT_RE
 
     tenant = args.manifest_of
@@ -95,12 +99,8 @@ def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
         raise SystemExit(f"docbroker tenant manifest: {exc}") from None
     master_key = None
     if args.secret:
-        path = Path(
-            os.environ.get("DOCBROKER_MASTER_KEY_FILE")
-            or Path(os.environ.get("DOCBROKER_DATA_DIR", "var")) / "master.key"
-        )
         try:
-            master_key = load_master_key(path.absolute())
+            master_key = load_master_key(master_key_file_from_env())
         except MasterKeyError as exc:
             raise SystemExit(f"docbroker tenant manifest: {exc}") from None
     objects = tenant_objects(

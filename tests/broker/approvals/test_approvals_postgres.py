@@ -212,7 +212,7 @@ def test_database_down_approvals_fail_closed_reads_go_on_and_it_comes_back(
             read = tool_status(call_modern(http, "read_document", {"filename": "notes.md"}))
         assert read["status"] == "ok"
         with open_http(broker) as http:  # reported, and the replica stays ready: reads go on
-            ready = http.get("/readyz")
+            ready = http.get("/readyz", headers=broker.ops_headers)
         assert ready.status_code == 200
         assert ready.json()["checks"]["approvals_database"] == {"backend": "postgresql", "reachable": False}
         reasons = [
@@ -237,7 +237,8 @@ def test_database_down_approvals_fail_closed_reads_go_on_and_it_comes_back(
         with approver(broker) as http:
             assert http.get("/v1/approvals").status_code == 200
         with open_http(broker) as http:
-            assert http.get("/readyz").json()["checks"]["approvals_database"]["reachable"] is True
+            ready = http.get("/readyz", headers=broker.ops_headers)
+            assert ready.json()["checks"]["approvals_database"]["reachable"] is True
     finally:
         broker.stop()
     no_secret_anywhere(broker)

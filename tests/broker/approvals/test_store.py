@@ -502,5 +502,5 @@ def test_database_settings_name_the_variable_never_the_value(extra: dict[str, st
 
 
 def test_the_database_url_is_not_in_the_settings_repr() -> None:
-    settings = DatabaseSettings(url="postgresql://u:s3cret@h/db")
+    settings = DatabaseSettings(url="postgresql://u:s3cret@h/db?sslmode=verify-full")
     assert "s3cret" not in repr(settings)

@@ -1,0 +1,83 @@
+"""A real reverse proxy for tests: what nginx does with
+`proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for`, in a thread of its own.
+
+It listens on `host`, connects to the upstream *from* `host` (so the broker sees every client
+at the proxy's address, as behind an ingress), and appends its peer's address to whatever
+`X-Forwarded-For` the client sent. One request per client connection, answered verbatim
+(`Connection: close` both ways): enough for JSON requests and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import TracebackType
+
+_MAX_HEAD = 256 * 1024
+
+
+class ForwardingProxy:
+    def __init__(self, host: str, upstream: tuple[str, int]) -> None:
+        self.host = host
+        self.port = 0
+        self.upstream = upstream
+        self.forwarded = 0  # requests passed on (a test can see the proxy was on the path)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> ForwardingProxy:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    async def _start(self) -> asyncio.Server:
+        return await asyncio.start_server(self._handle, self.host, 0, limit=_MAX_HEAD)
+
+    async def _stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")[0]
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *fields = head[:-4].split(b"\r\n")
+            forwarded, kept, length = [], [], 0
+            for field in fields:
+                name, _, value = field.partition(b":")
+                key = name.strip().lower()
+                if key == b"x-forwarded-for":
+                    forwarded.append(value.strip())
+                elif key != b"connection":
+                    kept.append(field)
+                if key == b"content-length":
+                    length = int(value)
+            forwarded.append(peer.encode())
+            kept += [b"x-forwarded-for: " + b", ".join(forwarded), b"connection: close"]
+            body = await reader.readexactly(length)
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream, local_addr=(self.host, 0))
+            up_writer.write(b"\r\n".join([request_line, *kept]) + b"\r\n\r\n" + body)
+            answer = await up_reader.read()  # to the upstream's close
+            up_writer.close()
+            self.forwarded += 1
+            writer.write(answer)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
