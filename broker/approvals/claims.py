@@ -80,6 +80,8 @@ class Claims:
     def lost(self, held: HeldClaim) -> bool:
         """May `held` be taken back? Never while its owner, this broker included, may still
         send its write: its time counts only for an owner this host cannot see."""
+        if held.owner == self.owner:  # alive, and gives back its own (at once, or owed)
+            return False
         dead = self._owner_dead(held.owner)
         return dead is True or (dead is None and held.until <= self._clock())
 

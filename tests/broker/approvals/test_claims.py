@@ -92,3 +92,14 @@ def test_the_same_replica_id_on_another_data_dir_is_not_this_process(tmp_path: P
     finally:
         one.leave()
         two.leave()
+
+
+def test_without_a_replicas_folder_only_this_process_is_known_alive(tmp_path: Path) -> None:
+    """Kubernetes replicas share no folder: each keeps its own claims however long it holds
+    them (it gives them back itself), and takes another's back only once its time is up."""
+    me = Replicas(None, "pod-a")
+    claims = Claims(owner=me.owner, hold_seconds=60, owner_dead=me.owner_dead)
+    other = Replicas(None, "pod-b").owner
+    assert claims.lost(held(me.owner, time.time() - 1)) is False
+    assert claims.lost(held(other, time.time() + 60)) is False
+    assert claims.lost(held(other, time.time() - 1)) is True
