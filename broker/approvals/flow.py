@@ -14,6 +14,7 @@ forwarding; it never reaches the client.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import secrets
@@ -25,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from broker.approvals import visible
-from broker.approvals.claims import Claims, recover_claims
+from broker.approvals.claims import Claims, Unsent, give_back, give_back_owed, recover_claims
 from broker.approvals.reports import Reports
 from broker.approvals.sealing import SealedApproval, StateSealer
 from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavailable, TooManyPending
@@ -65,6 +66,7 @@ class Forward:
     approval_id: str
     filename: str
     sha256: str
+    consumed_at: float  # names this consumption of the record (store: confirm, release)
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,11 @@ class ApprovalFlow:
         approved = await self._consume(draft)
         if approved is not None:
             await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok", **ids)
-            return self._forward(draft, approved.id)
+            return self._forward(draft, approved)
+        if await self._claim_held(draft):
+            # A broker holds this report's approval (a save in flight, or one whose release
+            # waits for the database): the human already said yes. Retry later, never ask again.
+            raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_claim_held", retry_after=2)
 
         refused = await self._store.denied(draft)
         if refused is not None:
@@ -295,11 +301,14 @@ class ApprovalFlow:
                 record.id,
             )
         await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome="ok", **ids)
-        return self._forward(draft, record.id)
+        return self._forward(draft, record)
 
     async def _consume(self, draft: Draft) -> Approval | None:
-        """Take the approval for exactly this report; first take back claims on it that are
-        lost (a broker that died after consuming it, before sending the write)."""
+        """Take the approval for exactly this report. First give back what this broker owes
+        of the tenant (releases the database's outage held up); if there is none to take, take
+        back claims on it that are lost (a broker that died after consuming it, before sending
+        the write) and try again."""
+        await give_back_owed(self._store, self._claims, self._audit, draft.tenant)
         take = functools.partial(
             self._store.consume, tenant=draft.tenant, requester=draft.requester,
             filename=draft.filename, sha256=draft.sha256,
@@ -309,29 +318,38 @@ class ApprovalFlow:
             approved = await take(claim=self._claims.new())
         return approved
 
+    async def _claim_held(self, draft: Draft) -> bool:
+        return any(not self._claims.lost(held) for held in await self._store.held(draft))
+
     async def confirm(self, forward: Forward, tenant: str) -> bool:
         """Make the consumption final, right before the write is sent. False: this broker's
         claim was taken back (it held it past its time), so the write must not be sent."""
         try:
-            return await self._store.confirm(forward.approval_id, tenant, self._claims.owner)
+            return await self._store.confirm(
+                forward.approval_id, tenant, self._claims.owner, consumed_at=forward.consumed_at
+            )
         except StoreUnavailable:
             raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_store_unavailable", retry_after=5) from None
 
     async def release(self, forward: Forward, ids: dict[str, str]) -> None:
         """The consumed approval goes back to approved: its write was never sent (DESIGN §4:
-        no approval is used up by a call that did not reach the sandbox)."""
+        no approval is used up by a call that did not reach the sandbox). If the store cannot
+        take it now, it is owed (`Claims.owe`) and given back once the store answers again; its
+        claim stays this live broker's meanwhile, so no other broker takes it back and the
+        client's retry is told to retry later, not asked for a second approval."""
+        unsent = Unsent(forward.approval_id, forward.consumed_at, dict(ids))
         try:
-            released = await self._store.release(forward.approval_id, ids["tenant"], self._claims.owner)
-        except StoreUnavailable:  # it stays consumed: lost to this retry, never used twice
-            log.warning("an unsent approval could not be given back: the store is unavailable")
-            return
-        if released:
-            await self._audit(AuditEvent.APPROVAL_RELEASED, approval_id=forward.approval_id, outcome="ok",
-                              reason="not_forwarded", **ids)  # fmt: skip
+            await give_back(self._store, self._claims, unsent, self._audit)
+        except StoreUnavailable:
+            log.warning("an unsent approval could not be given back yet: the store is unavailable")
+            self._claims.owe(unsent)
+        except asyncio.CancelledError:  # the store may not have answered: give it back later
+            self._claims.owe(unsent)
+            raise
 
     # -- forwarding -------------------------------------------------------------------------
 
-    def _forward(self, draft: Draft, approval_id: str) -> Forward:
+    def _forward(self, draft: Draft, taken: Approval) -> Forward:
         token = mint_token(
             secret=self._secret_for(draft.tenant),
             scope=draft.tenant,
@@ -342,7 +360,12 @@ class ApprovalFlow:
             jti=secrets.token_hex(16),
         )
         arguments = {"filename": draft.filename, "content": draft.content, BROKER_ONLY_ARGUMENT: token}
+        assert taken.consumed_at is not None  # a consumed record: the store set it
         return Forward(
-            arguments=arguments, approval_id=approval_id, filename=draft.filename, sha256=draft.sha256
+            arguments=arguments,
+            approval_id=taken.id,
+            filename=draft.filename,
+            sha256=draft.sha256,
+            consumed_at=taken.consumed_at,
         )
 

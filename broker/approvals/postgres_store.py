@@ -366,20 +366,20 @@ class PostgresApprovalStore:
         )  # fmt: skip
         return approval_from_row(row) if row else None
 
-    async def confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
+    async def confirm(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
         row = await self._one(
-            "UPDATE approvals SET claim_until = NULL "
-            "WHERE id = %s AND tenant = %s AND state = 'consumed' AND claimed_by = %s RETURNING id",
-            (approval_id, tenant, owner),
+            "UPDATE approvals SET claim_until = NULL WHERE id = %s AND tenant = %s "
+            "AND state = 'consumed' AND claimed_by = %s AND consumed_at = %s RETURNING id",
+            (approval_id, tenant, owner, consumed_at),
         )
         return row is not None
 
-    async def release(self, approval_id: str, tenant: str, owner: str) -> bool:
+    async def release(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
         row = await self._one(
             "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
             "claim_until = NULL WHERE id = %s AND tenant = %s AND state = 'consumed' "
-            "AND claimed_by = %s RETURNING id",
-            (approval_id, tenant, owner),
+            "AND claimed_by = %s AND consumed_at = %s RETURNING id",
+            (approval_id, tenant, owner, consumed_at),
         )
         return row is not None
 
@@ -390,6 +390,17 @@ class PostgresApprovalStore:
                 "AND state = 'consumed' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s) "
                 "ORDER BY claim_until LIMIT %(limit)s",
                 {"tenant": tenant, "limit": limit},
+            )
+            rows = await cur.fetchall()
+        return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]
+
+    async def held(self, draft: Draft) -> list[HeldClaim]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = %s "
+                "AND requester = %s AND filename = %s AND sha256 = %s AND state = 'consumed' "
+                "AND claim_until IS NOT NULL ORDER BY claim_until",
+                (draft.tenant, draft.requester, draft.filename, draft.sha256),
             )
             rows = await cur.fetchall()
         return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]

@@ -119,14 +119,17 @@ class SqliteApprovalStore:
     ) -> Approval | None:
         return await self._run(self._consume, tenant, requester, filename, sha256, claim)
 
-    async def confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
-        return await self._run(self._confirm, approval_id, tenant, owner)
+    async def confirm(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
+        return await self._run(self._confirm, approval_id, tenant, owner, consumed_at)
 
-    async def release(self, approval_id: str, tenant: str, owner: str) -> bool:
-        return await self._run(self._release, approval_id, tenant, owner)
+    async def release(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
+        return await self._run(self._release, approval_id, tenant, owner, consumed_at)
 
     async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:
         return await self._run(self._claims, tenant, limit)
+
+    async def held(self, draft: Draft) -> list[HeldClaim]:
+        return await self._run(self._held, draft)
 
     async def revert(self, claim: HeldClaim) -> bool:
         return await self._run(self._revert, claim)
@@ -270,21 +273,31 @@ class SqliteApprovalStore:
             return None  # another process's retry won the race
         return self._get(row["id"], tenant)
 
-    def _confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
+    def _confirm(self, approval_id: str, tenant: str, owner: str, consumed_at: float) -> bool:
         cur = self._db.execute(
-            "UPDATE approvals SET claim_until = NULL "
-            "WHERE id = ? AND tenant = ? AND state = 'consumed' AND claimed_by = ?",
-            (approval_id, tenant, owner),
+            "UPDATE approvals SET claim_until = NULL WHERE id = ? AND tenant = ? "
+            "AND state = 'consumed' AND claimed_by = ? AND consumed_at = ?",
+            (approval_id, tenant, owner, consumed_at),
         )
         return cur.rowcount == 1
 
-    def _release(self, approval_id: str, tenant: str, owner: str) -> bool:
+    def _release(self, approval_id: str, tenant: str, owner: str, consumed_at: float) -> bool:
         cur = self._db.execute(
             "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
-            "claim_until = NULL WHERE id = ? AND tenant = ? AND state = 'consumed' AND claimed_by = ?",
-            (approval_id, tenant, owner),
+            "claim_until = NULL WHERE id = ? AND tenant = ? AND state = 'consumed' AND claimed_by = ? "
+            "AND consumed_at = ?",
+            (approval_id, tenant, owner, consumed_at),
         )
         return cur.rowcount == 1
+
+    def _held(self, draft: Draft) -> list[HeldClaim]:
+        rows = self._db.execute(
+            "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = ? AND requester = ? "
+            "AND filename = ? AND sha256 = ? AND state = 'consumed' AND claim_until IS NOT NULL "
+            "ORDER BY claim_until",
+            (draft.tenant, draft.requester, draft.filename, draft.sha256),
+        ).fetchall()
+        return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]
 
     def _claims(self, tenant: str | None, limit: int) -> list[HeldClaim]:
         rows = self._db.execute(

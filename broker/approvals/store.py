@@ -15,6 +15,9 @@ when), `confirm` makes it final just before the write's bytes leave for the sand
 never confirmed goes back to approved: given back by its owner (`release`: the write was
 refused before it was sent), or taken back (`revert`) by any broker once its owner is dead
 or its time is up. A confirmed consumption is never undone: that write may have happened.
+One consumption is named by (id, owner, `consumed_at`): an owner confirms or gives back only
+the consumption it made, never a later one of the same record (taken back meanwhile, and
+consumed again by the same process for another request).
 """
 
 from __future__ import annotations
@@ -246,21 +249,27 @@ class ApprovalStore(Protocol):
         there is none."""
         ...
 
-    async def confirm(self, approval_id: str, tenant: str, owner: str) -> bool:
-        """Make `owner`'s claim final, just before the write is sent (again on a resend: it is
-        idempotent). False if the consumption is no longer its own (taken back: its time was
-        up): the write must not be sent."""
+    async def confirm(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
+        """Make `owner`'s claim (its consumption at `consumed_at`) final, just before the write
+        is sent (again on a resend: it is idempotent). False if the consumption is no longer
+        that one (taken back: its time was up): the write must not be sent."""
         ...
 
-    async def release(self, approval_id: str, tenant: str, owner: str) -> bool:
+    async def release(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
         """Give back a consumption whose write never reached the sandbox (refused or failed
         before it was sent): the human's decision stands for the client's retry. One
-        conditional transition (consumed by `owner` → approved), so only its own consumption is
-        undone, once. The caller knows no byte was sent, so a confirmed one may be given back."""
+        conditional transition (that consumption by `owner` → approved), so only its own
+        consumption is undone, once. The caller knows no byte was sent, so a confirmed one may
+        be given back (a confirm whose answer the database's outage lost)."""
         ...
 
     async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:
         """Unconfirmed claims, of `tenant` or of every tenant (None), oldest first."""
+        ...
+
+    async def held(self, draft: Draft) -> list[HeldClaim]:
+        """Unconfirmed claims on exactly this report (tenant, requester, file name, sha256):
+        while one is live, the human's approval is in a broker's hands, not gone."""
         ...
 
     async def revert(self, claim: HeldClaim) -> bool:

@@ -1,5 +1,6 @@
-"""When another broker's claim on an approval is lost (DESIGN §9): its time is up, or its owner
-is known to have stopped. Real lock files in a real replicas folder, a real second process."""
+"""When another broker's claim on an approval is lost (DESIGN §9): its owner is known to have
+stopped, or (an owner this host cannot see) its time is up; never while it is known to run.
+Real lock files in a real replicas folder, a real second process."""
 
 from __future__ import annotations
 
@@ -45,11 +46,14 @@ def test_a_claim_is_lost_when_its_owner_stops_restarts_or_its_time_is_up(tmp_pat
     later = time.time() + 60
     try:
         assert claims.lost(held(me.owner, later)) is False  # my own, in flight
-        assert claims.lost(held(me.owner, time.time() - 1)) is True  # mine, past its time
+        # mine past its time: still mine while I run (I give it back myself, even if the
+        # database was away when I first tried)
+        assert claims.lost(held(me.owner, time.time() - 1)) is False
 
         proc, b_owner = peer(folder, "b")
         assert b_owner.split("/")[1] == "b" and b_owner.split("/")[0] == me.owner.split("/")[0]
         assert claims.lost(held(b_owner, later)) is False  # b runs
+        assert claims.lost(held(b_owner, time.time() - 1)) is False  # b runs: its time does not count
         proc.kill()
         proc.wait()
         assert claims.lost(held(b_owner, later)) is True  # b died: its lock is free
@@ -88,3 +92,14 @@ def test_the_same_replica_id_on_another_data_dir_is_not_this_process(tmp_path: P
     finally:
         one.leave()
         two.leave()
+
+
+def test_without_a_replicas_folder_only_this_process_is_known_alive(tmp_path: Path) -> None:
+    """Kubernetes replicas share no folder: each keeps its own claims however long it holds
+    them (it gives them back itself), and takes another's back only once its time is up."""
+    me = Replicas(None, "pod-a")
+    claims = Claims(owner=me.owner, hold_seconds=60, owner_dead=me.owner_dead)
+    other = Replicas(None, "pod-b").owner
+    assert claims.lost(held(me.owner, time.time() - 1)) is False
+    assert claims.lost(held(other, time.time() + 60)) is False
+    assert claims.lost(held(other, time.time() - 1)) is True

@@ -207,10 +207,13 @@ async def test_release_gives_back_one_consumption_once(store: ApprovalStore) -> 
     taken = await consume(store, d)
     assert taken is not None and taken.id == approval_id and taken.state is ApprovalState.CONSUMED
     assert await consume(store, d) is None
-    assert await store.release(approval_id, "globex", ME) is False
-    assert await store.release(approval_id, "acme", "b/2222") is False  # another broker's: never
-    assert await store.release(approval_id, "acme", ME) is True
-    assert await store.release(approval_id, "acme", ME) is False  # only a consumption is undone
+    at = taken.consumed_at
+    assert await store.release(approval_id, "globex", ME, consumed_at=at) is False
+    # another broker's: never
+    assert await store.release(approval_id, "acme", "b/2222", consumed_at=at) is False
+    assert await store.release(approval_id, "acme", ME, consumed_at=at) is True
+    # only a consumption is undone
+    assert await store.release(approval_id, "acme", ME, consumed_at=at) is False
     again = await consume(store, d)
     assert again is not None and again.id == approval_id
 
@@ -221,16 +224,20 @@ async def test_a_consumption_is_a_claim_until_confirmed_and_only_an_unconfirmed_
     d = draft()
     approval_id = await approved(store, d)
     until = clock.now + HOLD
-    assert await consume(store, d, until=until) is not None
+    taken = await consume(store, d, until=until)
+    assert taken is not None
+    at = taken.consumed_at
     held = await store.claims("acme", limit=10)
     assert held == [HeldClaim(approval_id, "acme", ME, until)]
     assert await store.claims("globex", limit=10) == []
     assert await store.claims(None, limit=10) == held
+    assert await store.held(d) == held and await store.held(draft(content="other")) == []
     # another broker's confirm cannot make it final; its owner's can, and again on a resend
-    assert await store.confirm(approval_id, "acme", "b/2222") is False
-    assert await store.confirm(approval_id, "acme", ME) is True
-    assert await store.confirm(approval_id, "acme", ME) is True
+    assert await store.confirm(approval_id, "acme", "b/2222", consumed_at=at) is False
+    assert await store.confirm(approval_id, "acme", ME, consumed_at=at) is True
+    assert await store.confirm(approval_id, "acme", ME, consumed_at=at) is True
     assert await store.claims(None, limit=10) == []  # confirmed: nothing left to take back
+    assert await store.held(d) == []
     assert await store.revert(held[0]) is False  # the write may have happened: it stays spent
     record = await store.get(approval_id, "acme")
     assert record is not None and record.state is ApprovalState.CONSUMED
@@ -241,16 +248,41 @@ async def test_a_lost_claim_is_taken_back_once_and_its_owner_can_no_longer_confi
 ) -> None:
     d = draft()
     approval_id = await approved(store, d)
-    assert await consume(store, d, owner="dead/0000", until=clock.now + HOLD) is not None
+    lost = await consume(store, d, owner="dead/0000", until=clock.now + HOLD)
+    assert lost is not None
     assert await consume(store, d) is None  # held: nobody else takes it
     [held] = await store.claims("acme", limit=10)
     other = await open_store()  # two brokers see the loss at once: one takes it back
     first, second = await asyncio.gather(store.revert(held), other.revert(held))
     assert sorted([first, second]) == [False, True]
-    assert await store.confirm(approval_id, "acme", "dead/0000") is False  # too late to send
+    too_late = await store.confirm(approval_id, "acme", "dead/0000", consumed_at=lost.consumed_at)
+    assert too_late is False  # too late to send
     retaken = await consume(store, d)
     assert retaken is not None and retaken.id == approval_id
     assert await store.revert(held) is False  # the old claim is gone; the new one is ME's
+
+
+async def test_an_owner_confirms_or_gives_back_only_the_consumption_it_made(
+    store: ApprovalStore, clock: Clock
+) -> None:
+    """A broker's claim taken back (its time up) and the record consumed again by the same
+    broker for another request: the first request's late confirm or release (owed while the
+    database was away) must not touch the second's consumption, which may be on its way."""
+    d = draft()
+    approval_id = await approved(store, d)
+    first = await consume(store, d, until=clock.now - 1)
+    assert first is not None
+    [held] = await store.claims("acme", limit=10)
+    assert await store.revert(held) is True
+    clock.now += 1
+    second = await consume(store, d)
+    assert second is not None and second.consumed_at != first.consumed_at
+    assert await store.release(approval_id, "acme", ME, consumed_at=first.consumed_at) is False
+    assert await store.confirm(approval_id, "acme", ME, consumed_at=first.consumed_at) is False
+    record = await store.get(approval_id, "acme")
+    assert record is not None and record.state is ApprovalState.CONSUMED
+    assert [h.approval_id for h in await store.held(d)] == [approval_id]
+    assert await store.confirm(approval_id, "acme", ME, consumed_at=second.consumed_at) is True
 
 
 async def test_an_in_band_approval_is_consumed_under_a_claim_a_denial_has_none(store: ApprovalStore) -> None:
