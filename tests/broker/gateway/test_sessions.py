@@ -62,6 +62,42 @@ def test_an_altered_or_forged_id_opens_to_nothing() -> None:
         assert sealer.open(forged, who("acme")) is None
 
 
+def respellings(sealed: str) -> dict[str, str]:
+    """Other strings a lenient base64 decoder reads as the same bytes as `sealed` (issue 24
+    item 11): each must be a different, unknown id."""
+    body = sealed.removeprefix("dbm1.")
+    mid = len(body) // 2
+    spellings = {
+        "!!!! inserted": f"dbm1.{body[:mid]}!!!!{body[mid:]}",
+        ".... inserted": f"dbm1.{body[:mid]}....{body[mid:]}",
+        "== appended": sealed + "==",
+        "+/ for -_": "dbm1." + body.replace("-", "+").replace("_", "/"),
+    }
+    if len(body) % 4:  # the last character carries bits of no byte: the lowest one of them
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+        spellings["unused bit set"] = f"dbm1.{body[:-1]}{alphabet[alphabet.index(body[-1]) ^ 1]}"
+    assert sealed not in spellings.values()
+    return spellings
+
+
+def sealed_with_dash_or_underscore(sealer: SessionSealer, session_id: str, principal: Principal) -> str:
+    """A seal of `session_id` that holds `-` or `_` (most do), so `+/` can stand in for them."""
+    for _ in range(100):
+        sealed = sealer.seal(session_id, principal)
+        assert sealed is not None
+        if "-" in sealed or "_" in sealed:
+            return sealed
+    raise AssertionError("no seal with - or _ in 100 tries")
+
+
+def test_a_sealed_id_opens_under_its_one_spelling_only() -> None:
+    sealer = SessionSealer(KEY)
+    sealed = sealed_with_dash_or_underscore(sealer, "s1", who("acme"))
+    assert sealer.open(sealed, who("acme")) == "s1"
+    for name, spelling in respellings(sealed).items():
+        assert sealer.open(spelling, who("acme")) is None, name
+
+
 def test_an_expired_id_opens_to_nothing() -> None:
     now = [1_000_000.0]
     sealer = SessionSealer(KEY, ttl_seconds=60, clock=lambda: now[0])
@@ -118,6 +154,22 @@ def test_a_sealed_id_is_nothing_to_another_subject_or_when_altered(broker: Broke
         # the sandbox's own kind of id (not sealed) is refused too
         r = http.post("/mcp", json=PING, headers={**session.headers(), "mcp-session-id": "0" * 32})
         assert r.status_code == 404
+
+
+def test_every_other_spelling_of_a_sealed_id_gets_404(broker: Broker) -> None:
+    with open_http(broker, broker.token()) as http:
+        for _ in range(20):  # a session whose id holds `-` or `_` (most do)
+            session = LegacySession(http)
+            if "-" in session.session_id or "_" in session.session_id:
+                break
+        else:
+            raise AssertionError("no sealed id with - or _ in 20 sessions")
+        assert session.post(PING).status_code == 200
+        for name, spelling in respellings(session.session_id).items():
+            r = http.post("/mcp", json=PING, headers={**session.headers(), "mcp-session-id": spelling})
+            assert r.status_code == 404, name
+            assert r.json()["error"]["message"] == "Session not found", name
+        assert session.post(PING).status_code == 200  # the one spelling still works
 
 
 def test_an_expired_session_id_gets_404(tmp_path: Path) -> None:
