@@ -292,7 +292,9 @@ def _gateway(
 ) -> McpGateway:
     """The `/mcp` pipeline: gate, relay (with the pinned contracts), one responder per call."""
     breakers = CircuitBreakers(
-        threshold=settings.runtime.breaker_threshold, cooldown=settings.runtime.breaker_cooldown_seconds
+        threshold=settings.runtime.breaker_threshold,
+        cooldown=settings.runtime.breaker_cooldown_seconds,
+        trial_timeout=settings.runtime.call_timeout_seconds,
     )
     pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, policies=policies, audit=audit)
     gate = Gate(

@@ -109,10 +109,19 @@ class Relay:
     # -- the lease, the breaker, retries ----------------------------------------------------
 
     async def _to_sandbox(self, passed: Passed, out: Responder, record: CallRecord) -> None:
+        tenant = passed.principal.tenant
+        ticket = self._breakers.admit(tenant)
+        if ticket.wait:
+            raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=ticket.wait)
+        try:
+            await self._attempts(passed, out, record)
+        finally:
+            # A trial cut short (its client left, a refusal, capacity, the audit log) ends
+            # here; one left running would hold every later call of the tenant at 503.
+            self._breakers.release(tenant, ticket)
+
+    async def _attempts(self, passed: Passed, out: Responder, record: CallRecord) -> None:
         msg, tenant = passed.msg, passed.principal.tenant
-        wait = self._breakers.admit(tenant)
-        if wait:
-            raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=wait)
         # Reads may be retried once on a transport failure; writes only if nothing was sent
         # (DESIGN §2: a write that may have happened is result_unknown, not something to do twice).
         retryable = msg is not None and (
