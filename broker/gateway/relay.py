@@ -217,6 +217,11 @@ class Relay:
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
         save = record.save
+        session = legacy_session(passed.headers, passed.sealed_session)
+        if save is not None and session is not None and not await listing.session_alive(client, *session):
+            # Asked first, so that a save in an ended session spends no approval (it is kept
+            # for the client's retry in a new session): the sandbox's 404 would come too late.
+            raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
         if save is not None and not await self._approvals.confirm(save, passed.principal.tenant):
             # Held past its time and taken back by another broker: that one may write it now.
             record.save = None
@@ -226,6 +231,12 @@ class Relay:
         record.sent()  # while the sandbox works
         response = await in_flight.response()
         try:
+            if response.status_code == 404 and session is not None and save is None:
+                # The sandbox no longer holds the session (a DELETE through any replica ended
+                # it, or the sandbox was replaced): every method gets the 404 that `tools/list`
+                # gets, never a tool result made of the sandbox's refusal. (A save sent is
+                # result_unknown whatever the sandbox says: below.)
+                raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
             status = results.relay_status(response.status_code)
             leg = _Leg(passed, response, descriptor, status, self._headers(passed, response, status))
             if response.headers.get("content-type", "").startswith("text/event-stream"):
