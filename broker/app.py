@@ -126,7 +126,11 @@ def build_app(
         settings.auth, known_tenant=policies.known, public_url=settings.public_url, preauth=preauth
     )
 
+    upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
+
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
+        if event != AuditEvent.SANDBOX_STARTED:
+            upstreams.forget(tenant)  # stopped or failed: its client goes with it
         await audit.emit(event, **audit_fields.sandbox_event(event, tenant, sandbox_id, details))
 
     runtime = Runtime(
@@ -137,8 +141,7 @@ def build_app(
         start_timeout=settings.runtime.start_timeout_seconds,
         on_event=sandbox_event,
     )
-    upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
-    metrics = Metrics(runtime.running_count, store.pending_count)
+    metrics = Metrics(runtime.running_count, store.pending_count, lambda: len(upstreams))
     # one budget per tenant, for /mcp and REST alike: this replica's share of it
     limiter = TenantLimiter(policies, replicas=settings.replicas)
 

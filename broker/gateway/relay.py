@@ -155,7 +155,7 @@ class Relay:
     async def _on(self, sandbox: RunningSandbox, passed: Passed, out: Responder, record: CallRecord) -> None:
         """One attempt on a leased sandbox."""
         msg = passed.msg
-        client = self._upstreams.client(sandbox.endpoint)
+        client = self._upstreams.client(sandbox.tenant, sandbox.endpoint)
         try:
             # One deadline for a POST's whole exchange, pinning included. A GET stream lives
             # as long as its session: only its pinning has one.
