@@ -300,16 +300,6 @@ def _gateway(
         trial_timeout=settings.runtime.call_timeout_seconds,
     )
     pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, policies=policies, audit=audit)
-    gate = Gate(
-        auth=auth,
-        policies=policies,
-        limiter=limiter,
-        sessions=sessions,
-        approvals=approvals,
-        audit=audit,
-        pinned_without=pinning.pinned_without,
-        max_body_bytes=settings.max_body_bytes,
-    )
     relay = Relay(
         runtime=runtime,
         upstreams=upstreams,
@@ -320,6 +310,17 @@ def _gateway(
         reports_for=reports_for,
         audit=audit,
         max_response_bytes=settings.max_response_bytes,
+    )
+    gate = Gate(
+        auth=auth,
+        policies=policies,
+        limiter=limiter,
+        sessions=sessions,
+        approvals=approvals,
+        audit=audit,
+        pinned_without=pinning.pinned_without,
+        session_alive=relay.session_alive,
+        max_body_bytes=settings.max_body_bytes,
     )
     return McpGateway(
         gate=gate, relay=relay, approvals=approvals, limiter=limiter, audit=audit, metrics=metrics

@@ -25,7 +25,7 @@ from broker.audit import AuditEvent
 from broker.audit.fields import sandbox_field
 from broker.errors import Denial, Denied
 from broker.gateway import forwarding, listing, results
-from broker.gateway.breaker import CircuitBreakers
+from broker.gateway.breaker import BreakerState, CircuitBreakers
 from broker.gateway.consume import Consumer
 from broker.gateway.contract import Pin
 from broker.gateway.gate import Passed
@@ -105,6 +105,23 @@ class Relay:
         elif await _until_client_leaves(receive, work) and not record.audited:
             record.end(Outcome.OK, "client_disconnected")
             await out.audit()
+
+    async def session_alive(self, tenant: str, headers: dict[str, str]) -> bool:
+        """Does the tenant's sandbox still hold the legacy session of these (unsealed) request
+        headers? The gate asks before a save's approval: no one is asked to approve a write
+        the client's session can no longer make, and an approval given is not spent on one.
+        True when it cannot be told now (the breaker is not closed, the sandbox fails): the
+        request goes on and meets the same state there."""
+        session = legacy_session(headers, headers.get("mcp-session-id"))
+        if session is None or self._breakers.state(tenant) is not BreakerState.CLOSED:
+            return True
+        try:
+            async with self._runtime.lease(tenant) as sandbox:
+                client = self._upstreams.client(sandbox.tenant, sandbox.endpoint)
+                async with self._deadlines.within(self._upstreams.call_timeout):
+                    return await listing.session_alive(client, *session)
+        except (UpstreamError, RuntimeErrorBase):
+            return True
 
     # -- the lease, the breaker, retries ----------------------------------------------------
 
@@ -218,10 +235,6 @@ class Relay:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
         save = record.save
         session = legacy_session(passed.headers, passed.sealed_session)
-        if save is not None and session is not None and not await listing.session_alive(client, *session):
-            # Asked first, so that a save in an ended session spends no approval (it is kept
-            # for the client's retry in a new session): the sandbox's 404 would come too late.
-            raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
         if save is not None and not await self._approvals.confirm(save, passed.principal.tenant):
             # Held past its time and taken back by another broker: that one may write it now.
             record.save = None
@@ -234,7 +247,8 @@ class Relay:
             if response.status_code == 404 and session is not None and save is None:
                 # The sandbox no longer holds the session (a DELETE through any replica ended
                 # it, or the sandbox was replaced): every method gets the 404 that `tools/list`
-                # gets, never a tool result made of the sandbox's refusal. (A save sent is
+                # gets, never a tool result made of the sandbox's refusal. (A save's session
+                # was asked about before its approval: `session_alive`. Sent, it is
                 # result_unknown whatever the sandbox says: below.)
                 raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
             status = results.relay_status(response.status_code)

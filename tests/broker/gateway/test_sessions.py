@@ -225,6 +225,19 @@ def test_every_request_in_a_deleted_session_gets_404(broker: Broker) -> None:
     assert [(e["outcome"], e["reason"]) for e in ended] == [("denied", "session_ended")] * len(requests)
 
 
+def test_a_save_in_a_deleted_session_gets_404_and_no_one_is_asked_to_approve_it(broker: Broker) -> None:
+    with open_http(broker, broker.token()) as http:
+        session = LegacySession(http)
+        assert http.delete("/mcp", headers=session.headers()).status_code == 200
+        seq = last_seq(broker)
+        r = session.call("save_report", {"filename": unique("ended"), "content": "# Never asked\n"})
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["message"] == "Session not found"
+    since = [e for e in events_since(broker, seq) if e.get("subject") == "alice"]
+    assert not [e for e in since if e["event"].startswith("approval.")], since
+    assert [(e["outcome"], e["reason"]) for e in terminal(since)] == [("denied", "session_ended")]
+
+
 def test_an_approved_save_in_a_deleted_session_gets_404_and_keeps_its_approval(broker: Broker) -> None:
     name, content = unique("ended"), "# Written in the next session\n"
     arguments = {"filename": name, "content": content}
