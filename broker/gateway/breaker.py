@@ -18,6 +18,7 @@ exit this module never hears of must not lock the tenant out until a restart.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -48,7 +49,6 @@ class _Circuit:
     opened_at: float = 0.0
     state: BreakerState = BreakerState.CLOSED
     trial: int = 0  # the number of the trial running, 0 when none
-    trials: int = 0  # trials begun: each gets the next number
     trial_began: float = 0.0
 
 
@@ -66,6 +66,9 @@ class CircuitBreakers:
         self._trial_timeout = trial_timeout
         self._clock = clock
         self._circuits: dict[str, _Circuit] = {}
+        # Trial numbers are never reused, not even by a tenant's next circuit: a late release
+        # must not end a later trial.
+        self._trials = itertools.count(1)
 
     def admit(self, tenant: str) -> Ticket:
         """Whether a call may proceed now, and whether it is the trial; a ticket with a trial
@@ -79,8 +82,7 @@ class CircuitBreakers:
             return Ticket(max(1, math.ceil(remaining)))
         if circuit.trial and now - circuit.trial_began < self._trial_timeout:
             return Ticket(1)  # one trial at a time
-        circuit.trials += 1
-        circuit.state, circuit.trial, circuit.trial_began = BreakerState.HALF_OPEN, circuit.trials, now
+        circuit.state, circuit.trial, circuit.trial_began = BreakerState.HALF_OPEN, next(self._trials), now
         return Ticket(0, circuit.trial)
 
     def release(self, tenant: str, ticket: Ticket) -> None:

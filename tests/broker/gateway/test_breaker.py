@@ -130,3 +130,16 @@ def test_a_trial_never_released_expires_after_the_trial_timeout() -> None:
     assert breakers.admit("t").wait == 1
     breakers.failure("t")  # the new trial's outcome: open again for the cool-down
     assert breakers.admit("t").wait == 5
+
+
+def test_a_late_release_does_not_end_a_trial_of_a_later_circuit() -> None:
+    now = [0.0]
+    breakers = opened(now)
+    early = breakers.admit("t")
+    breakers.success("t")  # another call's success closed the breaker meanwhile
+    breakers.failure("t")  # and a new failure opened it again
+    now[0] += 5
+    later = breakers.admit("t")
+    assert later.wait == 0 and later.trial != early.trial
+    breakers.release("t", early)
+    assert breakers.admit("t").wait == 1  # still one trial at a time
