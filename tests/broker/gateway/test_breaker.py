@@ -56,7 +56,7 @@ def test_a_trial_whose_client_leaves_does_not_lock_the_tenant_out(tmp_path: Path
     env = {
         "DOCBROKER_CALL_TIMEOUT": str(CALL_TIMEOUT),
         "DOCBROKER_BREAKER_THRESHOLD": "1",
-        "DOCBROKER_BREAKER_COOLDOWN": "1",
+        "DOCBROKER_BREAKER_COOLDOWN": "2",  # time enough to see it open
     }
     with running_broker(tmp_path, env=env) as broker:
         broker.sources("acme").mkdir(parents=True, exist_ok=True)
