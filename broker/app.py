@@ -131,7 +131,11 @@ def build_app(
         settings.auth, known_tenant=policies.known, public_url=settings.public_url, preauth=preauth
     )
 
+    upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
+
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
+        if event != AuditEvent.SANDBOX_STARTED:
+            upstreams.forget(tenant)  # stopped or failed: its client goes with it
         await audit.emit(event, **audit_fields.sandbox_event(event, tenant, sandbox_id, details))
 
     runtime = Runtime(
@@ -142,8 +146,7 @@ def build_app(
         start_timeout=settings.runtime.start_timeout_seconds,
         on_event=sandbox_event,
     )
-    upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
-    metrics = Metrics(runtime.running_count, store.pending_count)
+    metrics = Metrics(runtime.running_count, store.pending_count, lambda: len(upstreams))
     # one budget per tenant, for /mcp and REST alike: this replica's share of it
     limiter = TenantLimiter(policies, replicas=settings.replicas)
 
@@ -305,19 +308,11 @@ def _gateway(
 ) -> McpGateway:
     """The `/mcp` pipeline: gate, relay (with the pinned contracts), one responder per call."""
     breakers = CircuitBreakers(
-        threshold=settings.runtime.breaker_threshold, cooldown=settings.runtime.breaker_cooldown_seconds
+        threshold=settings.runtime.breaker_threshold,
+        cooldown=settings.runtime.breaker_cooldown_seconds,
+        trial_timeout=settings.runtime.call_timeout_seconds,
     )
     pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, policies=policies, audit=audit)
-    gate = Gate(
-        auth=auth,
-        policies=policies,
-        limiter=limiter,
-        sessions=sessions,
-        approvals=approvals,
-        audit=audit,
-        pinned_without=pinning.pinned_without,
-        max_body_bytes=settings.max_body_bytes,
-    )
     relay = Relay(
         runtime=runtime,
         upstreams=upstreams,
@@ -328,6 +323,17 @@ def _gateway(
         reports_for=reports_for,
         audit=audit,
         max_response_bytes=settings.max_response_bytes,
+    )
+    gate = Gate(
+        auth=auth,
+        policies=policies,
+        limiter=limiter,
+        sessions=sessions,
+        approvals=approvals,
+        audit=audit,
+        pinned_without=pinning.pinned_without,
+        session_alive=relay.session_alive,
+        max_body_bytes=settings.max_body_bytes,
     )
     return McpGateway(
         gate=gate, relay=relay, approvals=approvals, limiter=limiter, audit=audit, metrics=metrics

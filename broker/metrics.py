@@ -13,7 +13,12 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, sandboxes_running: Callable[[], int], approvals_pending: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        sandboxes_running: Callable[[], int],
+        approvals_pending: Callable[[], int],
+        upstream_clients: Callable[[], int],
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "docbroker_requests",
@@ -43,6 +48,13 @@ class Metrics:
             "docbroker_approvals_pending", "Approvals waiting for a human", registry=self.registry
         )
         pending.set_function(lambda: float(approvals_pending()))
+        # One per tenant with a sandbox at most: more, and clients of gone sandboxes are kept.
+        clients = Gauge(
+            "docbroker_upstream_clients",
+            "Sandbox clients (connection pools) the broker keeps",
+            registry=self.registry,
+        )
+        clients.set_function(lambda: float(upstream_clients()))
         # Children by label values: `labels()` checks and locks on every call, on every request.
         self._counted: dict[tuple[str, str, str], Counter] = {}
         self._timed: dict[str, Histogram] = {}

@@ -4,12 +4,13 @@ In order: authentication, the HTTP method, the body and its JSON-RPC parse, the 
 allow-list and routing headers, the tenant's rate and concurrency limits, the session, the
 audit log's health, the tool allow-list and pinned contract, and the approval decision for a
 save. It returns a value — `Passed` (what goes on to the sandbox) or `Answered` (the broker's
-own answer) — and raises `AuthError` / `Denied` for a refusal; it never calls on.
+own answer) — and raises `AuthError` / `Denied` for a refusal; it never calls on. One question
+goes to the sandbox: whether a save's legacy session still exists, before its approval.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,7 @@ class Gate:
         approvals: ApprovalFlow,
         audit: AuditLike,
         pinned_without: Callable[[str, str], bool],
+        session_alive: Callable[[str, dict[str, str]], Awaitable[bool]],
         max_body_bytes: int,
     ) -> None:
         self._auth = auth
@@ -74,6 +76,7 @@ class Gate:
         self._approvals = approvals
         self._audit = audit
         self._pinned_without = pinned_without  # was the tenant's sandbox pinned without this tool?
+        self._session_alive = session_alive  # does its sandbox still hold this legacy session?
         self._max_body = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, record: CallRecord) -> Passed | Answered:
@@ -119,7 +122,8 @@ class Gate:
         self._audit_ready()
 
         if msg is not None and msg.method == "tools/call":
-            answered = await self._tool_call(principal, msg, record)
+            session = headers if sealed_session is not None else None
+            answered = await self._tool_call(principal, msg, record, session)
             if answered is not None:
                 return answered
             if record.save is not None:
@@ -139,8 +143,9 @@ class Gate:
         record.limited_tenant = tenant  # the slot is given back when the request ends
 
     async def _tool_call(
-        self, principal: Principal, msg: rpc.RpcMessage, record: CallRecord
+        self, principal: Principal, msg: rpc.RpcMessage, record: CallRecord, session: dict[str, str] | None
     ) -> Answered | None:
+        """`session`: the request's headers, unsealed, when it belongs to a legacy session."""
         policy = self._policies.get(principal.tenant)
         if record.tool is None or not may_call(principal, policy, record.tool):
             raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_allowed")
@@ -149,6 +154,8 @@ class Gate:
             raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
         if record.tool != c.TOOL_SAVE:
             return None
+        if session is not None and not await self._session_alive(principal.tenant, session):
+            raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
         decision = await self._approvals.gate(principal, policy, msg, record.request_id)
         if isinstance(decision, Answer):
             record.end(decision.outcome, decision.reason)

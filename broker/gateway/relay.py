@@ -25,7 +25,7 @@ from broker.audit import AuditEvent
 from broker.audit.fields import sandbox_field
 from broker.errors import Denial, Denied
 from broker.gateway import forwarding, listing, results
-from broker.gateway.breaker import CircuitBreakers
+from broker.gateway.breaker import BreakerState, CircuitBreakers
 from broker.gateway.consume import Consumer
 from broker.gateway.contract import Pin
 from broker.gateway.gate import Passed
@@ -106,13 +106,39 @@ class Relay:
             record.end(Outcome.OK, "client_disconnected")
             await out.audit()
 
+    async def session_alive(self, tenant: str, headers: dict[str, str]) -> bool:
+        """Does the tenant's sandbox still hold the legacy session of these (unsealed) request
+        headers? The gate asks before a save's approval: no one is asked to approve a write
+        the client's session can no longer make, and an approval given is not spent on one.
+        True when it cannot be told now (the breaker is not closed, the sandbox fails): the
+        request goes on and meets the same state there."""
+        session = legacy_session(headers, headers.get("mcp-session-id"))
+        if session is None or self._breakers.state(tenant) is not BreakerState.CLOSED:
+            return True
+        try:
+            async with self._runtime.lease(tenant) as sandbox:
+                client = self._upstreams.client(sandbox.tenant, sandbox.endpoint)
+                async with self._deadlines.within(self._upstreams.call_timeout):
+                    return await listing.session_alive(client, *session)
+        except (UpstreamError, RuntimeErrorBase):
+            return True
+
     # -- the lease, the breaker, retries ----------------------------------------------------
 
     async def _to_sandbox(self, passed: Passed, out: Responder, record: CallRecord) -> None:
+        tenant = passed.principal.tenant
+        ticket = self._breakers.admit(tenant)
+        if ticket.wait:
+            raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=ticket.wait)
+        try:
+            await self._attempts(passed, out, record)
+        finally:
+            # A trial cut short (its client left, a refusal, capacity, the audit log) ends
+            # here; one left running would hold every later call of the tenant at 503.
+            self._breakers.release(tenant, ticket)
+
+    async def _attempts(self, passed: Passed, out: Responder, record: CallRecord) -> None:
         msg, tenant = passed.msg, passed.principal.tenant
-        wait = self._breakers.admit(tenant)
-        if wait:
-            raise Denied(Denial.SANDBOX_UNAVAILABLE, "circuit_open", retry_after=wait)
         # Reads may be retried once on a transport failure; writes only if nothing was sent
         # (DESIGN §2: a write that may have happened is result_unknown, not something to do twice).
         retryable = msg is not None and (
@@ -146,7 +172,7 @@ class Relay:
     async def _on(self, sandbox: RunningSandbox, passed: Passed, out: Responder, record: CallRecord) -> None:
         """One attempt on a leased sandbox."""
         msg = passed.msg
-        client = self._upstreams.client(sandbox.endpoint)
+        client = self._upstreams.client(sandbox.tenant, sandbox.endpoint)
         try:
             # One deadline for a POST's whole exchange, pinning included. A GET stream lives
             # as long as its session: only its pinning has one.
@@ -208,6 +234,7 @@ class Relay:
             if descriptor is None:
                 raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
         save = record.save
+        session = legacy_session(passed.headers, passed.sealed_session)
         if save is not None and not await self._approvals.confirm(save, passed.principal.tenant):
             # Held past its time and taken back by another broker: that one may write it now.
             record.save = None
@@ -217,6 +244,13 @@ class Relay:
         record.sent()  # while the sandbox works
         response = await in_flight.response()
         try:
+            if response.status_code == 404 and session is not None and save is None:
+                # The sandbox no longer holds the session (a DELETE through any replica ended
+                # it, or the sandbox was replaced): every method gets the 404 that `tools/list`
+                # gets, never a tool result made of the sandbox's refusal. (A save's session
+                # was asked about before its approval: `session_alive`. Sent, it is
+                # result_unknown whatever the sandbox says: below.)
+                raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
             status = results.relay_status(response.status_code)
             leg = _Leg(passed, response, descriptor, status, self._headers(passed, response, status))
             if response.headers.get("content-type", "").startswith("text/event-stream"):

@@ -31,6 +31,8 @@ _PREFIX = "dbm1."
 _AAD = b"docbroker/mcp-session/v1\0"
 # MCP: a session id holds visible ASCII only (0x21-0x7E); it travels in a header both ways.
 _VISIBLE = re.compile(rf"[\x21-\x7e]{{1,{MAX_SESSION_ID_CHARS}}}")
+# What `seal` writes after the prefix: unpadded URL-safe base64, nothing else.
+_SEALED_BODY = re.compile(r"[A-Za-z0-9_-]+")
 _EXPIRY = struct.Struct(">Q")
 
 
@@ -55,16 +57,36 @@ class SessionSealer:
         """The sandbox's session id, if `sealed` was made for this principal and is unexpired."""
         if len(sealed) > MAX_SEALED_CHARS or not sealed.startswith(_PREFIX):
             return None
-        body = sealed.removeprefix(_PREFIX)
+        raw = _canonical_bytes(sealed.removeprefix(_PREFIX))
+        if raw is None:
+            return None
         try:
-            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
             plain = self._aead.decrypt(raw[:12], raw[12:], _aad(principal))
-        except (binascii.Error, ValueError, InvalidTag):
+        except (ValueError, InvalidTag):
             return None
         (expires,) = _EXPIRY.unpack_from(plain)
         if expires <= self._clock():
             return None
         return plain[_EXPIRY.size :].decode("ascii")
+
+
+def _canonical_bytes(body: str) -> bytes | None:
+    """The bytes `body` spells, only if it is their one spelling `seal` writes.
+
+    Python's decoder is lenient: it skips characters outside the alphabet (`!!!!`, `....`),
+    takes `+/` for `-_`, accepts padding and ignores the unused low bits of the last
+    character, so one sealed id would open under many strings. The id is the session's name
+    to clients, proxies and logs alike; it must have exactly one, as an altered id must be
+    nothing (README: "altered ... gets 404")."""
+    if not _SEALED_BODY.fullmatch(body):
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    if base64.urlsafe_b64encode(raw).rstrip(b"=") != body.encode("ascii"):
+        return None  # another last character with the same significant bits
+    return raw
 
 
 def _aad(principal: Principal) -> bytes:

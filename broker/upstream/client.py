@@ -284,6 +284,7 @@ class Upstream:
 
     def __init__(self, endpoint: Endpoint, *, connect_timeout: float, read_timeout: float) -> None:
         url = urlsplit(endpoint.url)
+        self.endpoint = endpoint
         self._uds = endpoint.uds
         # Over TCP (the pod network) the sandbox's Host allow-list names its address, and the
         # broker's own credential for it (DESIGN §10) goes along, never a caller's.
@@ -334,6 +335,10 @@ class Upstream:
             conn.close()
 
     async def close(self) -> None:
+        self.close_idle()
+
+    def close_idle(self) -> None:
+        """Close the idle connections, and every one given back from now on."""
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
@@ -372,19 +377,39 @@ def _render(method: str, target: bytes, headers: Mapping[str, str], body: bytes 
 
 
 class Upstreams:
-    """Clients keyed by endpoint, reused across requests (keep-alive over the socket)."""
+    """The pooled client of each tenant's sandbox, reused across requests (keep-alive).
+
+    One per tenant, for the endpoint its sandbox has now. Every replacement (a new Pod IP, a
+    warm slot, a restart) brings a new endpoint, and a client kept for each old one would be
+    memory that only grows, each holding up to `MAX_IDLE` dead connections: a client goes as
+    soon as its sandbox does (`forget`, on the runtime's report) or is replaced (`client`).
+    """
 
     def __init__(self, *, connect_timeout: float, call_timeout: float) -> None:
         self._connect_timeout = connect_timeout
         self.call_timeout = call_timeout  # also the deadline of a whole call (gateway)
-        self._clients: dict[Endpoint, Upstream] = {}
+        self._clients: dict[str, Upstream] = {}
 
-    def client(self, endpoint: Endpoint) -> Upstream:
-        client = self._clients.get(endpoint)
-        if client is None:
-            client = Upstream(endpoint, connect_timeout=self._connect_timeout, read_timeout=self.call_timeout)
-            self._clients[endpoint] = client
+    def client(self, tenant: str, endpoint: Endpoint) -> Upstream:
+        client = self._clients.get(tenant)
+        if client is not None and client.endpoint == endpoint:
+            return client
+        if client is not None:
+            client.close_idle()  # a sandbox gone without a word: its calls in flight end alone
+        client = Upstream(endpoint, connect_timeout=self._connect_timeout, read_timeout=self.call_timeout)
+        self._clients[tenant] = client
         return client
+
+    def forget(self, tenant: str) -> None:
+        """The tenant's sandbox is gone (stopped, failed, replaced): its client goes with it.
+        Calls still in flight on it finish; their connections are closed, not kept."""
+        client = self._clients.pop(tenant, None)
+        if client is not None:
+            client.close_idle()
+
+    def __len__(self) -> int:
+        """How many clients are kept (the `docbroker_upstream_clients` gauge)."""
+        return len(self._clients)
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}

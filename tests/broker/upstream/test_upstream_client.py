@@ -50,6 +50,7 @@ class Sandbox:
         self.path = path
         self.reply = reply
         self.connections = 0
+        self.hung_up = 0  # connections the broker's side closed (or this side ended)
         self.requests: list[bytes] = []
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.AbstractServer | None = None
@@ -83,6 +84,7 @@ class Sandbox:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            self.hung_up += 1
             writer.close()
 
     async def close(self) -> None:
@@ -360,3 +362,37 @@ async def test_a_header_that_would_split_the_request_is_never_sent(
         await client.send("POST", {"content-type": "application/json", **headers}, b"{}")
     assert sandbox.connections == 0
     assert (await fetch(client))[2] == b'{"ok":true}'  # the client itself is unharmed
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_tenants_client_goes_with_its_sandbox(tmp_path: Path) -> None:
+    """Issue 24 item 7: a client was kept for every endpoint ever used (each warm slot, each
+    Pod IP), with up to 16 dead connections each. One per tenant now, for its sandbox of now."""
+    old, new = Sandbox(tmp_path / "old.sock", lambda n: ok()), Sandbox(tmp_path / "new.sock", lambda n: ok())
+    for sandbox in (old, new):
+        await sandbox.start()
+    upstreams = up.Upstreams(connect_timeout=2.0, call_timeout=2.0)
+    try:
+        first = upstreams.client("t", Endpoint(url="http://localhost/mcp", uds=str(old.path)))
+        assert (await fetch(first))[0] == 200  # its connection is kept, idle
+        assert upstreams.client("t", first.endpoint) is first and len(upstreams) == 1
+        # The tenant's sandbox was replaced: another endpoint. The old client goes, and with
+        # it the connection the old sandbox still holds open.
+        second = upstreams.client("t", Endpoint(url="http://localhost/mcp", uds=str(new.path)))
+        assert second is not first and len(upstreams) == 1
+        await until(lambda: old.hung_up == 1)
+        assert (await fetch(second))[0] == 200
+        # The sandbox went (the runtime said so): nothing is kept for it.
+        upstreams.forget("t")
+        assert len(upstreams) == 0
+        await until(lambda: new.hung_up == 1)
+        assert new.connections == 1
+    finally:
+        await upstreams.close()
+        for sandbox in (old, new):
+            await sandbox.close()
