@@ -14,8 +14,8 @@ from tests.broker.support import call_modern, open_http, wait_for
 
 
 def gauge(broker: Broker, name: str) -> float:
-    with open_http(broker) as anonymous:
-        text = anonymous.get("/metrics").text
+    with open_http(broker) as operator:
+        text = operator.get("/metrics", headers=broker.ops_headers).text
     match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     assert match, f"{name} not in /metrics"
     return float(match.group(1))
