@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from broker.audit.checkpoint import load_signing_key
-from broker.master_key import load_master_key
+from broker.master_key import MasterKeyError, load_master_key
 from broker.settings import Settings
 from tests.k8s_manifests.render import OVERLAYS, ROOT, find, render
 
@@ -122,7 +122,7 @@ def test_the_key_copy_gives_files_the_broker_accepts(tmp_path: Path) -> None:
     )
     secret_volume(src, {"master.key": master, "audit-signing.key": pem, "jwks.json": b'{"keys": []}'})
     # The group-readable files are what the broker refuses: the reason for the copy.
-    with pytest.raises(Exception, match="readable by group"):
+    with pytest.raises(MasterKeyError, match="readable by group"):
         load_master_key(src / "master.key")
     done = subprocess.run(
         [sys.executable, "-c", script.replace(KEYS_IN, str(src)).replace(KEYS, str(dst))],
