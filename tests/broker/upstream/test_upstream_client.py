@@ -54,6 +54,11 @@ class Sandbox:
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.AbstractServer | None = None
         self.go_on = asyncio.Event()
+        self.hung_up = asyncio.Event()  # a client closed a connection
+
+    def unsent(self) -> int:
+        """Bytes written but not yet taken by the socket: the client has stopped reading."""
+        return sum(w.transport.get_write_buffer_size() for w in self._writers if not w.is_closing())
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
@@ -81,7 +86,7 @@ class Sandbox:
                 if answer.hold:
                     await asyncio.sleep(3600)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            self.hung_up.set()
         finally:
             writer.close()
 
@@ -247,19 +252,26 @@ async def test_bytes_sent_between_calls_close_the_idle_connection(serve: Serve) 
     assert (await fetch(client))[2] == b"first"
     for writer in sandbox._writers:
         writer.write(ok(b"planted").data)
-    await asyncio.sleep(0.1)
+    async with asyncio.timeout(5):  # the client has seen them and hung up
+        await sandbox.hung_up.wait()
     assert (await fetch(client))[2] == b'{"ok":true}'
     assert sandbox.connections == 2
 
 
 async def test_a_large_body_streams_with_bounded_buffering(serve: Serve) -> None:
     big = b"x" * (8 * up.HIGH_WATER)
-    _, client = await serve(lambda n: ok(big))
+    sandbox, client = await serve(lambda n: ok(big))
     response = await client.send("POST", {}, b"{}")
     try:
-        await asyncio.sleep(0.3)  # the sandbox sends all it can; the client must pause reading
         conn = response._conn
-        assert conn is not None and conn._buffered <= up.HIGH_WATER + 256 * 1024
+        assert conn is not None
+        # The race entered: the client has stopped reading while the sandbox still has bytes it
+        # cannot send (a client that never pauses takes all 2 MiB and this wait fails).
+        async with asyncio.timeout(5):
+            while not conn._paused:
+                await asyncio.sleep(0.01)
+        assert sandbox.unsent() > 0
+        assert conn._buffered <= up.HIGH_WATER + 256 * 1024
         received = b"".join([chunk async for chunk in response.aiter_raw()])
     finally:
         await response.aclose()
