@@ -18,8 +18,8 @@ import pytest
 from broker.audit import AuditLog, AuditSinkError, verify_file
 from broker.audit.sink import FileSink
 from broker.audit.testing import MemorySink, capture_audit
-from broker.settings import AuditFsync, AuditSettings
-from tests.broker.audit.audit_helpers import CANARY, read_events, request_fields
+from broker.settings import AuditFsync
+from tests.broker.audit.audit_helpers import CANARY, plain, read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +36,7 @@ async def test_concurrent_emits_are_strictly_ordered(audit: AuditLog, log_path: 
 
 async def test_concurrent_emits_with_fsync_always(log_path: Path) -> None:
     # ALWAYS runs each emit in a worker thread: ordering must hold across threads too.
-    async with await AuditLog.open(AuditSettings(path=log_path, fsync=AuditFsync.ALWAYS)) as log:
+    async with await AuditLog.open(plain(log_path, fsync=AuditFsync.ALWAYS)) as log:
         async with anyio.create_task_group() as tg:
             for i in range(100):
                 tg.start_soon(partial(log.emit, "mcp.request", **request_fields(i)))
@@ -117,7 +117,7 @@ async def test_close_fsyncs_pending_lines_and_refuses_later_emits(log_path: Path
 @pytest.mark.parametrize("mode", list(AuditFsync))
 async def test_fail_closed_on_dev_full(mode: AuditFsync) -> None:
     # /dev/full accepts open() and fails every write with ENOSPC, like a full disk.
-    log = await AuditLog.open(AuditSettings(path=Path("/dev/full"), fsync=mode))
+    log = await AuditLog.open(plain(Path("/dev/full"), fsync=mode))
     try:
         assert log.healthy
         for _ in range(2):  # the second emit tries to recover by reopening, and fails again
@@ -149,7 +149,7 @@ async def test_fail_closed_when_the_disk_fills_mid_run_then_recover(tiny_fs: Pat
     path = tiny_fs / "audit.jsonl"
     ballast = tiny_fs / "ballast"
     ballast.write_bytes(b"\0" * 8192)  # space we can give back later
-    log = await AuditLog.open(AuditSettings(path=path))
+    log = await AuditLog.open(plain(path))
     try:
         written = 0
         with pytest.raises(AuditSinkError) as err:
