@@ -321,14 +321,32 @@ async def test_follow_sees_new_events_and_survives_rotation(log_path: Path) -> N
             await audit.emit("mcp.request", **request_fields(7) | {"tenant": "acme"})
             assert [e["request_id"] for e in follower.lines(1)] == ["req-000007"]
         # truncation in place (copytruncate): read again from the start
+        assert (offset_of(follower.proc.pid, log_path) or 0) > 0
         log_path.write_bytes(b"")
-        time.sleep(0.5)
+        # It has seen the truncation (back at the start) before the next line makes the file grow.
+        deadline = time.monotonic() + 20
+        while offset_of(follower.proc.pid, log_path) != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert offset_of(follower.proc.pid, log_path) == 0
         async with await AuditLog.open(plain(log_path), clock=clock) as audit:
             await audit.emit("mcp.request", **request_fields(8) | {"tenant": "acme"})
             assert [e["request_id"] for e in follower.lines(1)] == ["req-000008"]
     finally:
         done = follower.stop()
     assert done.returncode == 0 and b"Traceback" not in done.stderr
+
+
+def offset_of(pid: int, path: Path) -> int | None:
+    """Where process `pid` stands in its open `path` (the fd's offset, as /proc shows it)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != str(path):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                return next(int(line.split()[1]) for line in info if line.startswith("pos:"))
+        except (OSError, StopIteration):
+            continue
+    return None
 
 
 def peak_rss_kib(*args: str) -> int:

@@ -150,13 +150,19 @@ def test_a_replica_killed_and_restarted_adopts_and_loses_nothing(tmp_path: Path)
         clients = [threading.Thread(target=load, daemon=True) for _ in range(4)]
         for client in clients:
             client.start()
+
+        def served_by_a() -> int:
+            return len([e for e in a.audit_events() if e["event"] == "mcp.request"])
+
         try:
-            time.sleep(1.0)
+            assert wait_for(lambda: served[0] >= 10 and served_by_a() >= 5, timeout=30)  # under load
             a.kill()  # mid-load: calls in flight on a are retried on b by the load balancer
-            time.sleep(1.0)
+            mark = served[0]
+            assert wait_for(lambda: served[0] >= mark + 10, timeout=30)  # b alone serves meanwhile
             assert server_pids(a, "acme") == [pid]  # the sandbox outlives the replica that started it
             a.start()  # its start-up adopts the sandbox b is using; it removes nothing
-            time.sleep(1.0)
+            mark = served_by_a()
+            assert wait_for(lambda: served_by_a() >= mark + 5, timeout=30)  # and a serves again
         finally:
             stop.set()
             for client in clients:
