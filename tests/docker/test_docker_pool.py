@@ -440,7 +440,11 @@ def test_a_caller_that_gives_up_mid_binding_leaves_no_sandbox_behind(
         try:
             [warm_id] = [a["Id"] for a in containers(daemon, instance).values()]
             task = asyncio.create_task(backend.create(tenant.spec))
-            await asyncio.sleep(0.005)  # the binding is under way in its worker thread
+            # The race entered: the warm slot is taken, its binding under way in a worker thread.
+            async with asyncio.timeout(10):
+                while backend.describe()["pool"]["ready"]:
+                    await asyncio.sleep(0.001)
+            assert not task.done()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
