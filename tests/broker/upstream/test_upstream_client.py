@@ -55,6 +55,7 @@ class Sandbox:
         self._server: asyncio.AbstractServer | None = None
         self.go_on = asyncio.Event()
         self.hung_up = asyncio.Event()  # a client closed a connection
+        self.holding = asyncio.Event()  # an answer's `data` is written, its `rest` held back
 
     def unsent(self) -> int:
         """Bytes written but not yet taken by the socket: the client has stopped reading."""
@@ -78,6 +79,7 @@ class Sandbox:
                 writer.write(answer.data)
                 await writer.drain()
                 if answer.rest:
+                    self.holding.set()
                     await self.go_on.wait()
                     writer.write(answer.rest)
                     await writer.drain()
@@ -215,7 +217,10 @@ async def test_a_short_body_is_awaited_whole_and_a_long_one_streams(serve: Serve
 
     # A short answer: one wake-up for head and body, so `send` is still waiting for the body.
     sending = asyncio.create_task(client.send("POST", {}, b"{}"))
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(5):  # the head is written, the rest held back
+        await sandbox.holding.wait()
+    for _ in range(5):  # the loop's next turns deliver what is already in the socket
+        await asyncio.sleep(0)
     assert not sending.done()
     sandbox.go_on.set()
     response = await asyncio.wait_for(sending, 5)
