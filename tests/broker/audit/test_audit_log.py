@@ -233,11 +233,21 @@ async def test_capture_audit_helper_shows_events_and_can_fail() -> None:
         assert CANARY.encode() not in sink.data
 
 
+class SyncCountingMemorySink(MemorySink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs = 0
+
+    def sync(self) -> None:
+        self.syncs += 1
+        super().sync()
+
+
 async def test_memory_sink_works_with_the_interval_thread() -> None:
-    sink = MemorySink()
+    sink = SyncCountingMemorySink()
     async with await AuditLog.with_sink(sink, fsync_interval_seconds=0.01) as log:
         await log.emit("sandbox.started", tenant="acme", sandbox="ctr-1", sandbox_mode="rootless")
-        await anyio.sleep(0.05)
+        await _wait_for(lambda: sink.syncs >= 1)  # the interval thread has synced what it wrote
     assert sink.events[0]["sandbox_mode"] == "rootless"
 
 
