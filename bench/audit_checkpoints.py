@@ -56,7 +56,7 @@ def fields(i: int) -> dict[str, Any]:
 
 def settings(folder: Path, evidence: bool) -> AuditSettings:
     if not evidence:
-        return AuditSettings(path=folder / "plain.jsonl")
+        return AuditSettings(path=folder / "plain.jsonl", key_file=None, witness_file=None, rotate_bytes=0)
     return AuditSettings(
         path=folder / "signed.jsonl",
         key_file=folder / "audit-signing.key",

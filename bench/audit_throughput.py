@@ -105,7 +105,9 @@ def event(rng: random.Random, i: int) -> tuple[str, dict[str, Any]]:
 async def generate(path: Path, target_bytes: int) -> int:
     rng, clock = random.Random(19), Clock()
     lines = 0
-    async with await AuditLog.open(AuditSettings(path=path), clock=clock) as log:
+    async with await AuditLog.open(
+        AuditSettings(path=path, key_file=None, witness_file=None, rotate_bytes=0), clock=clock
+    ) as log:
         while True:
             for _ in range(10_000):
                 clock.now += STEP_NS

@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 
 PREFIX = "DOCBROKER_"
+MIB = 1024 * 1024
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -67,18 +68,23 @@ class AuditSettings:
     Every line is written to the kernel before `emit` returns (a broker crash loses nothing);
     with `INTERVAL` a power loss or kernel crash may lose the last `fsync_interval_seconds`.
     Per-line fsync costs 1-4 ms (measured), against a 1.5 ms p50 budget for all the broker adds.
+
+    The defaults below are the environment's too (`Settings.from_env` reads them from here): a
+    log built in code behaves as the broker's does. The files have none: they live in the data
+    dir, and whether a log is signed is said by whoever builds it.
     """
 
     path: Path
+    # Evidence beyond the chain (DESIGN §6). None: a plain chain, no checkpoints (the broker
+    # always has a key: DOCBROKER_AUDIT_KEY_FILE defaults to one in the data dir).
+    key_file: Path | None  # the replica's Ed25519 signing key, created 0600 on first start
+    witness_file: Path | None  # a copy of every checkpoint and gap record, to ship elsewhere
     fsync: AuditFsync = AuditFsync.INTERVAL
     fsync_interval_seconds: float = 0.2
-    # Evidence beyond the chain (DESIGN §6). No key file: a plain chain, no checkpoints.
-    key_file: Path | None = None  # the replica's Ed25519 signing key, created 0600 on first start
-    witness_file: Path | None = None  # a copy of every checkpoint and gap record, to ship elsewhere
-    replica: str = "local"
+    replica: str = field(default_factory=lambda: default_replica_id())  # defined below
     checkpoint_every: int = 1000  # lines
     checkpoint_interval_seconds: float = 10.0  # and at least this often while lines are written
-    rotate_bytes: int = 0  # 0: never rotate
+    rotate_bytes: int = 256 * MIB  # 0: never rotate
     stdout: bool = False  # every line also on stdout (JSON Lines for a log collector)
 
     def __post_init__(self) -> None:
@@ -431,17 +437,27 @@ class Settings:
             auth=auth,
             audit=AuditSettings(
                 path=Path(r.text("AUDIT_LOG", str(data_dir / f"audit{own}.jsonl"))).absolute(),
-                fsync=AuditFsync(r.choice("AUDIT_FSYNC", AuditFsync.INTERVAL, tuple(AuditFsync))),
-                fsync_interval_seconds=r.number("AUDIT_FSYNC_INTERVAL", 0.2, low=0.01, high=10),
+                fsync=AuditFsync(r.choice("AUDIT_FSYNC", AuditSettings.fsync, tuple(AuditFsync))),
+                fsync_interval_seconds=r.number(
+                    "AUDIT_FSYNC_INTERVAL", AuditSettings.fsync_interval_seconds, low=0.01, high=10
+                ),
                 key_file=Path(r.text("AUDIT_KEY_FILE", str(data_dir / f"audit-signing{own}.key"))).absolute(),
                 witness_file=Path(
                     r.text("AUDIT_WITNESS_FILE", str(data_dir / f"audit-witness{own}.jsonl"))
                 ).absolute(),
                 replica=replica or default_replica_id(),
-                checkpoint_every=r.integer("AUDIT_CHECKPOINT_EVERY", 1000, low=1, high=1_000_000),
-                checkpoint_interval_seconds=r.number("AUDIT_CHECKPOINT_INTERVAL", 10.0, low=0.1, high=86_400),
-                rotate_bytes=r.integer("AUDIT_ROTATE_MB", 256, low=0, high=1024 * 1024) * 1024 * 1024,
-                stdout=r.flag("AUDIT_STDOUT", False),
+                checkpoint_every=r.integer(
+                    "AUDIT_CHECKPOINT_EVERY", AuditSettings.checkpoint_every, low=1, high=1_000_000
+                ),
+                checkpoint_interval_seconds=r.number(
+                    "AUDIT_CHECKPOINT_INTERVAL",
+                    AuditSettings.checkpoint_interval_seconds,
+                    low=0.1,
+                    high=86_400,
+                ),
+                rotate_bytes=MIB
+                * r.integer("AUDIT_ROTATE_MB", AuditSettings.rotate_bytes // MIB, low=0, high=1024 * 1024),
+                stdout=r.flag("AUDIT_STDOUT", AuditSettings.stdout),
             ),
             runtime=runtime,
             approvals=ApprovalSettings(

@@ -34,6 +34,7 @@ def wait_for_dropbox(env: Mapping[str, str] = os.environ) -> None:
     path = env.get("KEEPER_DROPBOX", "").strip()
     deadline = time.monotonic() + DROPBOX_WAIT_SECONDS
     seen: float | None = None  # when it first existed: the hook's chmod follows its mkdir
+    said = False
     while path and time.monotonic() < deadline:
         try:
             if stat.S_IMODE(os.lstat(path).st_mode) == DROPBOX_MODE:
@@ -43,6 +44,10 @@ def wait_for_dropbox(env: Mapping[str, str] = os.environ) -> None:
                 return
         except OSError:
             pass
+        if not said:  # once: the Pod's log (and a test) can tell a wait from a hang
+            sys.stderr.write("docbroker keeper: waiting for KEEPER_DROPBOX (made by the start hook)\n")
+            sys.stderr.flush()
+            said = True
         time.sleep(0.01)
 
 

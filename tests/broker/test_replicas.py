@@ -35,6 +35,7 @@ from tests.broker.support import (
     modern_headers,
     open_http,
     rpc_reply,
+    wait_for,
 )
 
 
@@ -196,14 +197,16 @@ def test_a_replica_killed_and_restarted_under_load_fails_no_request(tmp_path: Pa
         threads = [threading.Thread(target=client) for _ in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(1.5)
-        b.kill()
-        served_before = lb.served[1]
-        b.start()
-        time.sleep(1.5)
-        stop.set()
-        for thread in threads:
-            thread.join()
+        try:
+            assert wait_for(lambda: min(lb.served) >= 10, timeout=30)  # under load, on both
+            b.kill()
+            served_before = lb.served[1]
+            b.start()
+            assert wait_for(lambda: lb.served[1] >= served_before + 10, timeout=30)  # b serves again
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
     assert failures == [] and calls[0] > 20
     assert lb.retries >= 1  # calls b could not answer went to a
     assert lb.served[1] > served_before  # and b serves again after its restart

@@ -351,11 +351,26 @@ def test_a_dead_warm_sandbox_falls_back_to_a_cold_start(
     assert result["read"]["data"]["content"] == "hello docbroker sandbox\n"
 
 
+def container_ids(daemon: Daemon, instance: str) -> list[str]:
+    """The instance's containers as one list call (no inspect each: one may go meanwhile)."""
+    client = daemon.client()
+    try:
+        found = client.api.containers(all=True, filters={"label": f"io.docbroker.instance={instance}"})
+        return [str(c["Id"]) for c in found]
+    finally:
+        client.close()
+
+
 def test_close_while_warming_leaves_nothing(daemon: Daemon, layout: Layout, instance: str) -> None:
     async def scenario() -> None:
         backend = await connect_pooled(daemon, layout, instance)
         await backend.start()
-        await asyncio.sleep(0.3)  # the daemon is creating or starting the warm sandbox
+        # The race entered: the daemon holds the warm sandbox's container, not yet ready.
+        async with asyncio.timeout(30):
+            while not await asyncio.to_thread(container_ids, daemon, instance):
+                await asyncio.sleep(0.02)
+        pool = backend.describe()["pool"]
+        assert (pool["warming"], pool["ready"]) == (1, 0), pool
         await backend.close()
 
     asyncio.run(scenario())
@@ -425,7 +440,11 @@ def test_a_caller_that_gives_up_mid_binding_leaves_no_sandbox_behind(
         try:
             [warm_id] = [a["Id"] for a in containers(daemon, instance).values()]
             task = asyncio.create_task(backend.create(tenant.spec))
-            await asyncio.sleep(0.005)  # the binding is under way in its worker thread
+            # The race entered: the warm slot is taken, its binding under way in a worker thread.
+            async with asyncio.timeout(10):
+                while backend.describe()["pool"]["ready"]:
+                    await asyncio.sleep(0.001)
+            assert not task.done()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

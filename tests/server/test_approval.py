@@ -252,5 +252,8 @@ def test_weak_or_non_ascii_secret_is_refused(secret: str) -> None:
         ApprovalVerifier(secret)
 
 
-def test_secret_of_32_characters_is_enough() -> None:
-    ApprovalVerifier("x" * 32)
+def test_secret_of_32_characters_is_enough(kit: Any, clock: Clock) -> None:
+    secret = "x" * 32
+    verifier = ApprovalVerifier(secret, clock=clock)
+    assert verifier.verify(token(kit, secret=secret), expected(kit))
+    assert not verifier.verify(token(kit), expected(kit))  # signed with another secret

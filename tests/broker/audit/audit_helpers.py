@@ -6,8 +6,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from broker.settings import AuditFsync, AuditSettings
+
 # Distinctive values that must never appear in an audit file, whatever path they take.
 CANARY = "CANARY-7f3a9c-secret-value"
+
+
+def plain(
+    path: Path, *, fsync: AuditFsync = AuditSettings.fsync, replica: str | None = None
+) -> AuditSettings:
+    """A plain hash chain: no signing key and no witness, so no checkpoint lines. The broker's
+    own log always has a key; a test of the chain alone says it leaves it out."""
+    if replica is None:
+        return AuditSettings(path=path, key_file=None, witness_file=None, fsync=fsync)
+    return AuditSettings(path=path, key_file=None, witness_file=None, fsync=fsync, replica=replica)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

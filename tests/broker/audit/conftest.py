@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from broker.audit import AuditLog
-from broker.settings import AuditFsync, AuditSettings
+from broker.settings import AuditFsync
+from tests.broker.audit.audit_helpers import plain
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def log_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def audit(log_path: Path) -> AsyncIterator[AuditLog]:
-    log = await AuditLog.open(AuditSettings(path=log_path, fsync=AuditFsync.INTERVAL))
+    log = await AuditLog.open(plain(log_path, fsync=AuditFsync.INTERVAL))
     try:
         yield log
     finally:

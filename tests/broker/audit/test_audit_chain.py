@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from broker.audit import AuditEvent, AuditLog, AuditSinkError, verify_file
-from broker.settings import AuditSettings
-from tests.broker.audit.audit_helpers import read_events, request_fields
+from broker.settings import default_replica_id
+from tests.broker.audit.audit_helpers import plain, read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 
@@ -60,13 +60,13 @@ async def test_line_is_canonical_json(audit: AuditLog, log_path: Path) -> None:
     record = json.loads(line)
     assert line == json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n"
     assert record == {
-        "v": 1, "seq": 1, "ts": record["ts"], "prev": GENESIS, "replica": "local",
+        "v": 1, "seq": 1, "ts": record["ts"], "prev": GENESIS, "replica": default_replica_id(),
         "event": "auth.denied", "reason": "token_expired", "status": 401, "header_names": [],
     }  # fmt: skip
 
 
 async def test_every_line_names_its_replica_and_a_caller_cannot_change_it(log_path: Path) -> None:
-    settings = AuditSettings(path=log_path, replica="broker-b")
+    settings = plain(log_path, replica="broker-b")
     async with await AuditLog.open(settings) as log:
         await log.emit("auth.denied", reason="token_expired", status=401)
         await log.emit("auth.denied", reason="token_expired", status=401, replica="broker-a")
@@ -78,13 +78,13 @@ async def test_every_line_names_its_replica_and_a_caller_cannot_change_it(log_pa
 
 async def test_timestamp_is_rfc3339_utc_milliseconds(log_path: Path) -> None:
     ns = 1_785_230_102_123_999_999  # 2026-07-28T09:15:02.123999999Z: truncated, not rounded
-    async with await AuditLog.open(AuditSettings(path=log_path), clock=lambda: ns) as log:
+    async with await AuditLog.open(plain(log_path), clock=lambda: ns) as log:
         await log.emit("sandbox.started", tenant="acme", sandbox="ctr-1")
     assert read_events(log_path)[0]["ts"] == "2026-07-28T09:15:02.123Z"
 
 
 async def test_restart_continues_seq_and_chain(log_path: Path) -> None:
-    settings = AuditSettings(path=log_path)
+    settings = plain(log_path)
     for run in range(3):
         async with await AuditLog.open(settings) as log:
             assert log.head[0] == run * 10
@@ -96,7 +96,7 @@ async def test_restart_continues_seq_and_chain(log_path: Path) -> None:
 
 
 async def test_restart_cuts_a_torn_last_line_and_continues(log_path: Path) -> None:
-    settings = AuditSettings(path=log_path)
+    settings = plain(log_path)
     async with await AuditLog.open(settings) as log:
         for i in range(5):
             await log.emit("mcp.request", **request_fields(i))
@@ -115,20 +115,20 @@ async def test_refuses_to_append_after_an_unparseable_last_line(log_path: Path) 
     log_path.parent.mkdir(parents=True)
     log_path.write_bytes(b"this is not an audit event\n")
     with pytest.raises(AuditSinkError) as err:
-        await AuditLog.open(AuditSettings(path=log_path))
+        await AuditLog.open(plain(log_path))
     assert err.value.code == "tail_invalid"
 
 
 async def test_file_is_created_0600_and_an_open_one_tightened(tmp_path: Path) -> None:
     fresh = tmp_path / "a" / "audit.jsonl"
-    async with await AuditLog.open(AuditSettings(path=fresh)) as log:
+    async with await AuditLog.open(plain(fresh)) as log:
         await log.emit("sandbox.stopped", tenant="acme")
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
 
     loose = tmp_path / "loose.jsonl"
     loose.touch()
     os.chmod(loose, 0o644)
-    async with await AuditLog.open(AuditSettings(path=loose)):
+    async with await AuditLog.open(plain(loose)):
         pass
     assert stat.S_IMODE(loose.stat().st_mode) == 0o600
 
@@ -138,7 +138,7 @@ async def test_refuses_a_symlink_at_the_log_path(tmp_path: Path) -> None:
     link = tmp_path / "audit.jsonl"
     link.symlink_to(target)
     with pytest.raises(AuditSinkError) as err:
-        await AuditLog.open(AuditSettings(path=link))
+        await AuditLog.open(plain(link))
     assert err.value.code == "open_failed"
     assert not target.exists()
 
@@ -146,7 +146,7 @@ async def test_refuses_a_symlink_at_the_log_path(tmp_path: Path) -> None:
 async def test_a_second_writer_on_the_same_file_is_refused(audit: AuditLog, log_path: Path) -> None:
     # Two brokers appending to one file would fork the chain.
     with pytest.raises(AuditSinkError) as err:
-        await AuditLog.open(AuditSettings(path=log_path))
+        await AuditLog.open(plain(log_path))
     assert err.value.code == "locked"
     await audit.emit("sandbox.started", tenant="acme")
     assert verify_file(log_path).ok

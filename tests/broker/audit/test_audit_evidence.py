@@ -39,7 +39,7 @@ from broker.audit.processors import canonical
 from broker.audit.sink import FileSink, rotated_files
 from broker.audit.witness import FileCopy
 from broker.settings import AuditSettings
-from tests.broker.audit.audit_helpers import request_fields
+from tests.broker.audit.audit_helpers import plain, request_fields
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]
@@ -208,6 +208,7 @@ async def test_checkpoint_timer_signs_an_idle_tail(tmp_path: Path) -> None:
     settings = AuditSettings(
         path=replica.log,
         key_file=replica.key_file,
+        witness_file=None,
         replica="r1",
         checkpoint_every=1000,
         checkpoint_interval_seconds=0.1,
@@ -437,7 +438,7 @@ async def test_verdict_lines_and_exit_codes(tmp_path: Path) -> None:
 
 async def test_a_plain_log_fails_once_keys_are_required(tmp_path: Path) -> None:
     path = tmp_path / "plain.jsonl"
-    async with await AuditLog.open(AuditSettings(path=path)) as log:
+    async with await AuditLog.open(plain(path)) as log:
         await log.emit("mcp.request", **request_fields(1))
     create_signing_key(tmp_path / "k")
     pem = tmp_path / "k.pem"
@@ -611,7 +612,7 @@ async def test_a_copy_of_stdout_serves_as_the_witness(tmp_path: Path) -> None:
 
 async def test_a_log_from_before_checkpoints_is_signed_from_its_first_line_on(tmp_path: Path) -> None:
     replica = Replica(tmp_path / "r1", "r1")
-    async with await AuditLog.open(AuditSettings(path=replica.log)) as log:  # no key: a plain chain
+    async with await AuditLog.open(plain(replica.log)) as log:  # no key: a plain chain
         for i in range(4):
             await log.emit("mcp.request", **request_fields(i))
     async with await AuditLog.open(replica.settings()) as log:  # upgraded: a key from now on

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,7 +20,7 @@ from broker.audit import AuditLog, AuditSinkError, verify_file
 from broker.audit.sink import FileSink
 from broker.audit.testing import MemorySink, capture_audit
 from broker.settings import AuditFsync, AuditSettings
-from tests.broker.audit.audit_helpers import CANARY, read_events, request_fields
+from tests.broker.audit.audit_helpers import CANARY, plain, read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +37,7 @@ async def test_concurrent_emits_are_strictly_ordered(audit: AuditLog, log_path: 
 
 async def test_concurrent_emits_with_fsync_always(log_path: Path) -> None:
     # ALWAYS runs each emit in a worker thread: ordering must hold across threads too.
-    async with await AuditLog.open(AuditSettings(path=log_path, fsync=AuditFsync.ALWAYS)) as log:
+    async with await AuditLog.open(plain(log_path, fsync=AuditFsync.ALWAYS)) as log:
         async with anyio.create_task_group() as tg:
             for i in range(100):
                 tg.start_soon(partial(log.emit, "mcp.request", **request_fields(i)))
@@ -114,12 +115,25 @@ async def test_close_fsyncs_pending_lines_and_refuses_later_emits(log_path: Path
     assert not any(t.name == "audit-fsync" for t in threading.enumerate())
 
 
+def failing(path: Path, keys: Path, signed: bool, fsync: AuditFsync = AuditSettings.fsync) -> AuditSettings:
+    """The log of a failure test: plain, or signed with checkpoints (every 5 lines) and a
+    witness as the broker's own is by default, its key and witness off the failing disk."""
+    if not signed:
+        return plain(path, fsync=fsync)
+    return AuditSettings(
+        path=path, key_file=keys / "audit-signing.key", witness_file=keys / "witness.jsonl",
+        fsync=fsync, checkpoint_every=5,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["plain", "signed"])
 @pytest.mark.parametrize("mode", list(AuditFsync))
-async def test_fail_closed_on_dev_full(mode: AuditFsync) -> None:
+async def test_fail_closed_on_dev_full(mode: AuditFsync, signed: bool, tmp_path: Path) -> None:
     # /dev/full accepts open() and fails every write with ENOSPC, like a full disk.
-    log = await AuditLog.open(AuditSettings(path=Path("/dev/full"), fsync=mode))
+    log = await AuditLog.open(failing(Path("/dev/full"), tmp_path, signed, mode))
     try:
-        assert log.healthy
+        # Signed, the first checkpoint cannot be written: it refuses from the start.
+        assert log.healthy is not signed
         for _ in range(2):  # the second emit tries to recover by reopening, and fails again
             with pytest.raises(AuditSinkError) as err:
                 await log.emit("mcp.request", subject=CANARY, **{"query": CANARY})
@@ -128,7 +142,7 @@ async def test_fail_closed_on_dev_full(mode: AuditFsync) -> None:
             assert not log.healthy
             with pytest.raises(AuditSinkError):
                 log.check()
-        assert log.stats.write_failures == 2 and log.stats.written == 0
+        assert log.stats.write_failures == 2 + signed and log.stats.written == 0
     finally:
         await log.close()
 
@@ -145,11 +159,14 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
-async def test_fail_closed_when_the_disk_fills_mid_run_then_recover(tiny_fs: Path) -> None:
+@pytest.mark.parametrize("signed", [False, True], ids=["plain", "signed"])
+async def test_fail_closed_when_the_disk_fills_mid_run_then_recover(
+    tiny_fs: Path, tmp_path: Path, signed: bool
+) -> None:
     path = tiny_fs / "audit.jsonl"
     ballast = tiny_fs / "ballast"
     ballast.write_bytes(b"\0" * 8192)  # space we can give back later
-    log = await AuditLog.open(AuditSettings(path=path))
+    log = await AuditLog.open(failing(path, tmp_path, signed))
     try:
         written = 0
         with pytest.raises(AuditSinkError) as err:
@@ -163,8 +180,11 @@ async def test_fail_closed_when_the_disk_fills_mid_run_then_recover(tiny_fs: Pat
             log.check()
         # Whatever part of the failed line reached the disk, the acknowledged lines are intact.
         report = verify_file(path)
-        assert report.ok or report.first_bad_line == written + 1
-        assert [e["seq"] for e in read_events_complete(path)] == list(range(1, written + 1))
+        kept = read_events_complete(path)
+        assert report.ok or report.first_bad_line == len(kept) + 1
+        assert [e["seq"] for e in kept] == list(range(1, len(kept) + 1))
+        assert requests(kept) == [f"req-{i:06d}" for i in range(written)]
+        assert any(e["event"] == "audit.checkpoint" for e in kept) is signed
 
         with pytest.raises(AuditSinkError):  # still full: recovery fails, still closed
             await log.emit("mcp.request", **request_fields(-1))
@@ -177,7 +197,19 @@ async def test_fail_closed_when_the_disk_fills_mid_run_then_recover(tiny_fs: Pat
         await log.close()
     report = verify_file(path)
     assert report.ok, report.problem
-    assert [e["seq"] for e in read_events(path)] == list(range(1, written + 2))
+    events = read_events(path)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert requests(events) == [f"req-{i:06d}" for i in range(written + 1)]
+    # Signed, the outage is on the record: one gap line after the recovery, and it is witnessed.
+    assert [e["event"] for e in events].count("audit.gap") == signed
+    if signed:
+        assert events[-1]["event"] == "audit.checkpoint"  # the close signs the last lines too
+        witnessed = [json.loads(line) for line in (tmp_path / "witness.jsonl").read_bytes().splitlines()]
+        assert sum("gap" in record for record in witnessed) == 1  # the gap record, copied
+
+
+def requests(events: list[dict[str, Any]]) -> list[str]:
+    return [str(e["request_id"]) for e in events if e["event"] == "mcp.request"]
 
 
 def read_events_complete(path: Path) -> list[dict[str, object]]:
@@ -201,11 +233,21 @@ async def test_capture_audit_helper_shows_events_and_can_fail() -> None:
         assert CANARY.encode() not in sink.data
 
 
+class SyncCountingMemorySink(MemorySink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs = 0
+
+    def sync(self) -> None:
+        self.syncs += 1
+        super().sync()
+
+
 async def test_memory_sink_works_with_the_interval_thread() -> None:
-    sink = MemorySink()
+    sink = SyncCountingMemorySink()
     async with await AuditLog.with_sink(sink, fsync_interval_seconds=0.01) as log:
         await log.emit("sandbox.started", tenant="acme", sandbox="ctr-1", sandbox_mode="rootless")
-        await anyio.sleep(0.05)
+        await _wait_for(lambda: sink.syncs >= 1)  # the interval thread has synced what it wrote
     assert sink.events[0]["sandbox_mode"] == "rootless"
 
 

@@ -27,7 +27,7 @@ from test_audit_query import T0, Clock, Follower, evidence_line, run_cli
 from broker.audit import AuditEvent, AuditLog
 from broker.settings import AuditSettings
 from broker.testing import Broker, structured
-from tests.broker.audit.audit_helpers import CANARY, read_events, request_fields
+from tests.broker.audit.audit_helpers import CANARY, plain, read_events, request_fields
 from tests.broker.support import decide, open_http, open_mcp
 
 pytestmark = pytest.mark.anyio
@@ -145,7 +145,7 @@ EVERY_EVENT: list[tuple[str, dict[str, Any]]] = [
 @pytest.fixture
 async def every_event(log_path: Path) -> list[dict[str, Any]]:
     clock = Clock(T0)
-    async with await AuditLog.open(AuditSettings(path=log_path), clock=clock) as log:
+    async with await AuditLog.open(plain(log_path), clock=clock) as log:
         for i, (event, fields) in enumerate(EVERY_EVENT):
             clock.now = T0 + i * 1_000_000_123
             await log.emit(event, **fields)
@@ -378,7 +378,12 @@ async def test_the_writers_checkpoints_and_rotation_export_cleanly(tmp_path: Pat
     """The log's own signed lines, as the writer makes them, neither break the export nor leak."""
     path = tmp_path / "audit.jsonl"
     settings = AuditSettings(
-        path=path, key_file=tmp_path / "audit.key", checkpoint_every=25, replica="r1", rotate_bytes=1 << 20
+        path=path,
+        key_file=tmp_path / "audit.key",
+        witness_file=None,
+        checkpoint_every=25,
+        replica="r1",
+        rotate_bytes=1 << 20,
     )
     async with await AuditLog.open(settings) as log:
         for i in range(3000):

@@ -22,7 +22,7 @@ import pytest
 from broker.audit import AuditLog
 from broker.audit.processors import rfc3339_ms
 from broker.settings import AuditSettings
-from tests.broker.audit.audit_helpers import read_events, request_fields
+from tests.broker.audit.audit_helpers import plain, read_events, request_fields
 
 pytestmark = pytest.mark.anyio
 
@@ -57,7 +57,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 async def write_log(path: Path, n: int, *, start: int = T0, step: int = HOUR // 4) -> None:
     """n varied events, one every `step` ns from `start`, through the real writer."""
     clock = Clock(start)
-    async with await AuditLog.open(AuditSettings(path=path), clock=clock) as log:
+    async with await AuditLog.open(plain(path), clock=clock) as log:
         for i in range(n):
             clock.now = start + i * step
             outcome, reason = OUTCOMES[i % len(OUTCOMES)]
@@ -151,7 +151,7 @@ async def test_json_output_is_the_log_lines_byte_for_byte(log_path: Path, log: l
 async def test_a_subject_spelling_another_field_does_not_match_that_field(log_path: Path) -> None:
     """The byte prefilter must not be fooled: subject 'mallory","tenant":"acme' on a globex line."""
     clock = Clock(T0)
-    async with await AuditLog.open(AuditSettings(path=log_path), clock=clock) as audit:
+    async with await AuditLog.open(plain(log_path), clock=clock) as audit:
         await audit.emit("mcp.request", **request_fields(1) | {"tenant": "globex", "subject": SUBJECTS[2]})
         await audit.emit("mcp.request", **request_fields(2) | {"tenant": "acme", "subject": "bob"})
     assert SUBJECTS[2] in read_events(log_path)[0]["subject"]
@@ -376,24 +376,42 @@ async def test_follow_sees_new_events_and_survives_rotation(log_path: Path) -> N
         first = follower.lines(2)
         assert [e["seq"] for e in first] == [1, 4]
         clock = Clock(T0 + 10 * HOUR)
-        async with await AuditLog.open(AuditSettings(path=log_path), clock=clock) as audit:
+        async with await AuditLog.open(plain(log_path), clock=clock) as audit:
             await audit.emit("mcp.request", **request_fields(5) | {"tenant": "acme"})
             await audit.emit("mcp.request", **request_fields(6) | {"tenant": "globex"})
             assert [e["request_id"] for e in follower.lines(1)] == ["req-000005"]
         # rotation: the file is renamed and a new one appears under the same name
         log_path.rename(log_path.with_name("audit.jsonl.1"))
-        async with await AuditLog.open(AuditSettings(path=log_path), clock=clock) as audit:
+        async with await AuditLog.open(plain(log_path), clock=clock) as audit:
             await audit.emit("mcp.request", **request_fields(7) | {"tenant": "acme"})
             assert [e["request_id"] for e in follower.lines(1)] == ["req-000007"]
         # truncation in place (copytruncate): read again from the start
+        assert (offset_of(follower.proc.pid, log_path) or 0) > 0
         log_path.write_bytes(b"")
-        time.sleep(0.5)
-        async with await AuditLog.open(AuditSettings(path=log_path), clock=clock) as audit:
+        # It has seen the truncation (back at the start) before the next line makes the file grow.
+        deadline = time.monotonic() + 20
+        while offset_of(follower.proc.pid, log_path) != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert offset_of(follower.proc.pid, log_path) == 0
+        async with await AuditLog.open(plain(log_path), clock=clock) as audit:
             await audit.emit("mcp.request", **request_fields(8) | {"tenant": "acme"})
             assert [e["request_id"] for e in follower.lines(1)] == ["req-000008"]
     finally:
         done = follower.stop()
     assert done.returncode == 0 and b"Traceback" not in done.stderr
+
+
+def offset_of(pid: int, path: Path) -> int | None:
+    """Where process `pid` stands in its open `path` (the fd's offset, as /proc shows it)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != str(path):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                return next(int(line.split()[1]) for line in info if line.startswith("pos:"))
+        except (OSError, StopIteration):
+            continue
+    return None
 
 
 def peak_rss_kib(*args: str) -> int:
@@ -431,7 +449,12 @@ async def test_the_writers_own_rotation_and_checkpoints(tmp_path: Path) -> None:
     across the live file and its rotated ones given in the shell's glob order."""
     path = tmp_path / "audit.jsonl"
     settings = AuditSettings(
-        path=path, key_file=tmp_path / "audit.key", checkpoint_every=50, replica="r1", rotate_bytes=1 << 20
+        path=path,
+        key_file=tmp_path / "audit.key",
+        witness_file=None,
+        checkpoint_every=50,
+        replica="r1",
+        rotate_bytes=1 << 20,
     )
     async with await AuditLog.open(settings) as audit:
         for i in range(N_ROTATED):

@@ -4,6 +4,7 @@ and DOCBROKER_REPLICA_ID."""
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,19 @@ def test_defaults_write_every_line_and_fsync_on_an_interval() -> None:
     assert audit.path == Path("/var/lib/docbroker/audit.jsonl")
     assert audit.fsync is AuditFsync.INTERVAL
     assert audit.fsync_interval_seconds == 0.2
+
+
+def test_the_environments_defaults_are_the_settings_objects_own() -> None:
+    """One set of defaults: a log built in code (a test's) behaves as the broker's own, and the
+    broker's is signed, with checkpoints, unless someone says otherwise."""
+    audit = Settings.from_env(BASE).audit
+    assert audit == AuditSettings(path=audit.path, key_file=audit.key_file, witness_file=audit.witness_file)
+    assert audit.key_file is not None and audit.witness_file is not None
+    # No default of its own for what differs per broker: the files, in the data dir.
+    required = [
+        f.name for f in fields(AuditSettings) if f.default is MISSING and f.default_factory is MISSING
+    ]
+    assert required == ["path", "key_file", "witness_file"]
 
 
 def test_environment_overrides() -> None:
@@ -88,6 +102,6 @@ def test_invalid_values_name_the_variable(name: str, value: str) -> None:
 
 def test_settings_object_validates_when_built() -> None:
     with pytest.raises(SettingsError):
-        AuditSettings(Path("a"), fsync_interval_seconds=0)
+        AuditSettings(Path("a"), None, None, fsync_interval_seconds=0)
     with pytest.raises(SettingsError):
-        AuditSettings(Path("a"), fsync="always")  # type: ignore[arg-type]
+        AuditSettings(Path("a"), None, None, fsync="always")  # type: ignore[arg-type]

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.audit import AuditLog, main_verify, verify_file
-from broker.settings import AuditSettings
-from tests.broker.audit.audit_helpers import request_fields
+from tests.broker.audit.audit_helpers import plain, request_fields
 
 pytestmark = pytest.mark.anyio
 
@@ -20,7 +19,7 @@ N = 20
 @pytest.fixture
 async def lines(log_path: Path) -> list[bytes]:
     """A valid 20-line log; returns its lines, each with its newline."""
-    async with await AuditLog.open(AuditSettings(path=log_path)) as log:
+    async with await AuditLog.open(plain(log_path)) as log:
         for i in range(N):
             await log.emit("mcp.request", **request_fields(i))
     return log_path.read_bytes().splitlines(keepends=True)

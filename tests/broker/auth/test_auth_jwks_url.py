@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -316,8 +317,30 @@ def test_jwks_url_must_be_https_except_on_loopback(url: str) -> None:
         RemoteJWKS(url, {"RS256"})
 
 
-@pytest.mark.parametrize(
-    "url", ["https://idp.example.com/jwks", "http://127.0.0.1:1/jwks", "http://[::1]:1/jwks"]
-)
-def test_jwks_url_accepted(url: str) -> None:
-    RemoteJWKS(url, {"RS256"})
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "localhost"])
+async def test_a_loopback_http_jwks_url_is_accepted_and_its_keys_fetched(host: str, forge: Forge) -> None:
+    server = (_Server6 if host == "[::1]" else _Server)((host.strip("[]"), 0), _Handler)
+    server.idp = IdP()
+    server.idp.serve({"keys": [public_jwk(forge.rsa, "rsa-1")]})
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        keys = RemoteJWKS(f"http://{host}:{server.server_address[1]}/jwks", {"RS256"})
+        assert await keys.get_key("rsa-1", "RS256") is not None
+        assert server.idp.requests == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_an_https_jwks_url_is_accepted_where_plain_http_is_not() -> None:
+    with pytest.raises(SettingsError, match="AUTH_JWKS_URL"):
+        RemoteJWKS("http://idp.example.com/jwks", {"RS256"})
+    keys = RemoteJWKS("https://idp.example.com/jwks", {"RS256"})
+    assert isinstance(keys, RemoteJWKS)  # built, not refused: no fetch until a token needs a key

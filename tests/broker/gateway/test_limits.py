@@ -8,7 +8,6 @@ limit never slows another.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -95,6 +94,7 @@ def test_slot_is_freed_when_a_client_drops_a_stream(broker: Broker) -> None:
         session = LegacySession(http)
         listing = {"jsonrpc": "2.0", "id": 6, "method": "tools/list"}
         opened = threading.Event()
+        held: list[int] = []
 
         def open_and_vanish() -> None:
             client = open_http(broker, token)
@@ -103,12 +103,14 @@ def test_slot_is_freed_when_a_client_drops_a_stream(broker: Broker) -> None:
             ) as s:
                 assert s.status_code == 200
                 opened.set()
-                time.sleep(0.3)
+                with open_http(broker, token) as other:  # the stream holds the slot meanwhile
+                    held.append(session.post(listing, other).status_code)
             client.close()  # the TCP connection is cut; nothing else is said
 
         worker = threading.Thread(target=open_and_vanish)
         worker.start()
         assert opened.wait(10)
         worker.join()
+        assert held == [429]
         assert wait_for(lambda: session.post(listing).status_code == 200, timeout=FREED_WITHIN)
         assert rpc_reply(session.post(listing))["result"]["tools"]

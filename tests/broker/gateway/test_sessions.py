@@ -16,6 +16,7 @@ import httpx2
 import pytest
 
 from broker.gateway.sessions import MAX_SESSION_ID_CHARS, SessionSealer
+from broker.master_key import load_master_key, session_key
 from broker.testing import Broker, running_broker
 from broker.testing.replicas import running_replicas
 from broker.types import Principal
@@ -269,14 +270,33 @@ def test_a_session_deleted_through_one_replica_is_ended_on_both(tmp_path: Path) 
 
 
 def test_an_expired_session_id_gets_404(tmp_path: Path) -> None:
-    with running_broker(tmp_path, env={"DOCBROKER_SESSION_TTL": "2"}) as broker:
+    """Time is the test's own: it holds the master key, so it opens and re-seals the broker's
+    id with a clock of its choosing (no wait for a real expiry)."""
+    ttl = 600
+    with running_broker(tmp_path, env={"DOCBROKER_SESSION_TTL": str(ttl)}) as broker:
+        key = session_key(load_master_key(broker.data_dir / "master.key"))  # the default place
+
+        def sealer_at(now: float) -> SessionSealer:
+            return SessionSealer(key, ttl_seconds=ttl, clock=lambda: now)
+
         with open_http(broker, broker.token()) as http:
             session = LegacySession(http)
             assert session.post(PING).status_code == 200
-            time.sleep(2.2)
-            assert session.post(PING).status_code == 404
-            # a fresh initialize gives a working session again
-            assert LegacySession(http).post(PING).status_code == 200
+            now = time.time()
+            # The broker sealed it for DOCBROKER_SESSION_TTL: open just before, nothing just after.
+            inner = sealer_at(now + ttl - 10).open(session.session_id, who("acme"))
+            assert inner is not None
+            assert sealer_at(now + ttl + 10).open(session.session_id, who("acme")) is None
+            # The same live session, sealed as if opened a TTL ago: expired, 404.
+            expired = sealer_at(now - ttl - 1).seal(inner, who("acme"))
+            assert expired is not None
+            r = http.post("/mcp", json=PING, headers={**session.headers(), "mcp-session-id": expired})
+            assert r.status_code == 404
+            # Sealed now, the same id works: only the expiry made the difference.
+            fresh = sealer_at(now).seal(inner, who("acme"))
+            assert fresh is not None
+            r = http.post("/mcp", json=PING, headers={**session.headers(), "mcp-session-id": fresh})
+            assert r.status_code == 200
 
 
 @pytest.mark.parametrize("value", ["0", "31" + "0" * 7])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker.keeper.keeper_support import KEEPER_KEY, Keeper, derived, start_keeper, wait_serving
+from tests.broker.support import wait_for
 
 APPROVED = b"# Q3\nthe approved bytes\n"
 SHA = hashlib.sha256(APPROVED).hexdigest()
@@ -237,7 +238,10 @@ def test_the_keeper_waits_for_its_drop_box_made_by_the_start_hook(tmp_path: Path
     box = tmp_path / "late"
     keeper = start_keeper(tmp_path, env={"KEEPER_DROPBOX": str(box)})
     try:
-        time.sleep(0.3)
+        # It has looked, found no drop-box, and waits (the race with the hook is entered).
+        waiting = "docbroker keeper: waiting for KEEPER_DROPBOX"
+        wait_for(lambda: waiting in keeper.log.read_text() or keeper.proc.poll() is not None, timeout=30)
+        assert waiting in keeper.log.read_text()
         assert keeper.proc.poll() is None  # still waiting, not refused
         box.mkdir()
         box.chmod(0o1733)

@@ -168,10 +168,63 @@ def test_the_keeper_key_is_not_in_a_repr() -> None:
     assert KEEPER_KEY not in repr(reports_at("http://127.0.0.1:1"))
 
 
+class Tap:
+    """A TCP relay in front of the keeper that shows when a request holding `marker` has been
+    passed on whole, and counts the bytes the keeper answered on that connection."""
+
+    def __init__(self, port: int, marker: bytes) -> None:
+        self.port, self.marker = port, marker
+        self.asked = asyncio.Event()
+        self.answered = 0
+        self.server: asyncio.Server | None = None
+
+    @classmethod
+    async def start(cls, port: int, marker: bytes) -> Tap:
+        tap = cls(port, marker)
+        tap.server = await asyncio.start_server(tap._relay, "127.0.0.1", 0)
+        return tap
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        keeper_r, keeper_w = await asyncio.open_connection("127.0.0.1", self.port)
+        marked = [False]
+
+        async def up() -> None:
+            seen = b""
+            while data := await client_r.read(65536):
+                keeper_w.write(data)
+                await keeper_w.drain()
+                seen += data
+                if self.marker in seen and not marked[0]:
+                    marked[0] = True
+                    self.asked.set()
+            keeper_w.close()
+
+        async def down() -> None:
+            while data := await keeper_r.read(65536):
+                if marked[0]:
+                    self.answered += len(data)
+                client_w.write(data)
+                await client_w.drain()
+            client_w.close()
+
+        await asyncio.gather(up(), down(), return_exceptions=True)
+
+
 async def test_two_replicas_saving_for_one_tenant_at_once_both_land(keeper: Keeper) -> None:
     """Each replica has its own KeeperReports; the keeper's turn keeps one's sweep off the
     other's file in flight (without it, b's sweep before its save quarantined a's file)."""
-    a, b = reports_at(keeper.url), reports_at(keeper.url)
+    tap = await Tap.start(keeper.port, b"dropbox_before_save")
+    a, b = reports_at(keeper.url), reports_at(tap.url)
     other = b"# Q4\nalso approved\n"
     a_written, b_entered = asyncio.Event(), asyncio.Event()
 
@@ -179,9 +232,12 @@ async def test_two_replicas_saving_for_one_tenant_at_once_both_land(keeper: Keep
         async with a.saving(Sweeps()):
             keeper.drop("q3.md", APPROVED)
             a_written.set()
-            await asyncio.sleep(0.5)  # b asks for its turn meanwhile
-            assert not b_entered.is_set()
-            return await a.accept("q3.md", SHA)
+            # b's whole request for its turn is at the keeper (the race is entered) ...
+            await asyncio.wait_for(tap.asked.wait(), 10)
+            accepted = await a.accept("q3.md", SHA)
+            # ... and the keeper has not answered it while a's turn lasts.
+            assert not b_entered.is_set() and tap.answered == 0
+            return accepted
 
     async def save_on_b() -> Accepted:
         await a_written.wait()
@@ -190,7 +246,10 @@ async def test_two_replicas_saving_for_one_tenant_at_once_both_land(keeper: Keep
             keeper.drop("q4.md", other)
             return await b.accept("q4.md", hashlib.sha256(other).hexdigest())
 
-    assert await asyncio.gather(save_on_a(), save_on_b()) == [Accepted.OK, Accepted.OK]
+    try:
+        assert list(await asyncio.gather(save_on_a(), save_on_b())) == [Accepted.OK, Accepted.OK]
+    finally:
+        await tap.close()
     assert (keeper.reports / "q3.md").read_bytes() == APPROVED
     assert (keeper.reports / "q4.md").read_bytes() == other
     assert not keeper.quarantine.exists() or os.listdir(keeper.quarantine) == []

@@ -59,6 +59,14 @@ def only_pid(replica: Replica, tenant: str = "acme") -> int:
     return pids[0]
 
 
+def sandboxes_running(replica: Replica) -> int:
+    """The replica's own count of running sandboxes, as its /metrics shows it."""
+    with replica.http() as http:
+        text = http.get("/metrics").text
+    (line,) = [x for x in text.splitlines() if x.startswith("docbroker_sandboxes_running ")]
+    return int(float(line.split()[1]))
+
+
 def test_a_create_race_ends_with_one_sandbox_both_serving(tmp_path: Path) -> None:
     with running_replicas(tmp_path, 3) as replicas:
         seed(replicas[0])
@@ -103,7 +111,9 @@ def test_an_idle_replica_does_not_reap_the_sandbox_another_is_busy_with(tmp_path
             return [e["reason"] for r in replicas for e in events(r, "sandbox.stopped")]
 
         assert wait_for(lambda: stopped() != [], timeout=5)
-        time.sleep(1.0)  # both reapers have had their turn: only one stopped it
+        # Both reapers have had their turn on it: each replica has let it go (one stopped it,
+        # the other found it gone), and only one audited a stop.
+        assert wait_for(lambda: all(sandboxes_running(r) == 0 for r in replicas), timeout=15)
         assert stopped() == ["idle"]
 
 
@@ -140,13 +150,19 @@ def test_a_replica_killed_and_restarted_adopts_and_loses_nothing(tmp_path: Path)
         clients = [threading.Thread(target=load, daemon=True) for _ in range(4)]
         for client in clients:
             client.start()
+
+        def served_by_a() -> int:
+            return len([e for e in a.audit_events() if e["event"] == "mcp.request"])
+
         try:
-            time.sleep(1.0)
+            assert wait_for(lambda: served[0] >= 10 and served_by_a() >= 5, timeout=30)  # under load
             a.kill()  # mid-load: calls in flight on a are retried on b by the load balancer
-            time.sleep(1.0)
+            mark = served[0]
+            assert wait_for(lambda: served[0] >= mark + 10, timeout=30)  # b alone serves meanwhile
             assert server_pids(a, "acme") == [pid]  # the sandbox outlives the replica that started it
             a.start()  # its start-up adopts the sandbox b is using; it removes nothing
-            time.sleep(1.0)
+            mark = served_by_a()
+            assert wait_for(lambda: served_by_a() >= mark + 5, timeout=30)  # and a serves again
         finally:
             stop.set()
             for client in clients:
@@ -299,10 +315,14 @@ def test_a_replica_killed_after_consuming_an_approval_before_sending_the_write_l
     and waits for the tenant's sandbox to start, so no byte of the write has left. b's retry
     takes the dead replica's claim back (audited `approval.released`, `claim_lost`) and writes
     the report with the human's one approval: nothing asked twice, nothing written twice."""
-    held = tmp_path / "hold-sandbox-start"
+    held, waiting = tmp_path / "hold-sandbox-start", tmp_path / "sandbox-start-held"
     held.touch()
     # The tenant's server starts only once the marker is gone: a stalls between the two phases.
-    wrapper = f"while [ -e {shlex.quote(str(held))} ]; do sleep 0.05; done; exec \"$0\" -m server \"$@\""
+    # `waiting` shows the start has begun and is held.
+    wrapper = (
+        f": > {shlex.quote(str(waiting))}; while [ -e {shlex.quote(str(held))} ]; do sleep 0.05; done; "
+        'exec "$0" -m server "$@"'
+    )
     env = {
         "DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join(["/bin/sh", "-c", wrapper, sys.executable]),
         "DOCBROKER_START_TIMEOUT": "60",
@@ -317,10 +337,11 @@ def test_a_replica_killed_after_consuming_an_approval_before_sending_the_write_l
         args = {"filename": name, "content": content}
         approver = b.token(subject="carol", scope="reports:approve")
         approval_id, caller = approved_save_in_flight(a, b, token, approver, args)
-        assert wait_for(
-            lambda: any(e["event"] == "approval.consumed" for e in a.audit_events()), timeout=20
-        )
-        time.sleep(0.3)  # a now waits for the sandbox: the write cannot have been sent
+        assert wait_for(lambda: any(e["event"] == "approval.consumed" for e in a.audit_events()), timeout=20)
+        # a holds the consumed approval and waits for the sandbox, whose start is held: the
+        # write cannot have been sent (the race is entered).
+        assert wait_for(waiting.exists, timeout=20)
+        assert not any(e["event"] == "sandbox.started" for e in a.audit_events())
         a.kill()
         caller.join(10)
         held.unlink()

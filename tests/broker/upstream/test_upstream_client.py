@@ -55,6 +55,12 @@ class Sandbox:
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.AbstractServer | None = None
         self.go_on = asyncio.Event()
+        self.hung_up = asyncio.Event()  # a client closed a connection
+        self.holding = asyncio.Event()  # an answer's `data` is written, its `rest` held back
+
+    def unsent(self) -> int:
+        """Bytes written but not yet taken by the socket: the client has stopped reading."""
+        return sum(w.transport.get_write_buffer_size() for w in self._writers if not w.is_closing())
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
@@ -74,6 +80,7 @@ class Sandbox:
                 writer.write(answer.data)
                 await writer.drain()
                 if answer.rest:
+                    self.holding.set()
                     await self.go_on.wait()
                     writer.write(answer.rest)
                     await writer.drain()
@@ -82,7 +89,7 @@ class Sandbox:
                 if answer.hold:
                     await asyncio.sleep(3600)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            self.hung_up.set()
         finally:
             self.hung_up += 1
             writer.close()
@@ -212,7 +219,10 @@ async def test_a_short_body_is_awaited_whole_and_a_long_one_streams(serve: Serve
 
     # A short answer: one wake-up for head and body, so `send` is still waiting for the body.
     sending = asyncio.create_task(client.send("POST", {}, b"{}"))
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(5):  # the head is written, the rest held back
+        await sandbox.holding.wait()
+    for _ in range(5):  # the loop's next turns deliver what is already in the socket
+        await asyncio.sleep(0)
     assert not sending.done()
     sandbox.go_on.set()
     response = await asyncio.wait_for(sending, 5)
@@ -249,19 +259,26 @@ async def test_bytes_sent_between_calls_close_the_idle_connection(serve: Serve) 
     assert (await fetch(client))[2] == b"first"
     for writer in sandbox._writers:
         writer.write(ok(b"planted").data)
-    await asyncio.sleep(0.1)
+    async with asyncio.timeout(5):  # the client has seen them and hung up
+        await sandbox.hung_up.wait()
     assert (await fetch(client))[2] == b'{"ok":true}'
     assert sandbox.connections == 2
 
 
 async def test_a_large_body_streams_with_bounded_buffering(serve: Serve) -> None:
     big = b"x" * (8 * up.HIGH_WATER)
-    _, client = await serve(lambda n: ok(big))
+    sandbox, client = await serve(lambda n: ok(big))
     response = await client.send("POST", {}, b"{}")
     try:
-        await asyncio.sleep(0.3)  # the sandbox sends all it can; the client must pause reading
         conn = response._conn
-        assert conn is not None and conn._buffered <= up.HIGH_WATER + 256 * 1024
+        assert conn is not None
+        # The race entered: the client has stopped reading while the sandbox still has bytes it
+        # cannot send (a client that never pauses takes all 2 MiB and this wait fails).
+        async with asyncio.timeout(5):
+            while not conn._paused:
+                await asyncio.sleep(0.01)
+        assert sandbox.unsent() > 0
+        assert conn._buffered <= up.HIGH_WATER + 256 * 1024
         received = b"".join([chunk async for chunk in response.aiter_raw()])
     finally:
         await response.aclose()

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
-import statistics
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,6 +198,10 @@ def test_cursors_are_checked_and_never_reach_another_tenant(api_broker: Broker) 
 
 
 def test_listers_of_one_tenant_do_not_hold_up_another_tenants_calls(api_broker: Broker) -> None:
+    """Another tenant's calls succeed while eight clients list the largest pending set in a
+    tight loop, and each listing is one page of metadata. How much the listers slow those calls
+    is a timing, measured by bench/approval_listers.py (with the store on the event loop, ~100
+    ms p50 against ~5 ms)."""
     large = "€" * 8000  # 24,000 bytes: the largest report a client may send
     with writer(api_broker, "acme", subject="mallory") as mcp:
         for n in range(200):
@@ -208,43 +210,42 @@ def test_listers_of_one_tenant_do_not_hold_up_another_tenants_calls(api_broker: 
     source.mkdir(parents=True, exist_ok=True)
     (source / "notes.md").write_text("quarterly numbers\n")
 
-    def search_p50(http: httpx2.Client, rounds: int = 30) -> float:
-        timings = []
+    def searches(http: httpx2.Client, rounds: int) -> None:
         for _ in range(rounds):
-            started = time.perf_counter()
             reply = rpc_reply(call_modern(http, "search_documents", {"query": "quarterly"}))
-            timings.append(time.perf_counter() - started)
             assert reply["result"]["structuredContent"]["status"] == "ok", reply
-        return statistics.median(timings)
 
     stop = threading.Event()
-    listed: list[int] = []
+    listed: list[tuple[int, int]] = []  # (status, bytes) of every listing
+    listing = threading.Semaphore(0)  # released by each lister once its first listing is back
 
     def lister() -> None:
+        first = True
         with approver(api_broker, "acme") as http:
             while not stop.is_set():
                 response = http.get("/v1/approvals", params={"state": "pending"})
-                listed.append(len(response.content))
+                listed.append((response.status_code, len(response.content)))
+                if first:
+                    listing.release()
+                    first = False
 
     with writer(api_broker, "globex") as b:
-        search_p50(b, rounds=5)  # the sandbox is up and warm
-        quiet = search_p50(b)
+        searches(b, rounds=5)  # the sandbox is up and warm
         threads = [threading.Thread(target=lister) for _ in range(8)]
         for t in threads:
             t.start()
         try:
-            time.sleep(0.5)
-            busy = search_p50(b)
+            # The race entered: every lister is listing, and goes on listing through the calls.
+            assert all(listing.acquire(timeout=30) for _ in threads)
+            before = len(listed)
+            searches(b, rounds=30)
+            assert len(listed) > before
         finally:
             stop.set()
             for t in threads:
                 t.join()
-    # Before: the listings ran on the event loop and B's p50 went from a few ms to ~0.5 s. Eight
-    # clients in a tight loop still cost the broker some CPU on a shared 2-core host: the bound
-    # is generous, but far below what a blocked event loop gives.
-    print(f"search p50: quiet {quiet * 1000:.1f} ms, with 8 listers {busy * 1000:.1f} ms")
-    assert busy < max(0.15, 10 * quiet), (quiet, busy)
-    assert listed and max(listed) < 30 * 1024  # one page of metadata
+    assert {status for status, _ in listed} == {200}
+    assert max(size for _, size in listed) < 30 * 1024  # one page of metadata
 
 
 # -- item 6: one pending cap for in-band and out-of-band ------------------------------------------
