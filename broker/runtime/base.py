@@ -11,6 +11,7 @@ Exceptions:
      ├── CapacityError         the sandbox cap is reached (HTTP 503)
      ├── SandboxStartError     a sandbox did not become ready (HTTP 503)
      └── BackendRefused        the engine refuses by policy, e.g. a rootful daemon (HTTP 503)
+          └── SpecRefused      the sandbox's spec fails the security check (HTTP 503, audited)
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ class SandboxStartError(RuntimeErrorBase):
 
 class BackendRefused(RuntimeErrorBase):
     reason = "sandbox_backend_refused"
+
+
+class SpecRefused(BackendRefused):
+    """The sandbox's spec breaks the security profile the broker holds every sandbox to
+    (Kubernetes: Pod Security "restricted", podsecurity.py): nothing was created. Audited as
+    `sandbox.failed` with this reason: a setting or a code change weakened the sandbox."""
+
+    reason = "pod_security"
 
 
 class SandboxBackend(ABC):
@@ -248,6 +257,8 @@ class Runtime:
         except RuntimeErrorBase as exc:
             # The backend's own fixed phrase (never a value): what an operator needs to act.
             log.warning("sandbox start failed: %s", exc, extra={"backend": self.backend.name})
+            if isinstance(exc, SpecRefused):
+                await self._on_event(AuditEvent.SANDBOX_FAILED, tenant, "", {"reason": exc.reason})
             raise
         except Exception as exc:
             await self._on_event(AuditEvent.SANDBOX_FAILED, tenant, "", {"reason": "create_failed"})

@@ -205,3 +205,47 @@ def test_the_reaper_does_not_delete_a_pod_the_broker_is_still_starting(
     assert status == "ok"
     assert [e["tenant"] for e in audit(broker, "sandbox.started")] == [tenant]
     assert audit(broker, "sandbox.failed") == []
+
+
+def test_a_pod_spec_that_fails_pod_security_is_refused_audited_and_never_created(
+    lab: Lab, setup: tuple[str, Path, Path]
+) -> None:
+    """Issue 24: podsecurity.check_pod_spec was documented and never ran. A memory limit of 0
+    passes the settings' quantity check and means no memory cap at all on the tenant's Pod;
+    the broker now checks every Pod it is about to create, refuses this one with a fixed
+    reason, audits `sandbox.failed` (`pod_security`), and creates nothing (no Pod, no Secret)."""
+    tenant, _, base = setup
+    broker = host_broker(lab, base, [tenant])
+    broker.env["DOCBROKER_KUBE_MEMORY_LIMIT"] = "0"
+    start(broker)
+    try:
+
+        async def run() -> str:
+            try:  # the client's handshake already reaches the sandbox
+                async with broker.client(broker.token(tenant, scope="docs:read")) as client:
+                    result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+            except Exception as exc:  # the SDK may wrap it in an ExceptionGroup
+                while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]
+                return f"{type(exc).__name__}: {exc}"
+            return str(result["status"])
+
+        outcome = asyncio.run(run())
+        logs = broker.logs()
+    finally:
+        broker.stop()
+    assert outcome == "MCPError: Tool sandbox unavailable, retry later", outcome
+    failed = audit(broker, "sandbox.failed")
+    # one per attempt (the SDK's handshake tries twice): each refused and audited
+    assert failed and {(e["tenant"], e["reason"], e.get("sandbox")) for e in failed} == {
+        (tenant, "pod_security", None)
+    }
+    # and each request that needed the sandbox ends with the same fixed reason
+    requests = [e for ev in ("mcp.request", "policy.denied") for e in audit(broker, ev) if "request_id" in e]
+    assert requests and {e["reason"] for e in requests} <= {"pod_security", "circuit_open"}
+    assert "pod_security" in {e["reason"] for e in requests}
+    assert audit(broker, "sandbox.started") == []
+    assert tenant_pods(lab, tenant) == []
+    secrets = lab.core.list_namespaced_secret(NS, label_selector=f"{names.TENANT}={tenant}").items
+    assert secrets == []
+    assert "fails the Pod Security check (limits)" in logs and "Traceback" not in logs

@@ -31,10 +31,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker.runtime.base import SandboxBackend, SandboxStartError
+from broker.runtime.base import SandboxBackend, SandboxStartError, SpecRefused
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.client import ClusterUnavailable, api_client, status_of
 from broker.runtime.kubernetes.podspec import tenant_pod, tenant_secret_object
+from broker.runtime.podsecurity import check_pod_spec
 from broker.runtime.shared import Replicas
 from broker.settings import KubernetesSettings
 from broker.threads import in_pool_to_the_end
@@ -173,8 +174,15 @@ class KubernetesBackend(SandboxBackend):
         terminating one of that name is removed first."""
         started = time.monotonic()
         deadline = started + self._start_timeout
-        self._put_secret(tenant)
         body = tenant_pod(self._settings, tenant, instance=self._instance, replica=self.replicas.me)
+        # Pod Security "restricted" and ours, on the very object sent: admission may be missing
+        # or weaker on the cluster (1.20 has none; a namespace may lack its labels). Before the
+        # Secret too: a refused start leaves nothing behind.
+        violations = check_pod_spec(body["spec"], metadata=body["metadata"], tenant=True)
+        if violations:
+            rules = sorted({v.rule for v in violations})
+            raise SpecRefused(f"the tenant's pod spec fails the Pod Security check ({', '.join(rules)})")
+        self._put_secret(tenant)
         while time.monotonic() < deadline:
             adopted = False
             try:
