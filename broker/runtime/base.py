@@ -11,6 +11,7 @@ Exceptions:
      ├── CapacityError         the sandbox cap is reached (HTTP 503)
      ├── SandboxStartError     a sandbox did not become ready (HTTP 503)
      └── BackendRefused        the engine refuses by policy, e.g. a rootful daemon (HTTP 503)
+          └── SpecRefused      the sandbox's spec fails the security check (HTTP 503, audited)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.audit.schema import AuditEvent
-from broker.runtime.shared import Replicas, SharedUse
+from broker.runtime.shared import FolderUse, Replicas, SharedUse
 from broker.types import DaemonMode, Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, SandboxState
 
 log = logging.getLogger("docbroker.runtime")
@@ -48,6 +49,14 @@ class SandboxStartError(RuntimeErrorBase):
 
 class BackendRefused(RuntimeErrorBase):
     reason = "sandbox_backend_refused"
+
+
+class SpecRefused(BackendRefused):
+    """The sandbox's spec breaks the security profile the broker holds every sandbox to
+    (Kubernetes: Pod Security "restricted", podsecurity.py): nothing was created. Audited as
+    `sandbox.failed` with this reason: a setting or a code change weakened the sandbox."""
+
+    reason = "pod_security"
 
 
 class SandboxBackend(ABC):
@@ -83,6 +92,11 @@ class SandboxBackend(ABC):
         many. For operators (`docbroker sandbox replace`): a broker using one notices it is
         gone on its next call and starts and pins a new one."""
         raise BackendRefused(f"the {self.name} runtime cannot replace sandboxes from outside the broker")
+
+    def shared_use(self, every: float) -> SharedUse:
+        """Where replicas record and read a tenant's last use (the reaper's "idle on every
+        replica"): the replicas' folder on one host; engines spanning hosts keep it in the engine."""
+        return FolderUse(self.replicas, every)
 
     def mode(self) -> DaemonMode:
         return DaemonMode.NOT_APPLICABLE
@@ -129,7 +143,7 @@ class Runtime:
         self._locks: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._replicas = backend.replicas
-        self._use = SharedUse(self._replicas, every=min(5.0, idle_timeout / 4))
+        self._use = backend.shared_use(every=min(5.0, idle_timeout / 4))
 
     # -- public surface ---------------------------------------------------------------------
 
@@ -155,6 +169,7 @@ class Runtime:
                 await self.stop(tenant, reason="shutdown")
             for info in await self.backend.discover():  # what crashed peers left
                 await self.backend.delete(info)
+        await self._use.close()
         await self.backend.close()
         self._replicas.leave()
 
@@ -248,6 +263,8 @@ class Runtime:
         except RuntimeErrorBase as exc:
             # The backend's own fixed phrase (never a value): what an operator needs to act.
             log.warning("sandbox start failed: %s", exc, extra={"backend": self.backend.name})
+            if isinstance(exc, SpecRefused):
+                await self._on_event(AuditEvent.SANDBOX_FAILED, tenant, "", {"reason": exc.reason})
             raise
         except Exception as exc:
             await self._on_event(AuditEvent.SANDBOX_FAILED, tenant, "", {"reason": "create_failed"})
@@ -276,11 +293,17 @@ class Runtime:
         finally:
             await self._on_event(event, tenant, info.backend_id, {"reason": reason})
 
-    def _idle_everywhere(self, tenant: str) -> bool:
-        """Has no replica used the tenant's sandbox for the idle timeout? Each replica's touch
-        may lag its last use by `every` seconds: that is the margin."""
-        idle = self._use.idle_for(tenant)
-        return idle is None or idle >= self._idle_timeout + self._use.every
+    async def _idle_everywhere(self, info: SandboxInfo) -> bool:
+        """Has no replica used the tenant's sandbox for the idle timeout? Asked of the shared
+        record right before a stop. Each replica's record may lag its last use by `every`
+        seconds: that is the margin. When another replica used it since, this replica takes
+        that use as its own, and asks again only once it too is an idle timeout old."""
+        idle = await self._use.idle_for(info.tenant)
+        if idle is None or idle >= self._idle_timeout + self._use.every:
+            return True
+        info.last_used = max(info.last_used, self._clock() - idle)
+        log.info("idle sandbox kept: used on a replica since", extra={"backend": self.backend.name})
+        return False
 
     async def _reap_idle(self, *, force_one: bool = False) -> None:
         for tenant, count in self._inflight.items():
@@ -306,7 +329,7 @@ class Runtime:
             self._locks.setdefault(tenant, asyncio.Lock()),
             self._replicas.creating(tenant, self._start_timeout),
         ):
-            if self._sandboxes.get(tenant) is not info or not self._idle_everywhere(tenant):
+            if self._sandboxes.get(tenant) is not info or not await self._idle_everywhere(info):
                 return
             if not await self.backend.alive(info):
                 del self._sandboxes[tenant]  # a peer stopped it: that is in the peer's audit
@@ -349,7 +372,7 @@ class Runtime:
             and await self.backend.alive(info)
             and await wait_ready(info.endpoint, 0.05 if peer else 2.0)
         ):
-            idle = self._use.idle_for(info.tenant)
+            idle = await self._use.idle_for(info.tenant)
             info.state = SandboxState.RUNNING
             info.last_used = self._clock() - (idle or 0.0)
             self._sandboxes[info.tenant] = info

@@ -14,6 +14,7 @@ account token and no service links.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -196,8 +197,9 @@ def _container(c: Mapping[str, Any], pod_ctx: Mapping[str, Any], where: str, lst
             found.append(Violation("hostPort", where, "host ports are not allowed"))
     if lst != "ephemeralContainers":  # ephemeral containers take no resources
         limits = _map(_map(c.get("resources")).get("limits"))
-        if not limits.get("cpu") or not limits.get("memory"):
-            found.append(Violation("limits", where, "cpu and memory limits must be set"))
+        # A limit of 0 is none: the kubelet then sets no CFS quota and no memory cap.
+        if not _positive_quantity(limits.get("cpu")) or not _positive_quantity(limits.get("memory")):
+            found.append(Violation("limits", where, "cpu and memory limits must be set, above zero"))
     return found
 
 
@@ -242,6 +244,22 @@ def _apparmor_annotations(metadata: Mapping[str, Any]) -> Iterator[Violation]:
             value == "runtime/default" or str(value).startswith("localhost/")
         ):
             yield Violation("appArmor", "pod", "AppArmor must be runtime/default or localhost/*")
+
+
+# A Kubernetes quantity: a decimal number, then an exponent, a decimal SI or a binary suffix.
+_QUANTITY = re.compile(r"\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?")
+
+
+def _positive_quantity(value: Any) -> bool:
+    """A quantity above zero (as a string, or a number in the JSON form)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return value > 0
+    if not isinstance(value, str):
+        return False
+    match = _QUANTITY.fullmatch(value)
+    return match is not None and float(match.group(1)) > 0
 
 
 def _positive_int(value: Any) -> bool:

@@ -14,7 +14,11 @@ Liveness is a lock, not a heartbeat: the kernel drops a process's locks the mome
 to tune. Last use is a file's mtime, touched by each replica at most once every `every`
 seconds (one `utime` on the hot path now and then, never a database). The folder is the
 broker's own (0o700) and is never mounted into a sandbox: a sandbox cannot keep itself alive
-or fake another replica. (A Kubernetes runtime keeps the same two facts in the API instead.)
+or fake another replica.
+
+`SharedUse` is what the lifecycle asks about last use; `FolderUse` is the folder's. Replicas on
+several hosts share no folder: the Kubernetes runtime keeps last use on the tenant's Pod itself
+(`broker/runtime/kubernetes/lastuse.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import fcntl
 import os
 import secrets
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -189,12 +194,32 @@ class Replicas:
             os.close(fd)
 
 
-class SharedUse:
-    """When a tenant's sandbox was last used by any replica on this host."""
+class SharedUse(ABC):
+    """When a tenant's sandbox was last used by any replica: each replica records its uses
+    (`touch`, on the hot path: cheap, at most once every `every` seconds unless forced), and a
+    reaper asks (`idle_for`) right before it stops a sandbox."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every  # how stale this replica's own record may be: the reaper's margin
+
+    @abstractmethod
+    def touch(self, tenant: str, *, force: bool = False) -> None:
+        """The tenant's sandbox is in use here now. Never blocks."""
+
+    @abstractmethod
+    async def idle_for(self, tenant: str) -> float | None:
+        """Seconds since any replica last recorded a use; None if nothing is recorded."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Finish recording what `touch` has queued (before the engine's client closes)."""
+
+
+class FolderUse(SharedUse):
+    """Last use on one host: `<tenant>.use`'s mtime in the replicas' folder."""
 
     def __init__(self, replicas: Replicas, every: float) -> None:
+        super().__init__(every)
         self._replicas = replicas
-        self.every = every  # how stale this replica's own touch may be: the reaper's margin
         self._touched: dict[str, float] = {}
 
     def touch(self, tenant: str, *, force: bool = False) -> None:
@@ -215,7 +240,7 @@ class SharedUse:
         except OSError:
             pass  # the folder is gone or full: the reaper then sees an older use, never a newer
 
-    def idle_for(self, tenant: str) -> float | None:
+    async def idle_for(self, tenant: str) -> float | None:
         """Seconds since any replica last touched the tenant's use; None if none ever did."""
         folder = self._replicas.folder
         if folder is None:

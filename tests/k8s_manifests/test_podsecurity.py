@@ -166,6 +166,16 @@ TAMPERED: list[tuple[str, Tamper, str]] = [
     ("writable root fs", lambda p: ctx(p).update(readOnlyRootFilesystem=False), "readOnlyRootFilesystem"),
     ("no memory limit", lambda p: server(p)["resources"]["limits"].pop("memory"), "limits"),
     ("no limits", lambda p: server(p).pop("resources"), "limits"),
+    # A limit of 0 is no limit (no CFS quota, no memory cap): DOCBROKER_KUBE_MEMORY_LIMIT=0 made one.
+    ("memory limit 0", lambda p: server(p)["resources"]["limits"].update(memory="0"), "limits"),
+    ("memory limit 0Mi", lambda p: server(p)["resources"]["limits"].update(memory="0Mi"), "limits"),
+    ("cpu limit 0m", lambda p: server(p)["resources"]["limits"].update(cpu="0m"), "limits"),
+    ("cpu limit 0.0 as a number", lambda p: server(p)["resources"]["limits"].update(cpu=0.0), "limits"),
+    (
+        "memory limit not a quantity",
+        lambda p: server(p)["resources"]["limits"].update(memory="lots"),
+        "limits",
+    ),
     (
         "service account token",
         lambda p: spec(p).pop("automountServiceAccountToken"),
@@ -217,6 +227,13 @@ def test_the_keeper_container_is_checked_too() -> None:
 def test_net_bind_service_may_be_added() -> None:
     pod = tenant_pod()
     ctx(pod)["capabilities"]["add"] = ["NET_BIND_SERVICE"]
+    assert rules(pod) == set()
+
+
+@pytest.mark.parametrize(("cpu", "memory"), [("1.5", "1Gi"), ("500m", "96Mi"), (2, "1e9"), (".5", "128M")])
+def test_every_positive_quantity_is_a_limit(cpu: Any, memory: str) -> None:
+    pod = tenant_pod()
+    server(pod)["resources"]["limits"] = {"cpu": cpu, "memory": memory}
     assert rules(pod) == set()
 
 

@@ -64,7 +64,7 @@ def test_rbac_is_exactly_the_runtime_verbs_in_the_tenants_namespace(
         (tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in broker_roles[0]["rules"]
     }
     assert rules == {
-        (("",), ("pods",)): sorted(["create", "get", "list", "watch", "delete"]),
+        (("",), ("pods",)): sorted(["create", "get", "list", "watch", "patch", "delete"]),
         (("",), ("secrets",)): sorted(["create", "patch", "delete"]),
     }
     for role in roles:

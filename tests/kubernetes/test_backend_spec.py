@@ -348,3 +348,27 @@ def test_a_tenant_pod_reserves_little_cpu_so_twenty_idle_ones_fit_two_cores() ->
     running = sum(milli(c["resources"]["requests"]["cpu"]) for c in spec["containers"])
     init = max((milli(c["resources"]["requests"]["cpu"]) for c in spec.get("initContainers", [])), default=0)
     assert 20 * max(running, init) <= 2000 * 0.75  # a quarter of the node left for the system
+
+
+def test_the_last_use_stamp_reads_back_and_junk_is_not_a_use() -> None:
+    """The Pod's `docbroker.io/last-used`: what a replica writes reads back to the millisecond;
+    anything else (hand-edited, a naive time, not a string) is no use, and the Pod's creation
+    counts instead."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from broker.runtime.kubernetes.lastuse import last_use_of, parse_stamp, stamp
+
+    when = 1_796_159_045.123
+    assert stamp(when) == "2026-12-01T21:04:05.123Z"
+    assert parse_stamp(stamp(when)) == pytest.approx(when, abs=0.001)
+    for junk in ("", "yesterday", "2026-12-01T21:04:05", 1796159045, None, "9" * 100):
+        assert parse_stamp(junk) is None
+    created = datetime(2026, 12, 1, 20, 0, tzinfo=UTC)
+
+    def pod(annotations: dict[str, str] | None) -> SimpleNamespace:
+        return SimpleNamespace(metadata=SimpleNamespace(annotations=annotations, creation_timestamp=created))
+
+    assert last_use_of(pod({names.LAST_USED: stamp(when)}), names.LAST_USED) == pytest.approx(when, abs=0.001)
+    assert last_use_of(pod({names.LAST_USED: "junk"}), names.LAST_USED) == created.timestamp()
+    assert last_use_of(pod(None), names.LAST_USED) == created.timestamp()

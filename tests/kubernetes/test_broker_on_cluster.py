@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp.shared.exceptions import MCPError
@@ -205,3 +206,107 @@ def test_the_reaper_does_not_delete_a_pod_the_broker_is_still_starting(
     assert status == "ok"
     assert [e["tenant"] for e in audit(broker, "sandbox.started")] == [tenant]
     assert audit(broker, "sandbox.failed") == []
+
+
+def test_an_idle_replica_does_not_reap_the_pod_another_replica_is_using(
+    lab: Lab, setup: tuple[str, Path, Path]
+) -> None:
+    """Issue 24: each replica reaped by its own last use, so replica a, which served the tenant
+    once, deleted the Pod replica b was using (a save in flight then ended result_unknown).
+    Last use is now the Pod's annotation, patched by the replica serving the calls: a's reaper
+    looks, sees b's use and keeps the Pod (its log says so), b's calls all answer from the one
+    Pod, and once neither calls, the Pod is reaped as idle."""
+    tenant, _, base = setup
+    idle = 6.0  # a reaper pass every 1.5 s, last use patched at most every 1.5 s
+    a = host_broker(lab, base / "a", [tenant], replica="a")
+    a.env["DOCBROKER_IDLE_TIMEOUT"] = str(idle)
+    start(a)
+    b = host_broker(lab, base / "b", [tenant], replica="b", master=a.data_dir / "master.key")
+    b.env["DOCBROKER_IDLE_TIMEOUT"] = str(idle)
+    start(b)
+    kept_line = "idle sandbox kept: used on a replica since"
+    try:
+
+        async def search(client: Any) -> str:
+            result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+            return str(result["status"])
+
+        async def run() -> tuple[str, list[str], list[str]]:
+            async with a.client(a.token(tenant, scope="docs:read")) as client_a:
+                assert await search(client_a) == "ok"  # a starts the Pod, then goes quiet
+            [uid] = tenant_pods(lab, tenant)
+            statuses: list[str] = []
+            uids: list[str] = []
+            deadline = time.monotonic() + 6 * idle
+            async with b.client(b.token(tenant, scope="docs:read")) as client_b:
+                # b calls until a's reaper has looked at the Pod twice (and kept it), or a
+                # stopped it: the old code's outcome, one idle timeout after a's call.
+                while a.logs().count(kept_line) < 2 and not audit(a, "sandbox.stopped"):
+                    assert time.monotonic() < deadline, "a's reaper never looked at the tenant's Pod"
+                    statuses.append(await search(client_b))
+                    uids += tenant_pods(lab, tenant)
+                    await asyncio.sleep(0.5)
+            return uid, statuses, uids
+
+        uid, statuses, uids = asyncio.run(run())
+        a_stopped = audit(a, "sandbox.stopped")
+        # Now neither calls: the Pod goes, as idle (by whichever replica looks first).
+        gone_by = time.monotonic() + 6 * idle
+        while tenant_pods(lab, tenant):
+            assert time.monotonic() < gone_by, "the Pod nobody uses was never reaped"
+            time.sleep(0.5)
+        logs_a = a.logs()
+    finally:
+        a.stop()
+        b.stop()
+    assert a_stopped == [], "replica a reaped the Pod replica b was using"
+    assert logs_a.count(kept_line) >= 2
+    assert statuses and all(s == "ok" for s in statuses), statuses
+    assert set(uids) == {uid}  # one Pod throughout: never deleted under b
+    stopped = [e for br in (a, b) for e in audit(br, "sandbox.stopped")]
+    assert stopped and {e["reason"] for e in stopped} == {"idle"}
+    assert audit(a, "sandbox.failed") == [] and audit(b, "sandbox.failed") == []
+
+
+def test_a_pod_spec_that_fails_pod_security_is_refused_audited_and_never_created(
+    lab: Lab, setup: tuple[str, Path, Path]
+) -> None:
+    """Issue 24: podsecurity.check_pod_spec was documented and never ran. A memory limit of 0
+    passes the settings' quantity check and means no memory cap at all on the tenant's Pod;
+    the broker now checks every Pod it is about to create, refuses this one with a fixed
+    reason, audits `sandbox.failed` (`pod_security`), and creates nothing (no Pod, no Secret)."""
+    tenant, _, base = setup
+    broker = host_broker(lab, base, [tenant])
+    broker.env["DOCBROKER_KUBE_MEMORY_LIMIT"] = "0"
+    start(broker)
+    try:
+
+        async def run() -> str:
+            try:  # the client's handshake already reaches the sandbox
+                async with broker.client(broker.token(tenant, scope="docs:read")) as client:
+                    result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+            except Exception as exc:  # the SDK may wrap it in an ExceptionGroup
+                while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]
+                return f"{type(exc).__name__}: {exc}"
+            return str(result["status"])
+
+        outcome = asyncio.run(run())
+        logs = broker.logs()
+    finally:
+        broker.stop()
+    assert outcome == "MCPError: Tool sandbox unavailable, retry later", outcome
+    failed = audit(broker, "sandbox.failed")
+    # one per attempt (the SDK's handshake tries twice): each refused and audited
+    assert failed and {(e["tenant"], e["reason"], e.get("sandbox")) for e in failed} == {
+        (tenant, "pod_security", None)
+    }
+    # and each request that needed the sandbox ends with the same fixed reason
+    requests = [e for ev in ("mcp.request", "policy.denied") for e in audit(broker, ev) if "request_id" in e]
+    assert requests and {e["reason"] for e in requests} <= {"pod_security", "circuit_open"}
+    assert "pod_security" in {e["reason"] for e in requests}
+    assert audit(broker, "sandbox.started") == []
+    assert tenant_pods(lab, tenant) == []
+    secrets = lab.core.list_namespaced_secret(NS, label_selector=f"{names.TENANT}={tenant}").items
+    assert secrets == []
+    assert "fails the Pod Security check (limits)" in logs and "Traceback" not in logs

@@ -31,11 +31,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker.runtime.base import SandboxBackend, SandboxStartError
+from broker.runtime.base import SandboxBackend, SandboxStartError, SpecRefused
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.client import ClusterUnavailable, api_client, status_of
+from broker.runtime.kubernetes.lastuse import PodAnnotationUse, stamp
 from broker.runtime.kubernetes.podspec import tenant_pod, tenant_secret_object
-from broker.runtime.shared import Replicas
+from broker.runtime.podsecurity import check_pod_spec
+from broker.runtime.shared import Replicas, SharedUse
 from broker.settings import KubernetesSettings
 from broker.threads import in_pool_to_the_end
 from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
@@ -52,8 +54,9 @@ class KubeReplicas(Replicas):
     """Replicas on a cluster: the broker's RBAC sees no broker Pods, so no replica can tell
     whether another is alive. Each takes every other one for alive: start-up and shutdown
     never remove a Pod another replica may be using, and a Pod is removed by the idle reaper
-    of a replica that holds it, or when it fails. (The Docker runtime's lock files have no
-    shared folder here.)"""
+    of a replica that holds it, once no replica has used it for the idle timeout (the Pod's
+    last-use annotation, `lastuse.py`), or when it fails. (The Docker runtime's lock files
+    have no shared folder here.)"""
 
     def __init__(self, replica_id: str) -> None:
         super().__init__(None, replica_id)
@@ -141,6 +144,14 @@ class KubernetesBackend(SandboxBackend):
             await self._call(self._delete, pod.metadata.name, pod.metadata.uid)
         return len(pods)
 
+    def shared_use(self, every: float) -> SharedUse:
+        return PodAnnotationUse(
+            every,
+            patch=lambda tenant, when: self._call(self._patch_last_used, tenant, when),
+            read=lambda tenant: self._call(self._read, names.object_name(tenant)),
+            annotation=names.LAST_USED,
+        )
+
     def describe(self) -> dict[str, Any]:
         s = self._settings
         return {
@@ -173,10 +184,19 @@ class KubernetesBackend(SandboxBackend):
         terminating one of that name is removed first."""
         started = time.monotonic()
         deadline = started + self._start_timeout
-        self._put_secret(tenant)
         body = tenant_pod(self._settings, tenant, instance=self._instance, replica=self.replicas.me)
+        # Pod Security "restricted" and ours, on the very object sent: admission may be missing
+        # or weaker on the cluster (1.20 has none; a namespace may lack its labels). Before the
+        # Secret too: a refused start leaves nothing behind.
+        violations = check_pod_spec(body["spec"], metadata=body["metadata"], tenant=True)
+        if violations:
+            rules = sorted({v.rule for v in violations})
+            raise SpecRefused(f"the tenant's pod spec fails the Pod Security check ({', '.join(rules)})")
+        self._put_secret(tenant)
         while time.monotonic() < deadline:
             adopted = False
+            # The start is a use (the other replicas' reapers read it): stamped at each attempt.
+            body["metadata"]["annotations"] = {names.LAST_USED: stamp(time.time())}
             try:
                 pod = self._core.create_namespaced_pod(
                     self._settings.namespace, body, _request_timeout=API_TIMEOUT
@@ -331,6 +351,24 @@ class KubernetesBackend(SandboxBackend):
             ).drain_conn()
         except Exception as exc:
             if status_of(exc) in (404, 409):
+                return
+            raise
+
+    def _patch_last_used(self, tenant: str, when: float) -> None:
+        """Record a use of the tenant's Pod: a merge patch of its one annotation, the answer
+        drained unparsed. No Pod (not created yet, or reaped): 404, nothing to record."""
+        patch = {"metadata": {"annotations": {names.LAST_USED: stamp(when)}}}
+        try:
+            self._core.patch_namespaced_pod(
+                names.object_name(tenant),
+                self._settings.namespace,
+                patch,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=API_TIMEOUT,
+            ).drain_conn()
+        except Exception as exc:
+            if status_of(exc) == 404:
                 return
             raise
 

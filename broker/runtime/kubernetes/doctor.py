@@ -25,14 +25,15 @@ Check = tuple[str, Callable[[], tuple[str, str]]]
 
 # (verb, resource, subresource) in the tenants namespace
 NEEDED = [
-    *(("pods", verb, "") for verb in ("create", "get", "list", "watch", "delete")),
+    # patch: the last-use annotation (lastuse.py). It could also change a Pod's image, which
+    # create and delete already allow: it grants nothing new.
+    *(("pods", verb, "") for verb in ("create", "get", "list", "watch", "patch", "delete")),
     *(("secrets", verb, "") for verb in ("create", "patch", "delete")),
 ]
 REFUSED = [
     *(("secrets", verb, "") for verb in ("get", "list", "watch")),
     ("pods", "create", "exec"),
     ("pods", "get", "exec"),
-    ("pods", "patch", ""),
     ("pods", "create", "attach"),
     ("pods", "create", "portforward"),
     ("*", "*", ""),
@@ -108,7 +109,7 @@ def _rbac_needed(api: Any, namespace: str) -> tuple[str, str]:
     missing = [_label(*item) for item in NEEDED if not allowed(api, namespace, *item)]
     if missing:
         return FAIL, f"in {namespace} these credentials lack: {', '.join(missing)} (apply k8s/base/rbac.yaml)"
-    return OK, f"pods create/get/list/watch/delete, secrets create/patch/delete in {namespace}"
+    return OK, f"pods create/get/list/watch/patch/delete, secrets create/patch/delete in {namespace}"
 
 
 def _rbac_refused(api: Any, namespace: str) -> tuple[str, str]:

@@ -18,6 +18,8 @@ NAME = "app.kubernetes.io/name"
 TENANT = "docbroker.io/tenant"
 INSTANCE = "docbroker.io/instance"
 REPLICA = "docbroker.io/replica"
+# On the tenant's Pod: when any replica last used it (kubernetes/lastuse.py).
+LAST_USED = "docbroker.io/last-used"
 
 SANDBOX_NAME = "docbroker-sandbox"
 MCP_PORT = 8080
