@@ -13,6 +13,15 @@ Per file, in order, the first thing wrong wins:
 - the witness checkpoints (`--witness`): each must be one this log has, with the same tree head
   at the same size — a log that ends before a checkpoint the witness holds was cut back.
 
+Every file is opened as a regular file or refused (a planted FIFO or link to `/dev/zero` would
+hang or flood the check) and read a bounded line at a time. A witness is streamed, never held:
+it is read once to check each record (a line that is not JSON breaks it: one byte glued to each
+record would otherwise hide them all, and with them a cut tail), then once per log alongside
+that log's lines — the broker appends a log's checkpoints in tree order, so one cursor per
+witness walks in step with the tree, and a witness whose sizes go back is broken — and once
+more for logs no given file holds. Memory stays flat whatever the witness's length
+(bench/audit_witness_memory.py).
+
 Files are grouped into lineages by the log id in their first line (every file the broker writes
 starts with a checkpoint), and ordered by sequence number, so they can be given in any order.
 Messages are fixed texts with numbers: never a value from a line.
@@ -25,7 +34,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final, NamedTuple
+
+import orjson
 
 from broker.audit.chain import GENESIS
 from broker.audit.checkpoint import CHECKPOINT_LABEL, GAP_LABEL, Keyring, record_hash
@@ -33,9 +44,11 @@ from broker.audit.merkle import Frontier
 from broker.audit.schema import EVIDENCE_FIELDS, INVALID, SystemEvent
 from broker.audit.sink import MAX_LINE_BYTES
 from broker.audit.verify import _blame, _Lines, _links, _parse, _Record
+from broker.files import UnsafeFileError, bounded_lines, open_regular_stream, printable
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 _UNMATCHED = "holds checkpoints of a log that no given file holds (replaced, swapped or deleted)"
+_FEW_LOGS = 64  # a witness holds one log per replica's lineage; more are read again, not held
 
 
 @dataclass
@@ -64,7 +77,7 @@ class FileVerdict:
             where = (
                 f"at line {self.first_bad_line} of {self.lines}" if self.first_bad_line else "after its end"
             )
-            return f"audit log BROKEN {where}: {self.problem} ({self.path})"
+            return f"audit log BROKEN {where}: {self.problem} ({printable(self.path)})"
         parts = [f"audit log OK: {self.lines} lines"]
         if self.first_seq is not None:
             parts.append(f"seq {self.first_seq}-{self.last_seq}")
@@ -78,7 +91,7 @@ class FileVerdict:
         ]
         parts += self.notes
         parts.append(f"head {self.head}")
-        return ", ".join(parts) + f" ({self.path})"
+        return ", ".join(parts) + f" ({printable(self.path)})"
 
 
 @dataclass
@@ -90,8 +103,8 @@ class WitnessVerdict:
 
     def summary(self) -> str:
         if self.ok:
-            return f"witness OK: {self.records} records ({self.path})"
-        return f"witness BROKEN: {self.problem} ({self.path})"
+            return f"witness OK: {self.records} records ({printable(self.path)})"
+        return f"witness BROKEN: {self.problem} ({printable(self.path)})"
 
 
 @dataclass
@@ -116,12 +129,9 @@ class _Lineage:
     count: int = 0  # number of the last checkpoint
     last_hash: str | None = None  # its record_hash (None: unknown, files before it not given)
     continuous: bool = False  # the previous file verified to its end
-
-
-@dataclass(frozen=True)
-class _WitnessCheckpoint:
-    body: dict[str, Any]
-    source: WitnessVerdict
+    # One per witness, walking that witness's checkpoints of `log` in step with `tree`
+    # (None: not started, since the log is not known yet or the tree was anchored afresh).
+    cursors: list[_Cursor] | None = None
 
 
 def verify_logs(
@@ -130,36 +140,47 @@ def verify_logs(
     witnesses: list[Path] | None = None,
     replica: str | None = None,
 ) -> Report:
-    """Verify `paths` (any order) with `keys`. Raises OSError if a witness cannot be read."""
-    witness_verdicts, seen = _read_witnesses(witnesses or [], keys)
-    verdicts = {str(p): FileVerdict(str(p)) for p in paths}
-    groups: dict[str, list[tuple[int, Path]]] = {}
-    for path in paths:
-        try:
-            group, first_seq = _first_line(path)
-        except OSError as exc:
-            verdicts[str(path)].fail(None, f"cannot read: {exc.strerror or 'error'}")
-            continue
-        groups.setdefault(group, []).append((first_seq, path))
-    for group, members in groups.items():
-        lineage = _Lineage()
-        last: FileVerdict | None = None
-        for _, path in sorted(members):
-            last = verdicts[str(path)]
+    """Verify `paths` (any order) with `keys`. Raises UnsafeFileError or OSError if a witness
+    cannot be read."""
+    held: list[_Witness] = []
+    try:
+        for path in witnesses or []:
+            held.append(_check_witness(path, keys))
+        verdicts = {str(p): FileVerdict(str(p)) for p in paths}
+        groups: dict[str, list[tuple[int, Path]]] = {}
+        for path in paths:
             try:
-                with open(path, "rb") as stream:
-                    _verify_file(stream, last, lineage, keys, replica, seen)
-            except OSError as exc:
-                last.fail(None, f"cannot read: {exc.strerror or 'error'}")
-                lineage.continuous = False
-        if last is not None:
-            _check_cut(last, lineage, seen, group)
-    _check_unmatched_witnesses(list(verdicts.values()), seen, witness_verdicts)
-    return Report(files=[verdicts[str(p)] for p in paths], witnesses=witness_verdicts)
+                group, first_seq = _first_line(path)
+            except (OSError, UnsafeFileError) as exc:
+                verdicts[str(path)].fail(None, _cannot_read(exc))
+                continue
+            groups.setdefault(group, []).append((first_seq, path))
+        for members in groups.values():
+            lineage = _Lineage()
+            last: FileVerdict | None = None
+            for _, path in sorted(members):
+                last = verdicts[str(path)]
+                try:
+                    with open_regular_stream(path) as stream:
+                        _verify_file(stream, last, lineage, keys, replica, held)
+                except (OSError, UnsafeFileError) as exc:
+                    last.fail(None, _cannot_read(exc))
+                    lineage.continuous = False
+            if last is not None:
+                _check_cut(last, lineage, held)
+        _check_unmatched_witnesses(list(verdicts.values()), held)
+    finally:
+        for witness in held:
+            witness.stream.close()
+    return Report(files=[verdicts[str(p)] for p in paths], witnesses=[w.verdict for w in held])
+
+
+def _cannot_read(exc: OSError | UnsafeFileError) -> str:
+    return f"cannot read: {exc.reason if isinstance(exc, UnsafeFileError) else exc.strerror or 'error'}"
 
 
 def group_files(paths: list[Path]) -> dict[str, list[Path]]:
-    """The files of each lineage, in order (for `prove`). Raises OSError."""
+    """The files of each lineage, in order (for `prove`). Raises UnsafeFileError or OSError."""
     groups: dict[str, list[tuple[int, Path]]] = {}
     for path in paths:
         group, first_seq = _first_line(path)
@@ -169,7 +190,7 @@ def group_files(paths: list[Path]) -> dict[str, list[Path]]:
 
 def _first_line(path: Path) -> tuple[str, int]:
     """(group, first seq): the log id of a first-line checkpoint, else the file itself."""
-    with open(path, "rb") as stream:
+    with open_regular_stream(path) as stream:
         raw = stream.readline(MAX_LINE_BYTES + 1)
     parsed = _parse(raw) if raw else None
     if isinstance(parsed, _Record):
@@ -185,7 +206,7 @@ def _verify_file(
     lineage: _Lineage,
     keys: Keyring,
     replica: str | None,
-    seen: dict[str, dict[int, _WitnessCheckpoint]],
+    witnesses: list[_Witness],
 ) -> None:
     lines = _Lines(stream)
     before: _Record | None = None
@@ -211,7 +232,7 @@ def _verify_file(
                 break
         if lineage.tree is not None:
             lineage.tree.append_hash(parsed.leaf)
-            problem = _check_witness_at(lineage, seen)
+            problem = _check_witness_at(lineage, witnesses)
             if problem:
                 verdict.fail(n, problem)
                 break
@@ -233,7 +254,7 @@ def _start(record: _Record, lineage: _Lineage, verdict: FileVerdict) -> str | No
         if record.seq == lineage.seq + 1 and record.prev == lineage.head:
             return None
         return "does not continue the previous file: a rotated file is missing before this one"
-    lineage.tree = None
+    lineage.tree, lineage.cursors = None, None  # anchored afresh: the witnesses walk again
     if record.seq == 1 and record.prev == GENESIS:
         lineage.tree, lineage.count, lineage.last_hash = Frontier(), 0, GENESIS
         return None
@@ -313,90 +334,208 @@ def _check_record(
     return None
 
 
-def _check_witness_at(lineage: _Lineage, seen: dict[str, dict[int, _WitnessCheckpoint]]) -> str | None:
+def _check_witness_at(lineage: _Lineage, witnesses: list[_Witness]) -> str | None:
+    """The log's tree has just grown by one line: compare it with every witness checkpoint at
+    this size (witness records of sizes the tree passed before it was anchored go unchecked)."""
     assert lineage.tree is not None
-    if lineage.log is None:
+    if lineage.log is None or not witnesses:
         return None
-    held = seen.get(lineage.log, {}).get(lineage.tree.size)
-    if held is not None and held.body["root"] != lineage.tree.root().hex():
-        return "witness checkpoint disagrees with the log here: lines before it were rewritten"
+    if lineage.cursors is None:
+        lineage.cursors = [_Cursor(w, lineage.log) for w in witnesses]
+    tree, root = lineage.tree, None
+    for cursor in lineage.cursors:
+        for held in cursor.upto(tree.size):
+            if held.size == tree.size:
+                root = root or tree.root().hex()
+                if held.root != root:
+                    return "witness checkpoint disagrees with the log here: lines before it were rewritten"
     return None
 
 
-def _check_cut(
-    last: FileVerdict, lineage: _Lineage, seen: dict[str, dict[int, _WitnessCheckpoint]], group: str
-) -> None:
-    if lineage.log is None or not last.ok or lineage.tree is None:
+def _check_cut(last: FileVerdict, lineage: _Lineage, witnesses: list[_Witness]) -> None:
+    if lineage.log is None or not last.ok or lineage.tree is None or not witnesses:
         return
-    held = seen.get(lineage.log, {})
-    if held and max(held) > lineage.tree.size:
-        size = max(held)
+    size = lineage.tree.size
+    cursors = lineage.cursors or [_Cursor(w, lineage.log) for w in witnesses]
+    beyond = max((held.size for c in cursors for held in c.upto(None)), default=0)
+    if beyond > size:
         last.fail(
-            None,
-            f"log cut back: the witness holds a checkpoint over {size} lines, "
-            f"the log has {lineage.tree.size}",
+            None, f"log cut back: the witness holds a checkpoint over {beyond} lines, the log has {size}"
         )
 
 
-def _check_unmatched_witnesses(
-    files: list[FileVerdict], seen: dict[str, dict[int, _WitnessCheckpoint]], witnesses: list[WitnessVerdict]
-) -> None:
+def _check_unmatched_witnesses(files: list[FileVerdict], witnesses: list[_Witness]) -> None:
     """A witness's log that no given file holds: replaced, swapped or deleted (give a replica's
     witness with that replica's files)."""
     logs = {f.log for f in files if f.log}
-    for log, held in seen.items():
-        if log not in logs:
-            source = next(iter(held.values())).source
-            if source.ok:
-                source.ok, source.problem = False, _UNMATCHED
-
-
-def _read_witnesses(
-    paths: list[Path], keys: Keyring
-) -> tuple[list[WitnessVerdict], dict[str, dict[int, _WitnessCheckpoint]]]:
-    verdicts: list[WitnessVerdict] = []
-    seen: dict[str, dict[int, _WitnessCheckpoint]] = {}
-    for path in paths:
-        verdict = WitnessVerdict(str(path))
-        verdicts.append(verdict)
-        for number, line in enumerate(_witness_records(path), 1):
-            record = _as_witness_record(line)
-            if record is None:
-                continue  # an ordinary audit line: a copy of stdout can serve as the witness
-            problem = _witness_problem(record, keys)
-            if problem:
-                verdict.ok, verdict.problem = False, f"record {number}: {problem}"
+    for witness in (w for w in witnesses if w.verdict.ok):  # its own first problem is the one told
+        if witness.logs is not None:
+            first = [number for log, number in witness.logs.items() if log not in logs]
+            if first:
+                witness.fail(min(first), _UNMATCHED, numbered=False)
+            continue
+        for number, held in witness.checkpoints():
+            if held.log not in logs:
+                witness.fail(number, _UNMATCHED, numbered=False)
                 break
-            verdict.records += 1
-            if "checkpoint" in record:
-                body = record["checkpoint"]
-                known = seen.setdefault(body["log"], {}).get(body["size"])
-                if known is not None and known.body["root"] != body["root"]:
-                    verdict.ok, verdict.problem = False, f"record {number}: two tree heads for one size"
-                    break
-                seen[body["log"]][body["size"]] = _WitnessCheckpoint(body, verdict)
-    return verdicts, seen
 
 
-def _witness_records(path: Path) -> Iterator[Any]:
-    with open(path, "rb") as stream:
-        for raw in iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""):
-            try:
-                yield json.loads(raw)
-            except ValueError:
-                yield None
+class _Held(NamedTuple):
+    log: str
+    size: int
+    root: str
+
+
+_HELD_TYPES: Final = {"log": str, "size": int, "root": str}
+
+
+class _Witness:
+    """One witness file: opened once (what was checked is what is walked), its verdict, and how
+    many of its lines may be used — those before its first bad one."""
+
+    def __init__(self, path: Path) -> None:
+        self.verdict = WitnessVerdict(str(path))
+        self.stream = open_regular_stream(path)
+        self.usable = 0
+        self._broken_at: int | None = None
+        # The logs its checkpoints are of, with the line each first appears on; None once
+        # there are more than _FEW_LOGS (then they are found by reading the witness again).
+        self.logs: dict[str, int] | None = {}
+
+    def saw(self, number: int, record: dict[str, Any]) -> None:
+        body = record.get("checkpoint")
+        if body is None or self.logs is None:
+            return
+        self.logs.setdefault(body["log"], number)
+        if len(self.logs) > _FEW_LOGS:
+            self.logs = None
+
+    def fail(self, number: int, problem: str, *, numbered: bool = True) -> None:
+        """Line `number` breaks the witness; the earliest such line is the one reported."""
+        if self._broken_at is not None and self._broken_at <= number:
+            return
+        self._broken_at, self.usable = number, min(self.usable, number - 1)
+        self.verdict.ok = False
+        self.verdict.problem = f"line {number}: {problem}" if numbered else problem
+
+    def lines(self) -> Iterator[tuple[int, bytes]]:
+        """(line number, line) from the start, each bounded in length."""
+        self.stream.seek(0)
+        yield from enumerate(bounded_lines(self.stream, MAX_LINE_BYTES), 1)
+
+    def checkpoints(self) -> Iterator[tuple[int, _Held]]:
+        """(line number, checkpoint) of the usable lines. Checked by `_check_witness`, so only
+        the types used are checked again: the file may have changed since (a record that no
+        longer fits breaks the witness rather than this verifier)."""
+        for number, raw in self.lines():
+            if number > self.usable:
+                return
+            line, problem = _witness_line(raw)
+            record = _as_witness_record(line)
+            if problem is None and record is None:
+                continue  # an ordinary audit line
+            body = record.get("checkpoint") if isinstance(record, dict) else None
+            if body is None and isinstance(record, dict) and "gap" in record:
+                continue
+            if type(body) is not dict or any(type(body.get(k)) is not t for k, t in _HELD_TYPES.items()):
+                self.fail(number, "record changed while being read")
+                return
+            yield number, _Held(body["log"], body["size"], body["root"])
+
+
+class _Cursor:
+    """One witness's checkpoints of one log, handed out in step with the log's growing tree.
+
+    The broker appends a log's checkpoints in the order of their tree sizes, so records whose
+    sizes go back are a broken witness (edited, or its log cut back and written again), and one
+    pass over the witness serves the whole log in O(1) memory."""
+
+    def __init__(self, witness: _Witness, log: str) -> None:
+        self._witness, self._log = witness, log
+        self._records = witness.checkpoints()
+        self._next: tuple[int, _Held] | None = None
+        self._last: _Held | None = None
+        self._done = False
+
+    def upto(self, size: int | None) -> Iterator[_Held]:
+        """The checkpoints up to tree size `size` (None: all that are left), each once."""
+        while (ahead := self._peek()) is not None and (size is None or ahead.size <= size):
+            self._next = None
+            yield ahead
+
+    def _peek(self) -> _Held | None:
+        while self._next is None and not self._done:
+            found = next(self._records, None)
+            if found is None:
+                self._done = True
+                break
+            number, held = found
+            if held.log != self._log:
+                continue
+            if self._last is not None and held.size < self._last.size:
+                self._witness.fail(number, "a log's checkpoints out of tree order (edited, or log cut back)")
+                self._done = True
+            elif self._last is not None and held.size == self._last.size and held.root != self._last.root:
+                self._witness.fail(number, "two tree heads for one size")
+                self._done = True
+            else:
+                self._next, self._last = (number, held), held
+        return self._next[1] if self._next is not None else None
+
+
+def _check_witness(path: Path, keys: Keyring) -> _Witness:
+    """Open the witness at `path` and check every record: the first bad line breaks it. Raises
+    UnsafeFileError (not a regular file, or cannot be opened) or OSError."""
+    witness = _Witness(path)
+    try:
+        for number, raw in witness.lines():
+            line, problem = _witness_line(raw)
+            if problem is None:
+                record = _as_witness_record(line)
+                if record is None:  # an ordinary audit line: a copy of stdout can serve as the witness
+                    witness.usable = number
+                    continue
+                problem = _witness_problem(record, keys)
+            if problem:
+                witness.fail(number, problem)
+                break
+            witness.usable = number
+            witness.verdict.records += 1
+            witness.saw(number, record)
+    except BaseException:
+        witness.stream.close()
+        raise
+    return witness
+
+
+def _witness_line(raw: bytes) -> tuple[Any, str | None]:
+    """(the parsed line, None), or (None, why it is a broken witness line)."""
+    if len(raw) > MAX_LINE_BYTES:
+        return None, "line too long"
+    if not raw.endswith(b"\n"):
+        return None, "line has no newline (truncated write or tampering)"
+    try:
+        # orjson refuses nesting past 1024 (no recursion error); the record's fields are
+        # checked one by one next. Much faster than the standard parser on a year of records.
+        return orjson.loads(raw), None
+    except orjson.JSONDecodeError:
+        return None, "not a JSON line (or nested too deep)"
+
+
+_WITNESSED: Final[dict[str, str]] = {SystemEvent.CHECKPOINT: "checkpoint", SystemEvent.GAP: "gap"}
 
 
 def _as_witness_record(line: Any) -> Any:
     """The witness record in a line: the witness file's own, or the evidence of a full audit
     line (as `DOCBROKER_AUDIT_STDOUT` ships them); None for an ordinary event."""
     if isinstance(line, dict) and "event" in line:
-        kind = {SystemEvent.CHECKPOINT: "checkpoint", SystemEvent.GAP: "gap"}.get(line["event"])
+        event = line["event"]
+        kind = _WITNESSED.get(event) if type(event) is str else None  # a list is no dict key
         return {kind: line.get(kind), "sig": line.get("sig")} if kind else None
     return line
 
 
-def _witness_problem(record: Any, keys: Keyring) -> str | None:
+def _witness_problem(record: Any, keys: Keyring | None) -> str | None:
     if not isinstance(record, dict) or not (
         {"checkpoint", "sig"} == record.keys() or {"gap", "sig"} == record.keys()
     ):
@@ -432,8 +571,8 @@ def main(
         return EXIT_USAGE
     try:
         report = verify_logs([Path(f) for f in files], keys, [Path(w) for w in witness_files], replica)
-    except OSError as exc:
-        sys.stderr.write(f"docbroker audit verify: cannot read a witness file: {exc.strerror or 'error'}\n")
+    except (OSError, UnsafeFileError) as exc:
+        sys.stderr.write(f"docbroker audit verify: a witness file: {_cannot_read(exc)}\n")
         return EXIT_USAGE
     if as_json:
         document = {
@@ -447,7 +586,7 @@ def main(
         for verdict in report.files:
             line = verdict.summary()
             if not verdict.ok and verdict.problem and verdict.problem.startswith("cannot read"):
-                line = f"audit log: {verdict.problem} ({verdict.path})"
+                line = f"audit log: {verdict.problem} ({printable(verdict.path)})"
             sys.stdout.write(line + "\n")
         for witness in report.witnesses:
             sys.stdout.write(witness.summary() + "\n")

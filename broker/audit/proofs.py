@@ -12,7 +12,8 @@ RFC 6962 proof that the later tree extends the earlier one (nothing was rewritte
 
 Proving streams the lineage twice (find the records, then hash the proof's subtrees) and holds
 O(log n) hashes: it works on logs far larger than memory. Verifying needs only the proof and the
-replica's public key.
+replica's public key; it reads at most `MAX_PROOF_BYTES` (a proof holds one line and O(log n)
+hashes), so a proof that is `/dev/zero` on stdin is refused, not buffered.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from broker.audit.checkpoint import CHECKPOINT_LABEL, Keyring
 from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, EXIT_USAGE, group_files, load_keys
@@ -34,11 +35,16 @@ from broker.audit.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from broker.audit.nesting import MAX_DEPTH, too_deep
 from broker.audit.schema import EVIDENCE_FIELDS, INVALID, SystemEvent
 from broker.audit.sink import MAX_LINE_BYTES
 from broker.audit.verify import _parse, _Record
+from broker.files import UnsafeFileError, bounded_lines, open_regular_stream
+from broker.protocol.codec import loads_strict
 
 FORMAT = 1
+# The line, JSON-escaped inside the proof (at most doubled), and room for the rest.
+MAX_PROOF_BYTES: Final = 2 * MAX_LINE_BYTES + 64 * 1024
 
 
 class ProofError(Exception):
@@ -55,11 +61,12 @@ class _Signed:
         return {"checkpoint": self.body, "sig": self.sig}
 
 
-def _lines(paths: list[Path]) -> Iterator[bytes]:
+def _lines(paths: list[Path]) -> Iterator[tuple[int, bytes]]:
+    """(line number in its file, line) of each file in turn; raises UnsafeFileError for a file
+    that is not a regular one (a FIFO would hang the proof, `/dev/zero` flood it)."""
     for path in paths:
-        with open(path, "rb") as stream:
-            while raw := stream.readline(MAX_LINE_BYTES + 1):
-                yield raw
+        with open_regular_stream(path) as stream:
+            yield from enumerate(bounded_lines(stream, MAX_LINE_BYTES), 1)
 
 
 def _lineage(paths: list[Path]) -> list[Path]:
@@ -74,10 +81,13 @@ def _scan(paths: list[Path], want_seq: int | None) -> tuple[list[_Signed], bytes
     checkpoints: list[_Signed] = []
     found: bytes | None = None
     expected = 1
-    for raw in _lines(paths):
+    for number, raw in _lines(paths):
         record = _parse(raw)
         if isinstance(record, str):
-            raise ProofError("the log does not verify: run `docbroker audit verify` first")
+            raise ProofError(
+                f"the log does not verify at line {number} of its file ({record}): "
+                "run `docbroker audit verify`"
+            )
         if record.seq != expected:
             raise ProofError("the log does not start at seq 1 or skips lines: give every file from the first")
         expected += 1
@@ -91,7 +101,7 @@ def _scan(paths: list[Path], want_seq: int | None) -> tuple[list[_Signed], bytes
 def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
     hasher = RangeHasher(ranges)
     end = max((e for _, e in ranges), default=0)
-    for raw in _lines(paths):
+    for _, raw in _lines(paths):
         if hasher.count >= end:
             break
         hasher.add(leaf_hash(raw[:-1]))
@@ -154,7 +164,7 @@ def verify_proof(proof: Any, keys: Keyring) -> tuple[bool, str]:
         if body is None:
             return False, problem
         line, index = proof.get("line"), proof.get("index")
-        if not isinstance(line, str) or type(index) is not int:
+        if not isinstance(line, str) or not line.isascii() or type(index) is not int:
             return False, "inclusion proof without a line and an index"
         record = _parse(line.encode("ascii", "replace") + b"\n")
         if isinstance(record, str) or record.seq != index + 1:
@@ -221,6 +231,9 @@ def main_prove(
     except ProofError as exc:
         sys.stderr.write(f"docbroker audit prove: {exc}\n")
         return EXIT_BROKEN
+    except UnsafeFileError as exc:
+        sys.stderr.write(f"docbroker audit prove: cannot read a log file: {exc}\n")
+        return EXIT_BROKEN
     except OSError as exc:
         sys.stderr.write(f"docbroker audit prove: cannot read a log file: {exc.strerror or 'error'}\n")
         return EXIT_BROKEN
@@ -233,13 +246,33 @@ def main_verify_proof(proof_file: str, key_specs: list[str]) -> int:
     if keys is None:
         return EXIT_USAGE
     try:
-        text = sys.stdin.read() if proof_file == "-" else Path(proof_file).read_text(encoding="ascii")
-        proof = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError):
-        sys.stderr.write(
-            "docbroker audit verify-proof: cannot read the proof (a JSON file, or - for stdin)\n"
-        )
+        proof = _read_proof(proof_file)
+    except ProofError as exc:
+        sys.stderr.write(f"docbroker audit verify-proof: cannot read the proof: {exc}\n")
         return EXIT_USAGE
     ok, verdict = verify_proof(proof, keys)
     sys.stdout.write(f"proof {'OK' if ok else 'BROKEN'}: {verdict}\n")
     return EXIT_OK if ok else EXIT_BROKEN
+
+
+def _read_proof(proof_file: str) -> Any:
+    """The proof document from a regular file or stdin (`-`), read to at most MAX_PROOF_BYTES.
+    Raises ProofError (a fixed text) when it cannot be read or is no JSON document."""
+    try:
+        if proof_file == "-":
+            data = sys.stdin.buffer.read(MAX_PROOF_BYTES + 1)
+        else:
+            with open_regular_stream(proof_file) as stream:
+                data = stream.read(MAX_PROOF_BYTES + 1)
+    except UnsafeFileError as exc:
+        raise ProofError(exc.reason) from None
+    except OSError as exc:
+        raise ProofError(exc.strerror or "error") from None
+    if len(data) > MAX_PROOF_BYTES:
+        raise ProofError(f"larger than {MAX_PROOF_BYTES} bytes, no proof is (refused)")
+    if too_deep(data):
+        raise ProofError(f"JSON nested more than {MAX_DEPTH} deep (refused)")
+    try:
+        return loads_strict(data.decode("ascii"))
+    except ValueError:
+        raise ProofError("not a JSON document in ASCII (a proof file, or - for stdin)") from None
