@@ -245,7 +245,7 @@ def log_order(paths: Sequence[Path]) -> list[Path]:
 
 def _first_line_key(path: Path) -> tuple[int, str, int]:
     """(empty last, first ts, first seq): a rotated file's lines all come before its successor's."""
-    with _open(path) as stream:
+    with _open(path, buffering=-1) as stream:  # readline on an unbuffered file reads bytewise
         first = stream.readline(MAX_LINE_BYTES + 1)
     try:
         record = orjson.loads(first)
@@ -327,12 +327,13 @@ def _follow(path: Path, stop: Callable[[], bool], poll_seconds: float, stats: Sc
             stream.close()
 
 
-def _open(path: Path) -> IO[bytes]:
-    """`path` unbuffered, if it is a regular file: a planted FIFO would hang the scan and a link
-    to `/dev/zero` flood it (broker/files.py). Refusals come as OSError naming the file, as any
-    other file that cannot be read; a missing file as FileNotFoundError (`--follow` waits)."""
+def _open(path: Path, buffering: int = 0) -> IO[bytes]:
+    """`path` (unbuffered: the scan reads its own chunks), if it is a regular file: a planted
+    FIFO would hang the scan and a link to `/dev/zero` flood it (broker/files.py). Refusals come
+    as OSError naming the file, as any other file that cannot be read; a missing file as
+    FileNotFoundError (`--follow` waits for it)."""
     try:
-        return open_regular_stream(path, buffering=0)
+        return open_regular_stream(path, buffering=buffering)
     except UnsafeFileError as exc:
         code = exc.errno or errno.EINVAL
         raise OSError(code, exc.reason, printable(str(path))) from None
