@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -76,9 +76,13 @@ def _lineage(paths: list[Path]) -> list[Path]:
     return next(iter(groups.values()))
 
 
-def _scan(paths: list[Path], want_seq: int | None) -> tuple[list[_Signed], bytes | None]:
-    """The lineage's checkpoints, and the line at `want_seq` (without newline)."""
-    checkpoints: list[_Signed] = []
+def _scan(
+    paths: list[Path], want_seq: int | None, roles: Callable[[dict[str, Any]], Iterable[str]]
+) -> tuple[dict[str, _Signed], bytes | None]:
+    """For each role (`roles` names those a checkpoint's body plays), the lineage's last
+    checkpoint in it; and the line at `want_seq` (without newline). Only those few are kept:
+    a year of checkpoints held in a list took gigabytes."""
+    picked: dict[str, _Signed] = {}
     found: bytes | None = None
     expected = 1
     for number, raw in _lines(paths):
@@ -94,8 +98,9 @@ def _scan(paths: list[Path], want_seq: int | None) -> tuple[list[_Signed], bytes
         if record.seq == want_seq:
             found = raw[:-1]
         if isinstance(record, _Record) and record.event == SystemEvent.CHECKPOINT and record.fields:
-            checkpoints.append(_Signed(record.seq, record.fields["checkpoint"], record.fields["sig"]))
-    return checkpoints, found
+            for role in roles(record.fields["checkpoint"]):
+                picked[role] = _Signed(record.seq, record.fields["checkpoint"], record.fields["sig"])
+    return picked, found
 
 
 def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
@@ -110,15 +115,14 @@ def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
 
 def prove_inclusion(paths: list[Path], seq: int, checkpoint: int | None = None) -> dict[str, Any]:
     files = _lineage(paths)
-    checkpoints, line = _scan(files, seq)
+    picked, line = _scan(
+        files, seq, lambda b: ("covering",) if b["size"] >= seq and checkpoint in (None, b["n"]) else ()
+    )
     if line is None:
         raise ProofError("no line with that seq in the files")
-    covering = [
-        c for c in checkpoints if c.body["size"] >= seq and (checkpoint is None or c.body["n"] == checkpoint)
-    ]
-    if not covering:
+    chosen = picked.get("covering")
+    if chosen is None:
         raise ProofError("no checkpoint covers that line yet (or no checkpoint with that number)")
-    chosen = covering[-1]
     index, size = seq - 1, chosen.body["size"]
     return {
         "type": "inclusion",
@@ -132,10 +136,14 @@ def prove_inclusion(paths: list[Path], seq: int, checkpoint: int | None = None) 
 
 def prove_consistency(paths: list[Path], old: int, new: int | None = None) -> dict[str, Any]:
     files = _lineage(paths)
-    checkpoints, _ = _scan(files, None)
-    by_number = {c.body["n"]: c for c in checkpoints}
-    first = by_number.get(old)
-    second = by_number.get(new) if new is not None else (checkpoints[-1] if checkpoints else None)
+
+    def roles(body: dict[str, Any]) -> list[str]:
+        # Without --to, every checkpoint is "new" in turn: the last one stays.
+        wanted = (("old", old), ("new", body["n"] if new is None else new))
+        return [role for role, n in wanted if body["n"] == n]
+
+    picked, _ = _scan(files, None, roles)
+    first, second = picked.get("old"), picked.get("new")
     if first is None or second is None:
         raise ProofError("no checkpoint with that number in the files")
     if first.body["size"] > second.body["size"]:
