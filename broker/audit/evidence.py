@@ -271,7 +271,10 @@ def _check_system_line(
             if body["prev"] != lineage.last_hash:
                 return "checkpoint does not link to the previous checkpoint (replayed or rewritten)"
         if lineage.tree is None:  # a file given without its start: anchor on this checkpoint
-            tree = Frontier(body["size"], [bytes.fromhex(h) for h in fields["frontier"]])
+            try:  # the frontier is not signed: its length may not fit the signed size
+                tree = Frontier(body["size"], [bytes.fromhex(h) for h in fields["frontier"]])
+            except ValueError:
+                return "checkpoint frontier does not fit its tree size"
             if tree.root().hex() != body["root"] or body["size"] != record.seq - 1:
                 return "checkpoint frontier does not match its tree head or position"
             lineage.tree = tree

@@ -24,6 +24,7 @@ import pytest
 
 from broker.audit import AuditLog
 from broker.audit.checkpoint import load_signing_key, public_pem
+from broker.audit.processors import canonical
 from broker.settings import AuditSettings
 from broker.testing.audit_cli import AuditRun, run_audit
 from tests.broker.audit.audit_helpers import request_fields
@@ -230,3 +231,21 @@ def test_a_byte_glued_to_each_witness_record_does_not_hide_a_cut_tail(real: Log)
         "records": 0,
         "problem": "line 1: not a JSON line (or nested too deep)",
     }
+
+
+def test_a_checkpoint_frontier_that_does_not_fit_its_size_is_one_bad_line(real: Log) -> None:
+    # The frontier is not signed: a genuine checkpoint, its frontier cut, in a file given
+    # without its start (the tree is anchored on that checkpoint).
+    lines = real.lines()
+    events = [json.loads(line)["event"] for line in lines]
+    start = events.index("mcp.request", 3)
+    at = events.index("audit.checkpoint", start)
+    record = json.loads(lines[at])
+    record["frontier"] = record["frontier"][1:]
+    lines[at] = canonical(record).encode("ascii") + b"\n"
+    real.log.write_bytes(b"".join(lines[start:]))
+    run = run_audit("verify", real.log, "--key", real.public, timeout=TIMEOUT)
+    assert_clean(run)
+    assert run.code == 1
+    verdict = one_line_with(run, "checkpoint frontier does not fit its tree size")
+    assert verdict.startswith(f"audit log BROKEN at line {at - start + 1} of"), verdict
