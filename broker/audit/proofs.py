@@ -39,7 +39,7 @@ from broker.audit.nesting import MAX_DEPTH, too_deep
 from broker.audit.schema import EVIDENCE_FIELDS, INVALID, SystemEvent
 from broker.audit.sink import MAX_LINE_BYTES
 from broker.audit.verify import _parse, _Record
-from broker.files import UnsafeFileError, bounded_lines, open_regular_stream
+from broker.files import UnsafeFileError, bounded_lines, open_regular_stream, printable
 from broker.protocol.codec import loads_strict
 
 FORMAT = 1
@@ -61,12 +61,13 @@ class _Signed:
         return {"checkpoint": self.body, "sig": self.sig}
 
 
-def _lines(paths: list[Path]) -> Iterator[tuple[int, bytes]]:
-    """(line number in its file, line) of each file in turn; raises UnsafeFileError for a file
+def _lines(paths: list[Path]) -> Iterator[tuple[Path, int, bytes]]:
+    """(file, line number in it, line) of each file in turn; raises UnsafeFileError for a file
     that is not a regular one (a FIFO would hang the proof, `/dev/zero` flood it)."""
     for path in paths:
         with open_regular_stream(path) as stream:
-            yield from enumerate(bounded_lines(stream, MAX_LINE_BYTES), 1)
+            for number, raw in enumerate(bounded_lines(stream, MAX_LINE_BYTES), 1):
+                yield path, number, raw
 
 
 def _lineage(paths: list[Path]) -> list[Path]:
@@ -85,11 +86,11 @@ def _scan(
     picked: dict[str, _Signed] = {}
     found: bytes | None = None
     expected = 1
-    for number, raw in _lines(paths):
+    for path, number, raw in _lines(paths):
         record = _parse(raw)
         if isinstance(record, str):
             raise ProofError(
-                f"the log does not verify at line {number} of its file ({record}): "
+                f"the log does not verify at line {number} of {printable(path.name)} ({record}): "
                 "run `docbroker audit verify`"
             )
         if record.seq != expected:
@@ -106,7 +107,7 @@ def _scan(
 def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
     hasher = RangeHasher(ranges)
     end = max((e for _, e in ranges), default=0)
-    for _, raw in _lines(paths):
+    for _, _, raw in _lines(paths):
         if hasher.count >= end:
             break
         hasher.add(leaf_hash(raw[:-1]))

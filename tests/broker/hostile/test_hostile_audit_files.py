@@ -148,7 +148,7 @@ def test_a_200_mb_line_is_one_bad_line_held_in_bounded_memory(real: Log) -> None
 
     run = run_audit("prove", real.log, "--seq", "2", timeout=TIMEOUT)
     assert_clean(run)
-    assert run.code == 1 and "line 3 of its file (line too long)" in one_line_with(run, "does not verify")
+    assert run.code == 1 and "line 3 of audit.jsonl (line too long)" in one_line_with(run, "does not verify")
 
 
 def test_a_200_mb_proof_or_witness_line_is_refused_in_bounded_memory(real: Log) -> None:
@@ -179,7 +179,7 @@ def test_100k_nested_brackets_are_one_bad_line_named_by_its_number(real: Log) ->
 
     run = run_audit("prove", real.log, "--seq", "2", timeout=TIMEOUT)
     assert_clean(run)
-    assert run.code == 1 and "line 3 of its file (JSON nested" in one_line_with(run, "does not verify")
+    assert run.code == 1 and "line 3 of audit.jsonl (JSON nested" in one_line_with(run, "does not verify")
 
     for args, stdin in (((real.dir / "proof.json",), None), (("-",), NESTED)):
         (real.dir / "proof.json").write_bytes(NESTED)
