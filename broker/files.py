@@ -12,7 +12,8 @@ in a folder an attacker may be able to write. Every such open here:
 - bounds every read: a key file by its size limit, a stream by the caller's line limit.
 
 Errors are `UnsafeFileError` whose message names the file's *name* and the problem, never
-its content (DESIGN: names only).
+its content (DESIGN: names only); a name is shown with its control characters escaped, since a
+planted `audit.jsonl.\x1b]…` must not drive the terminal of whoever reads the error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -29,7 +31,27 @@ _READ_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class UnsafeFileError(Exception):
-    """The file cannot be used: missing, not a regular file, a link, too large, too open."""
+    """The file cannot be used: missing, not a regular file, a link, too large, too open.
+
+    `reason` is the message without the file's name (for a caller that names the file its own
+    way); `errno` the open's error number when the open itself failed (ENOENT: a caller that
+    polls for a file, like `audit query --follow`, waits for it), else None."""
+
+    def __init__(self, message: str, *, reason: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason if reason is not None else message
+        self.errno = errno
+
+
+def _refuse(name: str, reason: str, errno: int | None = None) -> UnsafeFileError:
+    return UnsafeFileError(f"{name}: {reason}", reason=reason, errno=errno)
+
+
+def printable(text: str) -> str:
+    """`text` with control and other unprintable characters as escapes: safe on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 class FileTooLargeError(UnsafeFileError):
@@ -44,18 +66,18 @@ def open_regular(path: str | Path, *, follow_links: bool = False) -> int:
     `audit.jsonl` link to the current log is fine); what the link points to must still be a
     regular file.
     """
-    name = Path(path).name
+    name = printable(Path(path).name)
     flags = _READ_FLAGS | (0 if follow_links else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # the last component is a symlink and O_NOFOLLOW said no
-            raise UnsafeFileError(f"{name}: is a symbolic link (refused)") from None
-        raise UnsafeFileError(f"{name}: cannot be read ({exc.strerror})") from None
+            raise _refuse(name, "is a symbolic link (refused)", exc.errno) from None
+        raise _refuse(name, f"cannot be read ({exc.strerror})", exc.errno) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UnsafeFileError(f"{name}: not a regular file (refused)")
+            raise _refuse(name, "not a regular file (refused)")
         # Regular files never block; clear the flag so later reads behave as usual.
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
@@ -75,12 +97,12 @@ def read_bounded(path: str | Path, limit: int, *, private: bool = False, follow_
 
     `private=True` also refuses a file readable or writable by group or others (chmod 600).
     """
-    name = Path(path).name
+    name = printable(Path(path).name)
     fd = open_regular(path, follow_links=follow_links)
     try:
         info = os.fstat(fd)
         if private and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise UnsafeFileError(f"{name}: must not be readable by group or others (chmod 600)")
+            raise _refuse(name, "must not be readable by group or others (chmod 600)")
         data = os.read(fd, limit + 1)
         while len(data) <= limit:
             more = os.read(fd, limit + 1 - len(data))
@@ -88,12 +110,28 @@ def read_bounded(path: str | Path, limit: int, *, private: bool = False, follow_
                 break
             data += more
     except OSError as exc:
-        raise UnsafeFileError(f"{name}: cannot be read ({exc.strerror})") from None
+        raise _refuse(name, f"cannot be read ({exc.strerror})", exc.errno) from None
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise FileTooLargeError(f"{name}: larger than {limit} bytes (refused)")
+        reason = f"larger than {limit} bytes (refused)"
+        raise FileTooLargeError(f"{name}: {reason}", reason=reason)
     return data
+
+
+def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[bytes]:
+    """The lines of `stream`, each with its newline (the last may lack one), never more than
+    `limit + 1` bytes held.
+
+    A line longer than `limit` comes out once, as its first `limit + 1` bytes (so `len(line) >
+    limit` tells the caller), and the rest of it is read and dropped: a 200 MB line planted in
+    a log costs one line's bound of memory and counts as one line, not as 200 pieces.
+    """
+    while raw := stream.readline(limit + 1):
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while (rest := stream.readline(limit + 1)) and not rest.endswith(b"\n"):
+                pass
+        yield raw
 
 
 _RENAME_NOREPLACE: Final = 1  # linux/fs.h

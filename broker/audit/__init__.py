@@ -11,7 +11,9 @@ signed RFC 6962 checkpoints over it.
 - notary.py: the writer's checkpoint state, rebuilt from disk on open
 - witness.py: copies of lines elsewhere (the witness file, stdout)
 - verify.py: `verify_file`, the chain of one file
+- nesting.py: how deep a JSON line nests, checked before it is parsed
 - evidence.py: `docbroker audit verify` over files, keys and witnesses
+- witness_reader.py: a witness file read for `verify`, streamed in step with the log
 - proofs.py: `docbroker audit prove` / `verify-proof`
 - testing.py: `capture_audit()` and `MemorySink` for other packages' tests
 """

@@ -12,6 +12,7 @@ import json
 from typing import Final
 
 from broker.audit.merkle import Frontier
+from broker.audit.nesting import too_deep
 
 GENESIS: Final = "0" * 64  # `prev` of the first line of a log
 
@@ -58,6 +59,8 @@ class Chain:
         if last_line is None:
             self.seq, self._head = 0, GENESIS
             return
+        if too_deep(last_line):  # the parser would recurse per `[`: RecursionError, not ValueError
+            raise ValueError("last line nests too deep")
         record = json.loads(last_line)
         seq = record.get("seq") if isinstance(record, dict) else None
         if type(seq) is not int or seq < 1:

@@ -13,6 +13,11 @@ Per file, in order, the first thing wrong wins:
 - the witness checkpoints (`--witness`): each must be one this log has, with the same tree head
   at the same size — a log that ends before a checkpoint the witness holds was cut back.
 
+Every file is opened as a regular file or refused (a planted FIFO or link to `/dev/zero` would
+hang or flood the check) and read a bounded line at a time. A witness is streamed, never held
+(broker/audit/witness_reader.py): memory stays flat whatever its length
+(bench/audit_witness_memory.py).
+
 Files are grouped into lineages by the log id in their first line (every file the broker writes
 starts with a checkpoint), and ordered by sequence number, so they can be given in any order.
 Messages are fixed texts with numbers: never a value from a line.
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,12 +34,13 @@ from typing import Any, BinaryIO
 from broker.audit.chain import GENESIS
 from broker.audit.checkpoint import CHECKPOINT_LABEL, GAP_LABEL, Keyring, record_hash
 from broker.audit.merkle import Frontier
-from broker.audit.schema import EVIDENCE_FIELDS, INVALID, SystemEvent
+from broker.audit.schema import SystemEvent
 from broker.audit.sink import MAX_LINE_BYTES
 from broker.audit.verify import _blame, _Lines, _links, _parse, _Record
+from broker.audit.witness_reader import Cursor, Witness, WitnessVerdict, check_unmatched, open_witness
+from broker.files import UnsafeFileError, open_regular_stream, printable
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
-_UNMATCHED = "holds checkpoints of a log that no given file holds (replaced, swapped or deleted)"
 
 
 @dataclass
@@ -64,7 +69,7 @@ class FileVerdict:
             where = (
                 f"at line {self.first_bad_line} of {self.lines}" if self.first_bad_line else "after its end"
             )
-            return f"audit log BROKEN {where}: {self.problem} ({self.path})"
+            return f"audit log BROKEN {where}: {self.problem} ({printable(self.path)})"
         parts = [f"audit log OK: {self.lines} lines"]
         if self.first_seq is not None:
             parts.append(f"seq {self.first_seq}-{self.last_seq}")
@@ -78,20 +83,7 @@ class FileVerdict:
         ]
         parts += self.notes
         parts.append(f"head {self.head}")
-        return ", ".join(parts) + f" ({self.path})"
-
-
-@dataclass
-class WitnessVerdict:
-    path: str
-    ok: bool = True
-    records: int = 0
-    problem: str | None = None
-
-    def summary(self) -> str:
-        if self.ok:
-            return f"witness OK: {self.records} records ({self.path})"
-        return f"witness BROKEN: {self.problem} ({self.path})"
+        return ", ".join(parts) + f" ({printable(self.path)})"
 
 
 @dataclass
@@ -116,12 +108,9 @@ class _Lineage:
     count: int = 0  # number of the last checkpoint
     last_hash: str | None = None  # its record_hash (None: unknown, files before it not given)
     continuous: bool = False  # the previous file verified to its end
-
-
-@dataclass(frozen=True)
-class _WitnessCheckpoint:
-    body: dict[str, Any]
-    source: WitnessVerdict
+    # One per witness, walking that witness's checkpoints of `log` in step with `tree`
+    # (None: not started, since the log is not known yet or the tree was anchored afresh).
+    cursors: list[Cursor] | None = None
 
 
 def verify_logs(
@@ -130,36 +119,47 @@ def verify_logs(
     witnesses: list[Path] | None = None,
     replica: str | None = None,
 ) -> Report:
-    """Verify `paths` (any order) with `keys`. Raises OSError if a witness cannot be read."""
-    witness_verdicts, seen = _read_witnesses(witnesses or [], keys)
-    verdicts = {str(p): FileVerdict(str(p)) for p in paths}
-    groups: dict[str, list[tuple[int, Path]]] = {}
-    for path in paths:
-        try:
-            group, first_seq = _first_line(path)
-        except OSError as exc:
-            verdicts[str(path)].fail(None, f"cannot read: {exc.strerror or 'error'}")
-            continue
-        groups.setdefault(group, []).append((first_seq, path))
-    for group, members in groups.items():
-        lineage = _Lineage()
-        last: FileVerdict | None = None
-        for _, path in sorted(members):
-            last = verdicts[str(path)]
+    """Verify `paths` (any order) with `keys`. Raises UnsafeFileError or OSError if a witness
+    cannot be read."""
+    held: list[Witness] = []
+    try:
+        for path in witnesses or []:
+            held.append(open_witness(path, keys))
+        verdicts = {str(p): FileVerdict(str(p)) for p in paths}
+        groups: dict[str, list[tuple[int, Path]]] = {}
+        for path in paths:
             try:
-                with open(path, "rb") as stream:
-                    _verify_file(stream, last, lineage, keys, replica, seen)
-            except OSError as exc:
-                last.fail(None, f"cannot read: {exc.strerror or 'error'}")
-                lineage.continuous = False
-        if last is not None:
-            _check_cut(last, lineage, seen, group)
-    _check_unmatched_witnesses(list(verdicts.values()), seen, witness_verdicts)
-    return Report(files=[verdicts[str(p)] for p in paths], witnesses=witness_verdicts)
+                group, first_seq = _first_line(path)
+            except (OSError, UnsafeFileError) as exc:
+                verdicts[str(path)].fail(None, _cannot_read(exc))
+                continue
+            groups.setdefault(group, []).append((first_seq, path))
+        for members in groups.values():
+            lineage = _Lineage()
+            last: FileVerdict | None = None
+            for _, path in sorted(members):
+                last = verdicts[str(path)]
+                try:
+                    with open_regular_stream(path) as stream:
+                        _verify_file(stream, last, lineage, keys, replica, held)
+                except (OSError, UnsafeFileError) as exc:
+                    last.fail(None, _cannot_read(exc))
+                    lineage.continuous = False
+            if last is not None:
+                _check_cut(last, lineage, held)
+        check_unmatched({v.log for v in verdicts.values() if v.log}, held)
+    finally:
+        for witness in held:
+            witness.stream.close()
+    return Report(files=[verdicts[str(p)] for p in paths], witnesses=[w.verdict for w in held])
+
+
+def _cannot_read(exc: OSError | UnsafeFileError) -> str:
+    return f"cannot read: {exc.reason if isinstance(exc, UnsafeFileError) else exc.strerror or 'error'}"
 
 
 def group_files(paths: list[Path]) -> dict[str, list[Path]]:
-    """The files of each lineage, in order (for `prove`). Raises OSError."""
+    """The files of each lineage, in order (for `prove`). Raises UnsafeFileError or OSError."""
     groups: dict[str, list[tuple[int, Path]]] = {}
     for path in paths:
         group, first_seq = _first_line(path)
@@ -169,7 +169,7 @@ def group_files(paths: list[Path]) -> dict[str, list[Path]]:
 
 def _first_line(path: Path) -> tuple[str, int]:
     """(group, first seq): the log id of a first-line checkpoint, else the file itself."""
-    with open(path, "rb") as stream:
+    with open_regular_stream(path) as stream:
         raw = stream.readline(MAX_LINE_BYTES + 1)
     parsed = _parse(raw) if raw else None
     if isinstance(parsed, _Record):
@@ -185,7 +185,7 @@ def _verify_file(
     lineage: _Lineage,
     keys: Keyring,
     replica: str | None,
-    seen: dict[str, dict[int, _WitnessCheckpoint]],
+    witnesses: list[Witness],
 ) -> None:
     lines = _Lines(stream)
     before: _Record | None = None
@@ -211,7 +211,7 @@ def _verify_file(
                 break
         if lineage.tree is not None:
             lineage.tree.append_hash(parsed.leaf)
-            problem = _check_witness_at(lineage, seen)
+            problem = _check_witness_at(lineage, witnesses)
             if problem:
                 verdict.fail(n, problem)
                 break
@@ -233,7 +233,7 @@ def _start(record: _Record, lineage: _Lineage, verdict: FileVerdict) -> str | No
         if record.seq == lineage.seq + 1 and record.prev == lineage.head:
             return None
         return "does not continue the previous file: a rotated file is missing before this one"
-    lineage.tree = None
+    lineage.tree, lineage.cursors = None, None  # anchored afresh: the witnesses walk again
     if record.seq == 1 and record.prev == GENESIS:
         lineage.tree, lineage.count, lineage.last_hash = Frontier(), 0, GENESIS
         return None
@@ -271,7 +271,10 @@ def _check_system_line(
             if body["prev"] != lineage.last_hash:
                 return "checkpoint does not link to the previous checkpoint (replayed or rewritten)"
         if lineage.tree is None:  # a file given without its start: anchor on this checkpoint
-            tree = Frontier(body["size"], [bytes.fromhex(h) for h in fields["frontier"]])
+            try:  # the frontier is not signed: its length may not fit the signed size
+                tree = Frontier(body["size"], [bytes.fromhex(h) for h in fields["frontier"]])
+            except ValueError:
+                return "checkpoint frontier does not fit its tree size"
             if tree.root().hex() != body["root"] or body["size"] != record.seq - 1:
                 return "checkpoint frontier does not match its tree head or position"
             lineage.tree = tree
@@ -313,103 +316,34 @@ def _check_record(
     return None
 
 
-def _check_witness_at(lineage: _Lineage, seen: dict[str, dict[int, _WitnessCheckpoint]]) -> str | None:
+def _check_witness_at(lineage: _Lineage, witnesses: list[Witness]) -> str | None:
+    """The log's tree has just grown by one line: compare it with every witness checkpoint at
+    this size (witness records of sizes the tree passed before it was anchored go unchecked)."""
     assert lineage.tree is not None
-    if lineage.log is None:
+    if lineage.log is None or not witnesses:
         return None
-    held = seen.get(lineage.log, {}).get(lineage.tree.size)
-    if held is not None and held.body["root"] != lineage.tree.root().hex():
-        return "witness checkpoint disagrees with the log here: lines before it were rewritten"
+    if lineage.cursors is None:
+        lineage.cursors = [Cursor(w, lineage.log) for w in witnesses]
+    tree, root = lineage.tree, None
+    for cursor in lineage.cursors:
+        for held in cursor.upto(tree.size):
+            if held.size == tree.size:
+                root = root or tree.root().hex()
+                if held.root != root:
+                    return "witness checkpoint disagrees with the log here: lines before it were rewritten"
     return None
 
 
-def _check_cut(
-    last: FileVerdict, lineage: _Lineage, seen: dict[str, dict[int, _WitnessCheckpoint]], group: str
-) -> None:
-    if lineage.log is None or not last.ok or lineage.tree is None:
+def _check_cut(last: FileVerdict, lineage: _Lineage, witnesses: list[Witness]) -> None:
+    if lineage.log is None or not last.ok or lineage.tree is None or not witnesses:
         return
-    held = seen.get(lineage.log, {})
-    if held and max(held) > lineage.tree.size:
-        size = max(held)
+    size = lineage.tree.size
+    cursors = lineage.cursors or [Cursor(w, lineage.log) for w in witnesses]
+    beyond = max((held.size for c in cursors for held in c.upto(None)), default=0)
+    if beyond > size:
         last.fail(
-            None,
-            f"log cut back: the witness holds a checkpoint over {size} lines, "
-            f"the log has {lineage.tree.size}",
+            None, f"log cut back: the witness holds a checkpoint over {beyond} lines, the log has {size}"
         )
-
-
-def _check_unmatched_witnesses(
-    files: list[FileVerdict], seen: dict[str, dict[int, _WitnessCheckpoint]], witnesses: list[WitnessVerdict]
-) -> None:
-    """A witness's log that no given file holds: replaced, swapped or deleted (give a replica's
-    witness with that replica's files)."""
-    logs = {f.log for f in files if f.log}
-    for log, held in seen.items():
-        if log not in logs:
-            source = next(iter(held.values())).source
-            if source.ok:
-                source.ok, source.problem = False, _UNMATCHED
-
-
-def _read_witnesses(
-    paths: list[Path], keys: Keyring
-) -> tuple[list[WitnessVerdict], dict[str, dict[int, _WitnessCheckpoint]]]:
-    verdicts: list[WitnessVerdict] = []
-    seen: dict[str, dict[int, _WitnessCheckpoint]] = {}
-    for path in paths:
-        verdict = WitnessVerdict(str(path))
-        verdicts.append(verdict)
-        for number, line in enumerate(_witness_records(path), 1):
-            record = _as_witness_record(line)
-            if record is None:
-                continue  # an ordinary audit line: a copy of stdout can serve as the witness
-            problem = _witness_problem(record, keys)
-            if problem:
-                verdict.ok, verdict.problem = False, f"record {number}: {problem}"
-                break
-            verdict.records += 1
-            if "checkpoint" in record:
-                body = record["checkpoint"]
-                known = seen.setdefault(body["log"], {}).get(body["size"])
-                if known is not None and known.body["root"] != body["root"]:
-                    verdict.ok, verdict.problem = False, f"record {number}: two tree heads for one size"
-                    break
-                seen[body["log"]][body["size"]] = _WitnessCheckpoint(body, verdict)
-    return verdicts, seen
-
-
-def _witness_records(path: Path) -> Iterator[Any]:
-    with open(path, "rb") as stream:
-        for raw in iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""):
-            try:
-                yield json.loads(raw)
-            except ValueError:
-                yield None
-
-
-def _as_witness_record(line: Any) -> Any:
-    """The witness record in a line: the witness file's own, or the evidence of a full audit
-    line (as `DOCBROKER_AUDIT_STDOUT` ships them); None for an ordinary event."""
-    if isinstance(line, dict) and "event" in line:
-        kind = {SystemEvent.CHECKPOINT: "checkpoint", SystemEvent.GAP: "gap"}.get(line["event"])
-        return {kind: line.get(kind), "sig": line.get("sig")} if kind else None
-    return line
-
-
-def _witness_problem(record: Any, keys: Keyring) -> str | None:
-    if not isinstance(record, dict) or not (
-        {"checkpoint", "sig"} == record.keys() or {"gap", "sig"} == record.keys()
-    ):
-        return "not a checkpoint or gap record"
-    kind = "checkpoint" if "checkpoint" in record else "gap"
-    for key in (kind, "sig"):
-        if EVIDENCE_FIELDS[key](record[key]) is INVALID:
-            return "not a valid checkpoint or gap record"
-    if keys:
-        return keys.check(
-            CHECKPOINT_LABEL if kind == "checkpoint" else GAP_LABEL, record[kind], record["sig"]
-        )
-    return None
 
 
 def load_keys(key_specs: list[str], command: str) -> Keyring | None:
@@ -432,8 +366,8 @@ def main(
         return EXIT_USAGE
     try:
         report = verify_logs([Path(f) for f in files], keys, [Path(w) for w in witness_files], replica)
-    except OSError as exc:
-        sys.stderr.write(f"docbroker audit verify: cannot read a witness file: {exc.strerror or 'error'}\n")
+    except (OSError, UnsafeFileError) as exc:
+        sys.stderr.write(f"docbroker audit verify: a witness file: {_cannot_read(exc)}\n")
         return EXIT_USAGE
     if as_json:
         document = {
@@ -447,7 +381,7 @@ def main(
         for verdict in report.files:
             line = verdict.summary()
             if not verdict.ok and verdict.problem and verdict.problem.startswith("cannot read"):
-                line = f"audit log: {verdict.problem} ({verdict.path})"
+                line = f"audit log: {verdict.problem} ({printable(verdict.path)})"
             sys.stdout.write(line + "\n")
         for witness in report.witnesses:
             sys.stdout.write(witness.summary() + "\n")

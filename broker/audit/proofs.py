@@ -12,17 +12,18 @@ RFC 6962 proof that the later tree extends the earlier one (nothing was rewritte
 
 Proving streams the lineage twice (find the records, then hash the proof's subtrees) and holds
 O(log n) hashes: it works on logs far larger than memory. Verifying needs only the proof and the
-replica's public key.
+replica's public key; it reads at most `MAX_PROOF_BYTES` (a proof holds one line and O(log n)
+hashes), so a proof that is `/dev/zero` on stdin is refused, not buffered.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from broker.audit.checkpoint import CHECKPOINT_LABEL, Keyring
 from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, EXIT_USAGE, group_files, load_keys
@@ -34,11 +35,16 @@ from broker.audit.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from broker.audit.nesting import MAX_DEPTH, too_deep
 from broker.audit.schema import EVIDENCE_FIELDS, INVALID, SystemEvent
 from broker.audit.sink import MAX_LINE_BYTES
 from broker.audit.verify import _parse, _Record
+from broker.files import UnsafeFileError, bounded_lines, open_regular_stream, printable
+from broker.protocol.codec import loads_strict
 
 FORMAT = 1
+# The line, JSON-escaped inside the proof (at most doubled), and room for the rest.
+MAX_PROOF_BYTES: Final = 2 * MAX_LINE_BYTES + 64 * 1024
 
 
 class ProofError(Exception):
@@ -55,11 +61,13 @@ class _Signed:
         return {"checkpoint": self.body, "sig": self.sig}
 
 
-def _lines(paths: list[Path]) -> Iterator[bytes]:
+def _lines(paths: list[Path]) -> Iterator[tuple[Path, int, bytes]]:
+    """(file, line number in it, line) of each file in turn; raises UnsafeFileError for a file
+    that is not a regular one (a FIFO would hang the proof, `/dev/zero` flood it)."""
     for path in paths:
-        with open(path, "rb") as stream:
-            while raw := stream.readline(MAX_LINE_BYTES + 1):
-                yield raw
+        with open_regular_stream(path) as stream:
+            for number, raw in enumerate(bounded_lines(stream, MAX_LINE_BYTES), 1):
+                yield path, number, raw
 
 
 def _lineage(paths: list[Path]) -> list[Path]:
@@ -69,29 +77,37 @@ def _lineage(paths: list[Path]) -> list[Path]:
     return next(iter(groups.values()))
 
 
-def _scan(paths: list[Path], want_seq: int | None) -> tuple[list[_Signed], bytes | None]:
-    """The lineage's checkpoints, and the line at `want_seq` (without newline)."""
-    checkpoints: list[_Signed] = []
+def _scan(
+    paths: list[Path], want_seq: int | None, roles: Callable[[dict[str, Any]], Iterable[str]]
+) -> tuple[dict[str, _Signed], bytes | None]:
+    """For each role (`roles` names those a checkpoint's body plays), the lineage's last
+    checkpoint in it; and the line at `want_seq` (without newline). Only those few are kept:
+    a year of checkpoints held in a list took gigabytes."""
+    picked: dict[str, _Signed] = {}
     found: bytes | None = None
     expected = 1
-    for raw in _lines(paths):
+    for path, number, raw in _lines(paths):
         record = _parse(raw)
         if isinstance(record, str):
-            raise ProofError("the log does not verify: run `docbroker audit verify` first")
+            raise ProofError(
+                f"the log does not verify at line {number} of {printable(path.name)} ({record}): "
+                "run `docbroker audit verify`"
+            )
         if record.seq != expected:
             raise ProofError("the log does not start at seq 1 or skips lines: give every file from the first")
         expected += 1
         if record.seq == want_seq:
             found = raw[:-1]
         if isinstance(record, _Record) and record.event == SystemEvent.CHECKPOINT and record.fields:
-            checkpoints.append(_Signed(record.seq, record.fields["checkpoint"], record.fields["sig"]))
-    return checkpoints, found
+            for role in roles(record.fields["checkpoint"]):
+                picked[role] = _Signed(record.seq, record.fields["checkpoint"], record.fields["sig"])
+    return picked, found
 
 
 def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
     hasher = RangeHasher(ranges)
     end = max((e for _, e in ranges), default=0)
-    for raw in _lines(paths):
+    for _, _, raw in _lines(paths):
         if hasher.count >= end:
             break
         hasher.add(leaf_hash(raw[:-1]))
@@ -100,15 +116,14 @@ def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
 
 def prove_inclusion(paths: list[Path], seq: int, checkpoint: int | None = None) -> dict[str, Any]:
     files = _lineage(paths)
-    checkpoints, line = _scan(files, seq)
+    picked, line = _scan(
+        files, seq, lambda b: ("covering",) if b["size"] >= seq and checkpoint in (None, b["n"]) else ()
+    )
     if line is None:
         raise ProofError("no line with that seq in the files")
-    covering = [
-        c for c in checkpoints if c.body["size"] >= seq and (checkpoint is None or c.body["n"] == checkpoint)
-    ]
-    if not covering:
+    chosen = picked.get("covering")
+    if chosen is None:
         raise ProofError("no checkpoint covers that line yet (or no checkpoint with that number)")
-    chosen = covering[-1]
     index, size = seq - 1, chosen.body["size"]
     return {
         "type": "inclusion",
@@ -122,10 +137,14 @@ def prove_inclusion(paths: list[Path], seq: int, checkpoint: int | None = None) 
 
 def prove_consistency(paths: list[Path], old: int, new: int | None = None) -> dict[str, Any]:
     files = _lineage(paths)
-    checkpoints, _ = _scan(files, None)
-    by_number = {c.body["n"]: c for c in checkpoints}
-    first = by_number.get(old)
-    second = by_number.get(new) if new is not None else (checkpoints[-1] if checkpoints else None)
+
+    def roles(body: dict[str, Any]) -> list[str]:
+        # Without --to, every checkpoint is "new" in turn: the last one stays.
+        wanted = (("old", old), ("new", body["n"] if new is None else new))
+        return [role for role, n in wanted if body["n"] == n]
+
+    picked, _ = _scan(files, None, roles)
+    first, second = picked.get("old"), picked.get("new")
     if first is None or second is None:
         raise ProofError("no checkpoint with that number in the files")
     if first.body["size"] > second.body["size"]:
@@ -154,7 +173,7 @@ def verify_proof(proof: Any, keys: Keyring) -> tuple[bool, str]:
         if body is None:
             return False, problem
         line, index = proof.get("line"), proof.get("index")
-        if not isinstance(line, str) or type(index) is not int:
+        if not isinstance(line, str) or not line.isascii() or type(index) is not int:
             return False, "inclusion proof without a line and an index"
         if not line.isascii():  # the writer escapes everything else: no line of a log has it
             return False, "the line is not an audit event at that index"
@@ -223,6 +242,9 @@ def main_prove(
     except ProofError as exc:
         sys.stderr.write(f"docbroker audit prove: {exc}\n")
         return EXIT_BROKEN
+    except UnsafeFileError as exc:
+        sys.stderr.write(f"docbroker audit prove: cannot read a log file: {exc}\n")
+        return EXIT_BROKEN
     except OSError as exc:
         sys.stderr.write(f"docbroker audit prove: cannot read a log file: {exc.strerror or 'error'}\n")
         return EXIT_BROKEN
@@ -235,13 +257,33 @@ def main_verify_proof(proof_file: str, key_specs: list[str]) -> int:
     if keys is None:
         return EXIT_USAGE
     try:
-        text = sys.stdin.read() if proof_file == "-" else Path(proof_file).read_text(encoding="ascii")
-        proof = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError):
-        sys.stderr.write(
-            "docbroker audit verify-proof: cannot read the proof (a JSON file, or - for stdin)\n"
-        )
+        proof = _read_proof(proof_file)
+    except ProofError as exc:
+        sys.stderr.write(f"docbroker audit verify-proof: cannot read the proof: {exc}\n")
         return EXIT_USAGE
     ok, verdict = verify_proof(proof, keys)
     sys.stdout.write(f"proof {'OK' if ok else 'BROKEN'}: {verdict}\n")
     return EXIT_OK if ok else EXIT_BROKEN
+
+
+def _read_proof(proof_file: str) -> Any:
+    """The proof document from a regular file or stdin (`-`), read to at most MAX_PROOF_BYTES.
+    Raises ProofError (a fixed text) when it cannot be read or is no JSON document."""
+    try:
+        if proof_file == "-":
+            data = sys.stdin.buffer.read(MAX_PROOF_BYTES + 1)
+        else:
+            with open_regular_stream(proof_file) as stream:
+                data = stream.read(MAX_PROOF_BYTES + 1)
+    except UnsafeFileError as exc:
+        raise ProofError(exc.reason) from None
+    except OSError as exc:
+        raise ProofError(exc.strerror or "error") from None
+    if len(data) > MAX_PROOF_BYTES:
+        raise ProofError(f"larger than {MAX_PROOF_BYTES} bytes, no proof is (refused)")
+    if too_deep(data):
+        raise ProofError(f"JSON nested more than {MAX_DEPTH} deep (refused)")
+    try:
+        return loads_strict(data.decode("ascii"))
+    except ValueError:
+        raise ProofError("not a JSON document in ASCII (a proof file, or - for stdin)") from None

@@ -22,6 +22,7 @@ the new one from its start.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -38,6 +39,7 @@ import orjson
 from broker.audit.schema import CALLER_FIELDS, INVALID, AuditEvent
 from broker.audit.sink import MAX_LINE_BYTES
 from broker.audit.table import table_header, table_row
+from broker.files import UnsafeFileError, open_regular_stream, printable
 from broker.types import Outcome
 
 EVIDENCE_PREFIX: Final = "audit."  # events the log writes about itself (checkpoints, gaps)
@@ -222,7 +224,7 @@ class Scanner:
             if follow and last:
                 yield from self._select(str(path), _follow(path, stop, poll_seconds, self.stats))
             else:
-                with open(path, "rb", buffering=0) as stream:
+                with _open(path) as stream:
                     self.stats.files += 1
                     yield from self._select(str(path), _lines(stream, self.stats))
 
@@ -269,7 +271,7 @@ def log_order(paths: Sequence[Path]) -> list[Path]:
 
 def _first_line_key(path: Path) -> tuple[int, str, int]:
     """(empty last, first ts, first seq): a rotated file's lines all come before its successor's."""
-    with open(path, "rb") as stream:
+    with _open(path, buffering=-1) as stream:  # readline on an unbuffered file reads bytewise
         first = stream.readline(MAX_LINE_BYTES + 1)
     try:
         record = orjson.loads(first)
@@ -330,7 +332,7 @@ def _follow(path: Path, stop: Callable[[], bool], poll_seconds: float, stats: Sc
         while True:
             if stream is None:
                 try:
-                    stream = open(path, "rb", buffering=0)  # closed in finally: it outlives a yield
+                    stream = _open(path)  # closed in finally: it outlives a yield
                 except FileNotFoundError:
                     if stop():
                         return
@@ -349,6 +351,18 @@ def _follow(path: Path, stop: Callable[[], bool], poll_seconds: float, stats: Sc
     finally:
         if stream is not None:
             stream.close()
+
+
+def _open(path: Path, buffering: int = 0) -> IO[bytes]:
+    """`path` (unbuffered: the scan reads its own chunks), if it is a regular file: a planted
+    FIFO would hang the scan and a link to `/dev/zero` flood it (broker/files.py). Refusals come
+    as OSError naming the file, as any other file that cannot be read; a missing file as
+    FileNotFoundError (`--follow` waits for it)."""
+    try:
+        return open_regular_stream(path, buffering=buffering)
+    except UnsafeFileError as exc:
+        code = exc.errno or errno.EINVAL
+        raise OSError(code, exc.reason, printable(str(path))) from None
 
 
 def _replaced(path: Path, stream: IO[bytes]) -> bool:

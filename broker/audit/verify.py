@@ -23,9 +23,11 @@ from typing import Any, BinaryIO, Final
 
 from broker.audit.chain import GENESIS, line_hash
 from broker.audit.merkle import leaf_hash
+from broker.audit.nesting import MAX_DEPTH, too_deep
 from broker.audit.processors import canonical
 from broker.audit.schema import ALL_FIELDS, EVIDENCE_FIELDS, INVALID, REQUIRED_FIELDS, SYSTEM_EVENT_FIELDS
 from broker.audit.sink import MAX_LINE_BYTES
+from broker.files import UnsafeFileError, bounded_lines, open_regular_stream, printable
 from broker.protocol.codec import loads_strict
 
 
@@ -49,8 +51,9 @@ class _Record:
 
 
 def verify_file(path: str | Path) -> VerifyReport:
-    """Verify the log at `path`. Raises OSError if it cannot be read."""
-    with open(path, "rb") as stream:
+    """Verify the log at `path`. Raises UnsafeFileError if it is no regular file (a FIFO or a
+    device would hang or flood the check), OSError if it cannot be read."""
+    with open_regular_stream(path) as stream:
         return verify_stream(stream)
 
 
@@ -76,8 +79,11 @@ def main_verify(path: str | Path) -> int:
     """`docbroker audit verify FILE`: print a summary; exit code 0 when intact, 1 otherwise."""
     try:
         report = verify_file(path)
+    except UnsafeFileError as exc:
+        print(f"audit log: cannot read {exc}")
+        return 1
     except OSError as exc:
-        print(f"audit log: cannot read {path}: {exc.strerror or 'error'}")
+        print(f"audit log: cannot read {printable(str(path))}: {exc.strerror or 'error'}")
         return 1
     if report.ok:
         print(f"audit log OK: {report.lines} lines, hash chain intact, head {report.head}")
@@ -120,6 +126,8 @@ def _parse(raw: bytes, leaf: bool = False) -> _Record | str:
     if not raw.endswith(b"\n"):
         return "line has no newline (truncated write or tampering)"
     body = raw[:-1]
+    if too_deep(body):
+        return f"JSON nested more than {MAX_DEPTH} deep"
     try:
         text = body.decode("ascii")
         record = loads_strict(text)  # duplicate keys refused: readers disagree on which wins
@@ -164,13 +172,12 @@ class _Lines:
     """Lines of a binary stream, bounded in length, with one line of look-ahead."""
 
     def __init__(self, stream: BinaryIO) -> None:
-        self._stream = stream
+        self._lines = bounded_lines(stream, MAX_LINE_BYTES)
         self._ahead: bytes | None = None
         self.count = 0  # lines handed out by next()
 
     def _read(self) -> bytes | None:
-        raw = self._stream.readline(MAX_LINE_BYTES + 1)
-        return raw or None
+        return next(self._lines, None)
 
     def next(self) -> bytes | None:
         raw = self._ahead if self._ahead is not None else self._read()

@@ -119,6 +119,15 @@ async def test_refuses_to_append_after_an_unparseable_last_line(log_path: Path) 
     assert err.value.code == "tail_invalid"
 
 
+async def test_refuses_to_append_after_a_last_line_of_100k_nested_brackets(log_path: Path) -> None:
+    # Planted by someone who can write the folder: the broker must refuse the log, not crash.
+    log_path.parent.mkdir(parents=True)
+    log_path.write_bytes(b"[" * 100_000 + b"\n")
+    with pytest.raises(AuditSinkError) as err:
+        await AuditLog.open(AuditSettings(path=log_path))
+    assert err.value.code == "tail_invalid"
+
+
 async def test_file_is_created_0600_and_an_open_one_tightened(tmp_path: Path) -> None:
     fresh = tmp_path / "a" / "audit.jsonl"
     async with await AuditLog.open(plain(fresh)) as log:
