@@ -50,7 +50,7 @@ class Sandbox:
         self.path = path
         self.reply = reply
         self.connections = 0
-        self.hung_up = 0  # connections the broker's side closed (or this side ended)
+        self.ended = 0  # connections the broker's side closed (or this side ended)
         self.requests: list[bytes] = []
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.AbstractServer | None = None
@@ -91,7 +91,7 @@ class Sandbox:
         except (asyncio.IncompleteReadError, ConnectionError):
             self.hung_up.set()
         finally:
-            self.hung_up += 1
+            self.ended += 1
             writer.close()
 
     async def close(self) -> None:
@@ -402,12 +402,12 @@ async def test_a_tenants_client_goes_with_its_sandbox(tmp_path: Path) -> None:
         # it the connection the old sandbox still holds open.
         second = upstreams.client("t", Endpoint(url="http://localhost/mcp", uds=str(new.path)))
         assert second is not first and len(upstreams) == 1
-        await until(lambda: old.hung_up == 1)
+        await until(lambda: old.ended == 1)
         assert (await fetch(second))[0] == 200
         # The sandbox went (the runtime said so): nothing is kept for it.
         upstreams.forget("t")
         assert len(upstreams) == 0
-        await until(lambda: new.hung_up == 1)
+        await until(lambda: new.ended == 1)
         assert new.connections == 1
     finally:
         await upstreams.close()
