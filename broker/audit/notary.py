@@ -20,7 +20,8 @@ from typing import Any
 
 from broker.audit.chain import GENESIS
 from broker.audit.checkpoint import CHECKPOINT_LABEL, FORMAT, GAP_LABEL, Signer, record_hash
-from broker.audit.merkle import Frontier
+from broker.audit.merkle import Frontier, leaf_hash
+from broker.audit.nesting import too_deep
 from broker.audit.processors import rfc3339_ms
 from broker.audit.schema import SystemEvent
 
@@ -43,19 +44,21 @@ class Notary:
 
     def resume(self, newest_first: Iterable[bytes], seq: int) -> Frontier:
         """Read back to the last checkpoint; return the frontier over all `seq` lines so far."""
+        # Leaf hashes, not lines: a log from before checkpoints is read back whole, and 32 bytes a
+        # line is what the tree needs of it.
         after: list[bytes] = []
         found: dict[str, Any] | None = None
         for line in newest_first:
-            if b'"event":"audit.checkpoint"' in line:
+            if b'"event":"audit.checkpoint"' in line and not too_deep(line):
                 try:
                     record = json.loads(line)
                 except ValueError:
                     record = None
                 if isinstance(record, dict) and record.get("event") == SystemEvent.CHECKPOINT:
                     found = record
-                    after.append(line)
+                    after.append(leaf_hash(line))
                     break
-            after.append(line)
+            after.append(leaf_hash(line))
         after.reverse()
         if found is None:
             # No checkpoint anywhere (a log from before checkpoints): all its lines are leaves,
@@ -71,8 +74,8 @@ class Notary:
             if frontier.root().hex() != body["root"]:
                 raise HistoryError("checkpoint frontier does not match its root")
             self.log_id, self.count, self.last_hash = body["log"], body["n"], record_hash(body)
-        for line in after:
-            frontier.append(line)
+        for leaf in after:
+            frontier.append_hash(leaf)
         if frontier.size != seq:
             raise HistoryError("tree size and sequence number disagree")
         self.since = len(after) - (found is not None)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from broker.files import rename_noreplace
+from broker.files import UnsafeFileError, open_regular, rename_noreplace
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,11 @@ class FileSink:
 
     def _read_rotated(self) -> Iterator[bytes]:
         for path in reversed(rotated_files(self.path)):
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            # A FIFO or a link planted under a rotated name must not hang or redirect start-up.
+            try:
+                fd = open_regular(path)
+            except UnsafeFileError as exc:
+                raise OSError(errno.EINVAL, f"rotated audit file unusable ({exc.reason})") from None
             try:
                 yield from _lines_backwards(fd, os.fstat(fd).st_size)
             finally:

@@ -124,7 +124,7 @@ async def test_refuses_to_append_after_a_last_line_of_100k_nested_brackets(log_p
     log_path.parent.mkdir(parents=True)
     log_path.write_bytes(b"[" * 100_000 + b"\n")
     with pytest.raises(AuditSinkError) as err:
-        await AuditLog.open(AuditSettings(path=log_path))
+        await AuditLog.open(plain(log_path))
     assert err.value.code == "tail_invalid"
 
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from broker.audit import sink as sink_module
+from broker.audit.errors import AuditSinkError
+from broker.audit.log import AuditLog
 from broker.audit.sink import FileSink, rotated_files
 from broker.files import rename_noreplace
+from broker.settings import AuditSettings
+
+pytestmark = pytest.mark.anyio
 
 
 def test_rename_noreplace_refuses_an_existing_target_and_keeps_both(tmp_path: Path) -> None:
@@ -53,3 +59,14 @@ def test_a_file_planted_after_the_listing_is_neither_replaced_nor_taken(
     assert planted[0].read_bytes() == b"planted\n"
     assert log.read_bytes() == b'{"event":"one"}\n'  # our log kept its name and its lines
     sink.close()
+
+
+@pytest.mark.timeout(20)  # before: open() of the FIFO blocked start-up for good
+async def test_a_fifo_planted_under_a_rotated_name_refuses_start_up_at_once(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    log.touch(mode=0o600)  # fresh after a rotation: the chain goes on from the rotated file
+    os.mkfifo(tmp_path / "audit.jsonl.000001", 0o600)
+    settings = AuditSettings(path=log, key_file=tmp_path / "audit.key", witness_file=None)
+    with pytest.raises(AuditSinkError):
+        await AuditLog.open(settings)
+
