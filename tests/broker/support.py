@@ -12,6 +12,7 @@ import json
 import secrets
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from broker.testing import Broker
+from broker.testing import ROOT, Broker
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
@@ -269,3 +270,17 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+def serve_once(broker: Broker, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m broker serve` with the broker's environment, to the end: for settings the
+    broker must refuse at start-up (one line on stderr, never a traceback)."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker", "serve"],
+        cwd=ROOT,
+        env=broker.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -10,14 +10,13 @@ is the explicit way to accept the risk (a lab whose database is on the node).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from broker.settings import Settings, SettingsError
-from broker.testing import ROOT, make_broker
+from broker.testing import make_broker
+from tests.broker.support import serve_once
 
 BASE = {
     "DOCBROKER_AUTH_ISSUER": "https://issuer.example",
@@ -69,15 +68,7 @@ def test_a_socket_verify_full_or_the_explicit_setting_is_accepted(env: dict[str,
 
 def test_the_broker_refuses_to_start_on_a_plain_tcp_database_in_one_line(tmp_path: Path) -> None:
     broker = make_broker(tmp_path, env={"DOCBROKER_DATABASE_URL": NETWORK})
-    done = subprocess.run(
-        [sys.executable, "-m", "broker", "serve"],
-        cwd=ROOT,
-        env=broker.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = serve_once(broker)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

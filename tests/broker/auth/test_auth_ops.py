@@ -7,14 +7,13 @@ tests/broker/test_ops_surface.py.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from broker.auth.ops import OpsTokenError, OpsTokens
-from broker.testing import ROOT, make_broker
+from broker.testing import make_broker
+from tests.broker.support import serve_once
 
 TOKEN = "a" * 31 + "Z"
 OLD = "o" * 40
@@ -74,15 +73,7 @@ def test_a_link_is_refused(tmp_path: Path) -> None:
 def test_the_broker_does_not_start_on_an_unusable_file_and_says_so_in_one_line(tmp_path: Path) -> None:
     broker = make_broker(tmp_path)
     write(Path(broker.env["DOCBROKER_OPS_TOKEN_FILE"]), "too-short-to-guess-nothing\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "broker", "serve"],
-        cwd=ROOT,
-        env=broker.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = serve_once(broker)
     assert done.returncode != 0
     assert "Traceback" not in done.stderr and "too-short" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
