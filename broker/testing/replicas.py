@@ -190,6 +190,7 @@ def make_replicas(
                 env={**base.env, **own, **(env or {})},
                 private_key=base.private_key,
                 kid=base.kid,
+                ops_token=base.ops_token,
                 replica_id=name,
             )
         )

@@ -62,7 +62,7 @@ def only_pid(replica: Replica, tenant: str = "acme") -> int:
 def sandboxes_running(replica: Replica) -> int:
     """The replica's own count of running sandboxes, as its /metrics shows it."""
     with replica.http() as http:
-        text = http.get("/metrics").text
+        text = http.get("/metrics", headers=replica.ops_headers).text
     (line,) = [x for x in text.splitlines() if x.startswith("docbroker_sandboxes_running ")]
     return int(float(line.split()[1]))
 
