@@ -137,10 +137,20 @@ class Broker:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited early:\n{self.logs()[-3000:]}")
             with contextlib.suppress(httpx2.TransportError):
-                if httpx2.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if self._answers_as_itself():
                     return
             time.sleep(0.1)
         raise RuntimeError(f"broker did not start:\n{self.logs()[-3000:]}")
+
+    def _answers_as_itself(self) -> bool:
+        """Whether the server on our port is this broker, not another test's that took the port
+        between free_port() and our bind (seen in CI: our broker then exits, the other answers
+        /healthz, and the module's tests meet a closed port later). Only this deployment knows
+        its ops token: its /readyz authenticates it, ready (200) or not (503); another's says 401."""
+        if not self.ops_token:
+            return httpx2.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        answer = httpx2.get(f"{self.url}/readyz", headers=self.ops_headers, timeout=2)
+        return answer.status_code in (200, 503) and "checks" in answer.text
 
 
 class _Drop:
