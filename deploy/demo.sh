@@ -48,7 +48,7 @@ if [ ! -s "$DOCBROKER_AUTH_DEV_HS256_SECRET_FILE" ]; then
     "$VENV/bin/python" "$DOCBROKER_AUTH_DEV_HS256_SECRET_FILE"
 fi
 
-as_broker "$VENV/bin/docbroker" tenant demo >/dev/null
+as_broker "$VENV/bin/docbroker" tenant add demo >/dev/null 2>"$DATA/.tenant-add.err" || { cat "$DATA/.tenant-add.err" >&2; exit 1; }
 for doc in "$ROOT"/deploy/demo-docs/*.md; do
   target="$DATA/tenants/demo/docs/sources/$(basename "$doc")"
   # Copied by root (the checkout may be closed to the broker's user), then handed over.

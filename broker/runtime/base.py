@@ -84,6 +84,16 @@ class SandboxBackend(ABC):
         gone on its next call and starts and pins a new one."""
         raise BackendRefused(f"the {self.name} runtime cannot replace sandboxes from outside the broker")
 
+    async def sandboxes(self) -> list[SandboxInfo]:
+        """The tenants' sandboxes the engine holds, whichever broker started them; reads only
+        (`docbroker sandbox list`: unlike `discover`, it never cleans anything up)."""
+        return await self.discover()
+
+    async def stderr(self, tenant: str, lines: int) -> bytes:
+        """The last `lines` lines of the tenant's sandbox's stderr, as the engine kept them
+        (`docbroker sandbox logs`)."""
+        raise BackendRefused(f"the {self.name} runtime keeps no sandbox logs for the broker to read")
+
     def mode(self) -> DaemonMode:
         return DaemonMode.NOT_APPLICABLE
 
