@@ -78,7 +78,9 @@ def print_table(
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(Text(cell(value)) for value in row))
-    Console(file=sys.stdout, highlight=False, soft_wrap=False).print(table)
+    # Piped (grep, a file), the table is as wide as its cells: rich's 80 columns would fold ids.
+    width = None if sys.stdout.isatty() else 1000
+    Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width).print(table)
 
 
 def print_fields(pairs: Sequence[tuple[str, object]]) -> None:
