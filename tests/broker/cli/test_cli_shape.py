@@ -93,3 +93,19 @@ def test_a_failure_is_exit_1_in_one_line(tmp_path: Path) -> None:
     }
     line = one_line_error(cli(env, "tenant", "show", "nobody"), 1)
     assert line == "docbroker tenant show: no such tenant"
+
+
+def test_an_unexpected_failure_is_one_line_naming_its_kind_never_a_traceback(tmp_path: Path) -> None:
+    planted = tmp_path / "not-a-folder"
+    planted.write_text("secret-ish content\n")
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),
+        "DOCBROKER_DATA_DIR": str(planted),  # a file where the data dir should be
+        "DOCBROKER_POLICIES_DIR": str(tmp_path / "policies"),
+        "DOCBROKER_AUTH_ISSUER": "https://issuer.invalid",
+        "DOCBROKER_AUTH_AUDIENCE": "x",
+        "DOCBROKER_AUTH_JWKS_FILE": str(tmp_path / "jwks.json"),
+    }
+    line = one_line_error(cli(env, "tenant", "add", "acme"), 1)
+    assert line.startswith("docbroker tenant add: failed unexpectedly (") and str(planted) not in line
