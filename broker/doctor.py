@@ -60,7 +60,7 @@ def _master_key(settings: Settings) -> tuple[str, str]:
 
     path = settings.master_key_file
     if not path.exists():
-        return WARN, "missing: `docbroker serve` or `docbroker tenant` creates one"
+        return WARN, "missing: `docbroker serve` or `docbroker tenant add` creates one"
     key = load_master_key(path)  # refuses a link, a FIFO, an open mode: the mode is 0600 or less
     return OK, f"{len(key)} bytes, mode {stat.S_IMODE(path.lstat().st_mode):o}"
 
@@ -70,7 +70,7 @@ def _policies(settings: Settings) -> tuple[str, str]:
 
     policies = Policies.load(settings.policies_dir)
     if not policies.by_tenant:
-        return WARN, "no tenants: add one with `docbroker tenant NAME`"
+        return WARN, "no tenants: add one with `docbroker tenant add NAME`"
     return OK, f"{len(policies.by_tenant)} tenant(s)"
 
 

@@ -80,7 +80,7 @@ class SandboxBackend(ABC):
     async def remove_tenant(self, tenant: str, run_dir: str) -> int:
         """Remove every sandbox of `tenant` the engine holds, found by what marks it there
         (labels, a pid file in `run_dir`), whichever broker process started it; returns how
-        many. For operators (`docbroker sandbox replace`): a broker using one notices it is
+        many. For operators (`docbroker sandbox restart`): a broker using one notices it is
         gone on its next call and starts and pins a new one."""
         raise BackendRefused(f"the {self.name} runtime cannot replace sandboxes from outside the broker")
 
