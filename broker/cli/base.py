@@ -26,7 +26,6 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from broker.audit.table import escape
 from broker.settings import Settings, SettingsError
 
 # argparse's private _SubParsersAction: what `register(subparsers)` receives.
@@ -62,6 +61,8 @@ def print_json(value: object) -> None:
 
 
 def cell(value: object) -> str:
+    from broker.audit.table import escape  # the audit package is slow to import: only when printing
+
     return "-" if value is None or value == "" else escape(str(value))
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable
 
 from broker.cli.base import Subparsers, UsageError
 from broker.settings import SettingsError
-from server.contracts import TENANT_RE
 
 TOKEN_VARIABLE = "DOCBROKER_TOKEN"  # noqa: S105 - the name of a variable, not a token
 
@@ -42,14 +42,14 @@ class Target:
     (`env`: the client's own syntax for the variable, or the token itself)."""
 
     def __init__(self, name: str, url: str, token: str | None) -> None:
-        self.name, self.url, self._token = name, url, token
+        self.name, self.url, self.token = name, url, token
 
     def bearer(self, placeholder: str) -> str:
-        return f"Bearer {self._token if self._token is not None else placeholder}"
+        return f"Bearer {self.token if self.token is not None else placeholder}"
 
     @property
     def literal(self) -> bool:
-        return self._token is not None
+        return self.token is not None
 
 
 def _json(value: object) -> str:
@@ -59,7 +59,8 @@ def _json(value: object) -> str:
 def claude_code(t: Target) -> str:
     # Claude Code's own command; `${VAR}` is left for the shell to expand when it runs.
     header = t.bearer("${" + TOKEN_VARIABLE + "}")
-    return f'claude mcp add --transport http {t.name} {t.url} --header "Authorization: {header}"\n'
+    url = shlex.quote(t.url)
+    return f'claude mcp add --transport http {t.name} {url} --header "Authorization: {header}"\n'
 
 
 def claude_desktop(t: Target) -> str:
@@ -107,7 +108,7 @@ def cursor(t: Target) -> str:
 
 
 def python_sdk(t: Target) -> str:
-    token = repr(t.bearer("")[7:]) if t.literal else f"os.environ[{TOKEN_VARIABLE!r}]"
+    token = repr(t.token) if t.token is not None else f"os.environ[{TOKEN_VARIABLE!r}]"
     return f"""import asyncio
 import os
 
@@ -131,7 +132,7 @@ asyncio.run(main())
 
 
 def typescript_sdk(t: Target) -> str:
-    token = json.dumps(t.bearer("")[7:]) if t.literal else f"process.env.{TOKEN_VARIABLE}"
+    token = json.dumps(t.token) if t.token is not None else f"process.env.{TOKEN_VARIABLE}"
     return f"""import {{ Client }} from "@modelcontextprotocol/sdk/client/index.js";
 import {{ StreamableHTTPClientTransport }} from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
@@ -158,6 +159,7 @@ CLIENTS: dict[str, Callable[[Target], str]] = {
 def cmd_client_config(args: argparse.Namespace) -> int:
     from broker.cli.approvals import read_token
     from broker.settings import origin_of, public_url_from_env
+    from server.contracts import TENANT_RE
 
     if not TENANT_RE.fullmatch(args.tenant):
         raise UsageError("not a tenant id (a DNS label)")

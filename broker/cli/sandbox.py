@@ -12,9 +12,8 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from broker.audit.table import escape
 from broker.cli.base import (
     CliError,
     Subparsers,
@@ -24,9 +23,10 @@ from broker.cli.base import (
     print_json,
     print_table,
 )
-from broker.runtime.base import SandboxBackend
 from broker.settings import Settings
-from server.contracts import TENANT_RE
+
+if TYPE_CHECKING:
+    from broker.runtime.base import SandboxBackend
 
 _T = TypeVar("_T")
 MAX_LINES = 10_000
@@ -61,6 +61,8 @@ def register(sub: Subparsers) -> None:
 
 
 def _tenant(name: str) -> str:
+    from server.contracts import TENANT_RE
+
     if not TENANT_RE.fullmatch(name):
         raise UsageError("not a tenant id (a DNS label)")
     return name
@@ -125,6 +127,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     tenant = _tenant(args.tenant)
     if not 1 <= args.lines <= MAX_LINES:
         raise UsageError(f"--lines must be between 1 and {MAX_LINES}")
+    from broker.audit.table import escape
+
     raw = _with_backend(load_settings(), lambda b: b.stderr(tenant, args.lines))
     # The sandbox writes these bytes, and it runs the tenant's code paths: every line is
     # escaped (no terminal control reaches the operator) and the whole is bounded.

@@ -12,7 +12,7 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.cli.base import (
     CliError,
@@ -26,8 +26,11 @@ from broker.cli.base import (
     print_table,
 )
 from broker.settings import Settings
-from server.contracts import TENANT_RE
 
+if TYPE_CHECKING:
+    from broker.tenants import Tenants
+
+# server.contracts (pydantic) and broker.tenants are imported where used: `--help` stays fast.
 RESTART = "restart the broker(s) to apply: policies are read when a broker starts"
 
 
@@ -70,12 +73,14 @@ def register(sub: Subparsers) -> None:
 
 
 def _name(name: str) -> str:
+    from server.contracts import TENANT_RE
+
     if not TENANT_RE.fullmatch(name):
         raise UsageError("not a tenant id (a DNS label)")
     return name
 
 
-def _tenants(settings: Settings) -> Any:
+def _tenants(settings: Settings) -> Tenants:
     from broker.master_key import create_master_key, load_master_key
     from broker.tenants import Tenants
 
@@ -129,6 +134,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 def _known(settings: Settings) -> list[str]:
     from broker.tenants import Tenants
+    from server.contracts import TENANT_RE
 
     folder = settings.policies_dir / "tenants"
     with_policy = (
