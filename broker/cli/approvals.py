@@ -23,6 +23,7 @@ from broker.cli.base import (
     print_fields,
     print_json,
     print_table,
+    progress,
 )
 from broker.settings import SettingsError
 
@@ -114,7 +115,10 @@ def _call(args: argparse.Namespace, method: str, path: str, params: dict[str, st
 
     headers = {"authorization": f"Bearer {read_token(args.token_file)}", "accept": "application/json"}
     try:
-        with httpx2.Client(base_url=_base_url(args), headers=headers, timeout=30) as http:
+        with (
+            progress("asking the broker"),
+            httpx2.Client(base_url=_base_url(args), headers=headers, timeout=30) as http,
+        ):
             response = http.request(method, "/v1/approvals" + path, params=params)
     except httpx2.HTTPError as exc:  # the URL and the token stay out of the message
         raise CliError(f"cannot reach the broker ({type(exc).__name__})") from None

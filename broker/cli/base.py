@@ -21,9 +21,10 @@ sandbox's stderr) and a terminal obeys control characters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from broker.settings import Settings, SettingsError
@@ -89,6 +90,19 @@ def print_fields(pairs: Sequence[tuple[str, object]]) -> None:
     width = max((len(name) for name, _ in pairs), default=0)
     for name, value in pairs:
         sys.stdout.write(f"{name:<{width}}  {cell(value)}\n")
+
+
+@contextlib.contextmanager
+def progress(what: str) -> Iterator[None]:
+    """A spinner on stderr while a slow step runs (an engine, a broker), for people at a
+    terminal; nothing when stderr is a file or a pipe, so logs and scripts see no noise."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(what):
+        yield
 
 
 def note(line: str) -> None:

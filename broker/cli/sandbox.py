@@ -22,6 +22,7 @@ from broker.cli.base import (
     load_settings,
     print_json,
     print_table,
+    progress,
 )
 from broker.settings import Settings
 
@@ -81,7 +82,8 @@ def _with_backend(settings: Settings, work: Callable[[SandboxBackend], Awaitable
             await backend.close()
 
     try:
-        return asyncio.run(run())
+        with progress(f"asking the {settings.runtime.kind} sandbox engine"):
+            return asyncio.run(run())
     except (RuntimeErrorBase, MasterKeyError) as exc:  # one line naming the engine's refusal
         raise CliError(str(exc)) from None
 

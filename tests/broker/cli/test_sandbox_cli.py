@@ -39,3 +39,32 @@ def test_logs_are_refused_in_one_line_where_the_runtime_keeps_none(broker: Broke
     line = one_line_error(cli(broker.env, "sandbox", "logs", "acme"), 1)
     assert line == "docbroker sandbox logs: the local runtime keeps no sandbox logs for the broker to read"
     assert one_line_error(cli(broker.env, "sandbox", "logs", "acme", "--lines", "0"), 2)
+
+
+def test_a_spinner_only_for_a_terminal(broker: Broker) -> None:
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    piped = cli(broker.env, "sandbox", "list")
+    assert piped.returncode == 0 and piped.stderr == ""  # scripts and logs see no progress noise
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "sandbox", "list", "--json"],
+        env=broker.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    stdout, _ = proc.communicate(timeout=60)
+    os.close(leader)
+    assert proc.returncode == 0 and b"asking the local sandbox engine" in seen
+    assert b"\x1b" not in stdout  # the JSON on stdout is untouched
