@@ -18,13 +18,17 @@ OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
 
 class _Report:
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, rows: list[dict[str, str]] | None) -> None:
         self._out = out
+        self._rows = rows
         self.failed = False
 
     def line(self, level: str, what: str, detail: str) -> None:
         self.failed |= level == FAIL
-        self._out.write(f"{level:<5} {what:<22} {detail}\n")
+        if self._rows is not None:  # `doctor --json`: collected, printed as one document
+            self._rows.append({"level": level, "check": what, "detail": detail})
+        else:
+            self._out.write(f"{level:<5} {what:<22} {detail}\n")
 
     def check(self, what: str, fn: Callable[[], tuple[str, str]]) -> None:
         try:
@@ -34,8 +38,9 @@ class _Report:
         self.line(level, what, detail)
 
 
-def run_doctor(settings: Settings, out: TextIO) -> int:
-    report = _Report(out)
+def run_doctor(settings: Settings, out: TextIO, rows: list[dict[str, str]] | None = None) -> int:
+    """Print a line per check as it ends (or, given `rows`, append each there instead)."""
+    report = _Report(out, rows)
     report.check("master key", lambda: _master_key(settings))
     report.check("policies", lambda: _policies(settings))
     report.check("data dir", lambda: _data_dir(settings))
@@ -55,7 +60,7 @@ def _master_key(settings: Settings) -> tuple[str, str]:
 
     path = settings.master_key_file
     if not path.exists():
-        return WARN, "missing: `docbroker serve` or `docbroker tenant` creates one"
+        return WARN, "missing: `docbroker serve` or `docbroker tenant add` creates one"
     key = load_master_key(path)  # refuses a link, a FIFO, an open mode: the mode is 0600 or less
     return OK, f"{len(key)} bytes, mode {stat.S_IMODE(path.lstat().st_mode):o}"
 
@@ -65,7 +70,7 @@ def _policies(settings: Settings) -> tuple[str, str]:
 
     policies = Policies.load(settings.policies_dir)
     if not policies.by_tenant:
-        return WARN, "no tenants: add one with `docbroker tenant NAME`"
+        return WARN, "no tenants: add one with `docbroker tenant add NAME`"
     return OK, f"{len(policies.by_tenant)} tenant(s)"
 
 

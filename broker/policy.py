@@ -37,7 +37,7 @@ class TenantPolicy:
     max_pending_approvals: int = 50
 
 
-_SCHEMA: dict[str, dict[str, type]] = {
+POLICY_SCHEMA: dict[str, dict[str, type]] = {
     "tools": {"allowed": list},
     "limits": {"rate_per_minute": int, "burst": int, "max_concurrent": int},
     "approvals": {"require_distinct_approver": bool, "max_pending": int},
@@ -47,10 +47,10 @@ _SCHEMA: dict[str, dict[str, type]] = {
 def _merge(base: dict[str, Any], override: Mapping[str, Any], source: str) -> dict[str, Any]:
     merged = {section: dict(values) for section, values in base.items()}
     for section, values in override.items():
-        if section not in _SCHEMA or not isinstance(values, dict):
+        if section not in POLICY_SCHEMA or not isinstance(values, dict):
             raise PolicyError(f"{source}: unknown section [{section}]")
         for key, value in values.items():
-            expected = _SCHEMA[section].get(key)
+            expected = POLICY_SCHEMA[section].get(key)
             if expected is None:
                 raise PolicyError(f"{source}: unknown key {section}.{key}")
             # bool is an int in Python: check it explicitly so `burst = true` is an error.

@@ -346,8 +346,12 @@ class Settings:
         return self.data_dir / APPROVALS_DB
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
-        r = _Reader(env)
+    def from_env(
+        cls, env: Mapping[str, str] = os.environ, *, reads: list[SettingRead] | None = None
+    ) -> Settings:
+        """`reads`, when given, receives every variable read, with its type and default: the
+        generated reference (docs/operations.md) is made from it, so it cannot drift."""
+        r = _Reader(env, reads)
         data_dir = _data_dir(r)
         host = r.text("HOST", "127.0.0.1")
         port = r.integer("PORT", 8080, low=1, high=65535)
@@ -523,6 +527,18 @@ def master_key_file_from_env(env: Mapping[str, str] = os.environ) -> Path:
     return _master_key_file(r, _data_dir(r))
 
 
+def public_url_from_env(env: Mapping[str, str] = os.environ) -> str:
+    """DOCBROKER_PUBLIC_URL, or `http://HOST:PORT`, as the broker derives it: where the client
+    commands (`docbroker approvals`, `client-config`) reach a broker."""
+    r = _Reader(env)
+    host = r.text("HOST", "127.0.0.1")
+    port = r.integer("PORT", 8080, low=1, high=65535)
+    url = r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/")
+    if origin_of(url) is None:
+        raise SettingsError(f"{PREFIX}PUBLIC_URL must be an http(s) URL")
+    return url
+
+
 def docker_host_from_env(env: Mapping[str, str] = os.environ) -> str | None:
     """DOCBROKER_DOCKER_HOST alone (`docbroker image build`); None: Docker's own default."""
     return _Reader(env).optional("DOCKER_HOST")
@@ -577,13 +593,32 @@ def _kubernetes_settings(r: _Reader) -> KubernetesSettings:
     return k
 
 
+@dataclass(frozen=True)
+class SettingRead:
+    """One variable as the settings read it: its type, default and bounds (for the reference)."""
+
+    name: str
+    kind: str
+    default: object = None
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+
+
 class _Reader:
     """Typed access to `DOCBROKER_*` variables; every error names the variable only."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], reads: list[SettingRead] | None = None) -> None:
         self._env = env
+        self._reads = reads
+
+    def _note(self, read: SettingRead) -> None:
+        # The first, most specific reader names it (text() then calls optional()).
+        if self._reads is not None and all(r.name != read.name for r in self._reads):
+            self._reads.append(read)
 
     def optional(self, name: str) -> str | None:
+        self._note(SettingRead(PREFIX + name, "text"))
         value = self._env.get(PREFIX + name, "").strip()
         return value or None
 
@@ -593,19 +628,23 @@ class _Reader:
         return {name: self._env[name] for name in names if self._env.get(name, "").strip()}
 
     def text(self, name: str, default: str) -> str:
+        self._note(SettingRead(PREFIX + name, "text", default))
         return self.optional(name) or default
 
     def required(self, name: str) -> str:
+        self._note(SettingRead(PREFIX + name, "text (required)"))
         value = self.optional(name)
         if value is None:
             raise SettingsError(f"{PREFIX}{name} is required")
         return value
 
     def path(self, name: str) -> Path | None:
+        self._note(SettingRead(PREFIX + name, "path"))
         value = self.optional(name)
         return Path(value).absolute() if value else None
 
     def integer(self, name: str, default: int, *, low: int, high: int) -> int:
+        self._note(SettingRead(PREFIX + name, "integer", default, low, high))
         raw = self.optional(name)
         if raw is None:
             return default
@@ -618,6 +657,7 @@ class _Reader:
         return value
 
     def number(self, name: str, default: float, *, low: float, high: float) -> float:
+        self._note(SettingRead(PREFIX + name, "number", default, low, high))
         raw = self.optional(name)
         if raw is None:
             return default
@@ -630,6 +670,7 @@ class _Reader:
         return value
 
     def flag(self, name: str, default: bool) -> bool:
+        self._note(SettingRead(PREFIX + name, "flag", default))
         raw = self.optional(name)
         if raw is None:
             return default
@@ -640,6 +681,7 @@ class _Reader:
         raise SettingsError(f"{PREFIX}{name} must be true or false")
 
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        self._note(SettingRead(PREFIX + name, "choice", default, choices=choices))
         value = self.text(name, default)
         if value not in choices:
             raise SettingsError(f"{PREFIX}{name} must be one of {', '.join(choices)}")
@@ -647,6 +689,7 @@ class _Reader:
 
     def origins(self, name: str, default: str) -> tuple[str, ...]:
         """`default` and a comma-separated list of origins (`scheme://host[:port]`), normalised."""
+        self._note(SettingRead(PREFIX + name, "list of origins", default))
         raw = self.optional(name)
         origins = [default]  # the broker's own page is served from there: always allowed
         if raw is None:
@@ -662,6 +705,7 @@ class _Reader:
 
     def networks(self, name: str) -> tuple[IPNetwork, ...]:
         """A comma-separated list of IP addresses and networks (`10.0.0.0/8`, `2001:db8::/32`)."""
+        self._note(SettingRead(PREFIX + name, "list of networks", ""))
         raw = self.optional(name)
         if raw is None:
             return ()
@@ -678,6 +722,7 @@ class _Reader:
         return tuple(dict.fromkeys(found))
 
     def algorithms(self, name: str) -> tuple[str, ...]:
+        self._note(SettingRead(PREFIX + name, "list of algorithms", ",".join(ALLOWED_ALGORITHMS)))
         raw = self.optional(name)
         if raw is None:
             return ALLOWED_ALGORITHMS

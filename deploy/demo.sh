@@ -42,21 +42,28 @@ export DOCBROKER_AUTH_DEV_HS256_SECRET_FILE=$DATA/dev-hs256.key
 export DOCBROKER_DOCKER_SECCOMP_PROFILE=$POLICIES/seccomp.json
 
 as_broker() { "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=|HOME=)' | sed 's/^HOME=.*/HOME=\/tmp/') "$@"; }
+# The command from this checkout (the venv's install may be another checkout's, editable);
+# the docbroker user's venv holds a regular install of this checkout.
+if [ ${#RUN_AS[@]} -eq 0 ]; then DOCBROKER=(env PYTHONPATH="$ROOT" "$VENV/bin/python" -m broker); else DOCBROKER=("$VENV/bin/docbroker"); fi
 
 if [ ! -s "$DOCBROKER_AUTH_DEV_HS256_SECRET_FILE" ]; then
   as_broker sh -c 'umask 077 && "$0" -c "import secrets; print(secrets.token_hex(32))" > "$1"' \
     "$VENV/bin/python" "$DOCBROKER_AUTH_DEV_HS256_SECRET_FILE"
 fi
 
-as_broker "$VENV/bin/docbroker" tenant demo >/dev/null
+as_broker "${DOCBROKER[@]}" tenant add demo >/dev/null 2>"$DATA/.tenant-add.err" || { cat "$DATA/.tenant-add.err" >&2; exit 1; }
 for doc in "$ROOT"/deploy/demo-docs/*.md; do
   target="$DATA/tenants/demo/docs/sources/$(basename "$doc")"
   # Copied by root (the checkout may be closed to the broker's user), then handed over.
   [ -e "$target" ] || { cp "$doc" "$target" && chown --reference="$(dirname "$target")" "$target"; }
 done
-TOKEN=$(as_broker "$VENV/bin/docbroker" token --tenant demo --subject demo-user)
+TOKEN=$(as_broker "${DOCBROKER[@]}" token --tenant demo --subject demo-user)
 export TOKEN
-URL="http://$DOCBROKER_HOST:$DOCBROKER_PORT/mcp"
+BASE="http://$DOCBROKER_HOST:$DOCBROKER_PORT"
+URL="$BASE/mcp"
+# One ready client configuration (Claude Code's one line; `--client` names the others).
+CLIENT_LINE=$(as_broker "${DOCBROKER[@]}" client-config --tenant demo --client claude-code --url "$BASE")
+AUDIT_QUERY="${DOCBROKER[*]} audit query $DATA/audit.jsonl --tenant demo --event mcp.request --since 1h"
 
 cat <<MSG
 
@@ -65,8 +72,16 @@ cat <<MSG
 
   MCP endpoint : $URL
   Dev token    : $TOKEN
-  Approvals    : http://$DOCBROKER_HOST:$DOCBROKER_PORT/approvals   (paste the token)
+  Approvals    : $BASE/approvals   (paste the token)
   Audit log    : $DATA/audit.jsonl
+
+  Client config (Claude Code; `docbroker client-config --client NAME` also writes vscode,
+  cursor, claude-desktop, python and typescript ones):
+    export DOCBROKER_TOKEN=$TOKEN
+    $CLIENT_LINE
+
+  The calls you make, as the audit log saw them:
+    $AUDIT_QUERY
 
   Try it (a real MCP request, protocol 2026-07-28):
     TOKEN=$TOKEN
@@ -79,4 +94,4 @@ cat <<MSG
   or point any MCP client at the endpoint with the header "Authorization: Bearer <token>".
 
 MSG
-exec "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=)' ) HOME=/tmp "$VENV/bin/docbroker" serve
+exec "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=)' ) HOME=/tmp "${DOCBROKER[@]}" serve

@@ -89,7 +89,7 @@ class SandboxBackend(ABC):
     async def remove_tenant(self, tenant: str, run_dir: str) -> int:
         """Remove every sandbox of `tenant` the engine holds, found by what marks it there
         (labels, a pid file in `run_dir`), whichever broker process started it; returns how
-        many. For operators (`docbroker sandbox replace`): a broker using one notices it is
+        many. For operators (`docbroker sandbox restart`): a broker using one notices it is
         gone on its next call and starts and pins a new one."""
         raise BackendRefused(f"the {self.name} runtime cannot replace sandboxes from outside the broker")
 
@@ -97,6 +97,16 @@ class SandboxBackend(ABC):
         """Where replicas record and read a tenant's last use (the reaper's "idle on every
         replica"): the replicas' folder on one host; engines spanning hosts keep it in the engine."""
         return FolderUse(self.replicas, every)
+
+    async def sandboxes(self) -> list[SandboxInfo]:
+        """The tenants' sandboxes the engine holds, whichever broker started them; reads only
+        (`docbroker sandbox list`: unlike `discover`, it never cleans anything up)."""
+        return await self.discover()
+
+    async def stderr(self, tenant: str, lines: int) -> bytes:
+        """The last `lines` lines of the tenant's sandbox's stderr, as the engine kept them
+        (`docbroker sandbox logs`)."""
+        raise BackendRefused(f"the {self.name} runtime keeps no sandbox logs for the broker to read")
 
     def mode(self) -> DaemonMode:
         return DaemonMode.NOT_APPLICABLE

@@ -7,7 +7,7 @@ for broker tests and development. `Settings` refuses it unless explicitly enable
 The "engine" here is the tenant's run dir: `sandbox.pid` there names the server's pid and the
 replica that started it, and `mcp.sock` is its socket. A server runs in a session of its own,
 so it outlives the broker that started it (a crash, a restart): another replica on the same
-data dir finds it by the pid file, checked the way `docbroker sandbox replace` checks it (a
+data dir finds it by the pid file, checked the way `docbroker sandbox restart` checks it (a
 live session leader whose environment names the tenant), and shares it. Replicas racing to
 start one take turns under the tenant's create lock (broker/runtime/shared.py).
 """

@@ -22,6 +22,12 @@ def test_the_wheel_holds_the_product_and_not_the_test_harness(tmp_path: Path) ->
     names = zipfile.ZipFile(wheel).namelist()
     assert [n for n in names if n.startswith("broker/testing")] == []
     # and still the product: the CLI, the keeper of the tenant Pods, the page's files, the server
-    for expected in ("broker/cli.py", "broker/keeper/__main__.py", "server/__main__.py"):
+    product = (
+        "broker/cli/__init__.py",
+        "broker/cli/serve.py",
+        "broker/keeper/__main__.py",
+        "server/__main__.py",
+    )
+    for expected in product:
         assert expected in names
     assert any(n.startswith("broker/web/static/") for n in names)

@@ -1,8 +1,10 @@
-"""End to end on Docker: `docbroker sandbox replace` beside a running broker.
+"""End to end on Docker: `docbroker sandbox list|restart|logs` beside a running broker.
 
 The operator's command runs as another process (as the broker's user, with the broker's
 settings) and removes the tenant's container by its labels; the broker finds it gone on the
-next call, starts a new one, pins it afresh, and the client's call succeeds. Pooled and cold.
+next call, starts a new one, pins it afresh, and the client's call succeeds. `list` shows the
+container without touching the broker's warm spares; `logs` shows its stderr, escaped, and no
+document content. Pooled and cold.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _sandbox_replace(broker: Broker, daemon: Daemon, tenant: str) -> dict[str, Any]:
-    """The command as the broker's user runs it (the code from the copy that user can read)."""
+def _sandbox(broker: Broker, daemon: Daemon, *args: str) -> Any:
+    """`docbroker sandbox ARGS --json` as the broker's user runs it (the code from the copy that
+    user can read)."""
     base = broker.data_dir.parent
     uid, gid = daemon.owner_uid, daemon.owner_gid
     if uid == 0:
@@ -40,13 +43,12 @@ def _sandbox_replace(broker: Broker, daemon: Daemon, tenant: str) -> dict[str, A
         python = os.path.realpath(sys.executable)
         pythonpath, home = f"{runtime / 'src'}:{runtime / 'site'}", pwd.getpwuid(uid).pw_dir
     done = subprocess.run(
-        [python, "-m", "broker", "sandbox", "replace", tenant],
+        [python, "-m", "broker", "sandbox", *args, "--json"],
         cwd=base, env={**broker.env, "PYTHONPATH": pythonpath, "HOME": home},
         user=uid, group=gid, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    answer: dict[str, Any] = json.loads(done.stdout)
-    return answer
+    return json.loads(done.stdout)
 
 
 def _acme_container(daemon: Daemon) -> str | None:
@@ -69,7 +71,7 @@ async def test_an_operator_replaces_the_sandbox_of_a_running_broker(
     old = _acme_container(daemon)
     assert old is not None
 
-    assert _sandbox_replace(broker, daemon, "acme") == {"tenant": "acme", "removed": 1}
+    assert _sandbox(broker, daemon, "replace", "acme") == {"tenant": "acme", "removed": 1}
     assert _acme_container(daemon) is None  # gone from the engine, not only from a broker's view
 
     async with broker.client(token) as client:
@@ -81,3 +83,49 @@ async def test_an_operator_replaces_the_sandbox_of_a_running_broker(
         (e["event"], e.get("sandbox")) for e in broker.audit_events() if e["event"].startswith("sandbox.")
     ]
     assert ("sandbox.failed", old) in seen and ("sandbox.started", new) in seen
+
+
+async def test_an_operator_lists_restarts_and_reads_the_logs(docker_broker: Broker, daemon: Daemon) -> None:
+    broker = docker_broker
+    token = broker.token("acme", scope="docs:read")
+    writer = broker.token("acme", subject="alice", scope="docs:read docs:write")
+    canary = "canary-" + os.urandom(8).hex()
+    async with broker.client(writer) as client:
+        # An approved save: the server logs its outcome on stderr (names and codes only).
+        args = {"filename": f"{canary}.md", "content": f"# {canary}\n"}
+        waiting = structured(await client.call_tool("save_report", args))
+        with broker.http(broker.token("acme", subject="bob", scope="reports:approve")) as http:
+            decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
+            assert decided.status_code == 200, decided.text
+        assert structured(await client.call_tool("save_report", args))["status"] == "ok"
+    old = _acme_container(daemon)
+    assert old is not None
+
+    listed = _sandbox(broker, daemon, "list")
+    acme = [row for row in listed["sandboxes"] if row["tenant"] == "acme"]
+    assert listed["runtime"] == "docker" and len(acme) == 1
+    assert acme[0]["state"] == "running" and old.startswith(acme[0]["id"])
+    # Reading changes nothing: the broker's warm spares (if any) are still there afterwards.
+    spares_before = _spares(daemon)
+    _sandbox(broker, daemon, "list")
+    assert _spares(daemon) == spares_before
+
+    logs = _sandbox(broker, daemon, "logs", "acme", "--lines", "200")
+    assert logs["tenant"] == "acme" and any("save_report" in line for line in logs["lines"]), logs
+    assert not any(canary in line for line in logs["lines"])  # neither the report's name nor its content
+
+    assert _sandbox(broker, daemon, "restart", "acme") == {"tenant": "acme", "removed": 1}
+    assert _acme_container(daemon) is None
+    async with broker.client(token) as client:
+        read = structured(await client.call_tool("read_document", {"filename": "notes.md"}))
+        assert read["status"] == "ok"
+
+
+def _spares(daemon: Daemon) -> set[str]:
+    client = daemon.client()
+    try:
+        return {
+            str(c.id) for c in client.containers.list(all=True, filters={"label": "io.docbroker.pool=true"})
+        }
+    finally:
+        client.close()

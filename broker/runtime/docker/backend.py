@@ -244,6 +244,14 @@ class DockerBackend(SandboxBackend):
     async def remove_tenant(self, tenant: str, run_dir: str) -> int:
         return await self.blocking(self._remove_tenant, tenant)
 
+    async def sandboxes(self) -> list[SandboxInfo]:
+        return await self.blocking(self._sandboxes)
+
+    async def stderr(self, tenant: str, lines: int) -> bytes:
+        # stderr only: the server's stdout is unused (MCP runs over the socket), and stderr
+        # carries its log lines, which name tools and codes, never arguments or contents.
+        return b"".join(await self.blocking(self._stderr, tenant, lines))
+
     async def close(self) -> None:
         await self._pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -401,20 +409,55 @@ class DockerBackend(SandboxBackend):
     def _remove_tenant(self, tenant: str) -> int:
         """Remove the tenant's containers, found by labels (cold) or by name (a bound warm one),
         of this instance, whichever broker started them; other tenants' and spares stay."""
-        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
         removed = 0
-        for container in self._client.containers.list(all=True, filters=filters):
-            labels = container.labels or {}
-            bound = labels.get(LABEL_POOL) == "true" and self._bound_tenant(container.name or "") == tenant
-            if labels.get(LABEL_TENANT) != tenant and not bound:
-                continue
+        for _, container in self._tenant_containers(tenant):
             self._remove(container.id)
-            socket_path = labels.get(LABEL_SOCKET)
+            socket_path = (container.labels or {}).get(LABEL_SOCKET)
             if socket_path:
                 remove_stale_socket(socket_path)
                 self._slots.remove_dir(os.path.dirname(socket_path))
             removed += 1
         return removed
+
+    def _tenant_containers(self, tenant: str | None) -> list[tuple[str, Any]]:
+        """(tenant, container) for the tenants' sandboxes of this instance — all, or one
+        tenant's — whichever broker started them; unbound spares are nobody's yet."""
+        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
+        found = []
+        for container in self._client.containers.list(all=True, filters=filters):
+            labels = container.labels or {}
+            owner = labels.get(LABEL_TENANT) or (
+                self._bound_tenant(container.name or "") if labels.get(LABEL_POOL) == "true" else None
+            )
+            if owner and (tenant is None or owner == tenant):
+                found.append((owner, container))
+        return found
+
+    def _sandboxes(self) -> list[SandboxInfo]:
+        now = time.monotonic()
+        return [
+            SandboxInfo(
+                tenant=tenant,
+                state=SandboxState.RUNNING if container.status == "running" else SandboxState.FAILED,
+                endpoint=None,
+                backend_id=str(container.id),
+                started_at=now,
+                last_used=now,
+                details={
+                    "id": str(container.id)[:12],
+                    "status": container.status,
+                    "replica": (container.labels or {}).get(LABEL_REPLICA, ""),
+                    "warm": (container.labels or {}).get(LABEL_POOL) == "true",
+                },
+            )
+            for tenant, container in self._tenant_containers(None)
+        ]
+
+    def _stderr(self, tenant: str, lines: int) -> list[bytes]:
+        return [
+            container.logs(stdout=False, stderr=True, tail=lines, timestamps=False)
+            for _, container in self._tenant_containers(tenant)
+        ]
 
     def _bound_tenant(self, name: str) -> str | None:
         """The tenant a warm sandbox was bound to, from the name `_bind` gave it."""
