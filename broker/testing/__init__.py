@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import jwt
@@ -143,14 +144,14 @@ class Broker:
         raise RuntimeError(f"broker did not start:\n{self.logs()[-3000:]}")
 
     def _answers_as_itself(self) -> bool:
-        """Whether the server on our port is this broker, not another test's that took the port
+        """Whether our process answers on our port, not another test's server that took the port
         between free_port() and our bind (seen in CI: our broker then exits, the other answers
-        /healthz, and the module's tests meet a closed port later). Only this deployment knows
-        its ops token: its /readyz authenticates it, ready (200) or not (503); another's says 401."""
-        if not self.ops_token:
-            return httpx2.get(f"{self.url}/healthz", timeout=1).status_code == 200
-        answer = httpx2.get(f"{self.url}/readyz", headers=self.ops_headers, timeout=2)
-        return answer.status_code in (200, 503) and "checks" in answer.text
+        /healthz, and the module's tests meet a closed port later): the listening socket must
+        be one of our process's own descriptors."""
+        if httpx2.get(f"{self.url}/healthz", timeout=1).status_code != 200:
+            return False
+        assert self.proc is not None
+        return _listening_inodes(urlsplit(self.url).port or 0) & _socket_inodes(self.proc.pid) != set()
 
 
 class _Drop:
@@ -240,3 +241,33 @@ def structured(result: Any) -> dict[str, Any]:
     value = result.structured_content
     assert isinstance(value, dict), result
     return value
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Inodes of the sockets listening on `port` (any address), from /proc/net/tcp{,6}."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for row in f.readlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    found.add(fields[9])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets `pid` and its descendants hold (a broker run as another user is
+    the child of the command that switched users)."""
+    found, pending = set(), [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{current}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{current}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        found.add(target[8:-1])
+            for task in os.listdir(f"/proc/{current}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{current}/task/{task}/children") as f:
+                    pending.extend(int(child) for child in f.read().split())
+    return found
