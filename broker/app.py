@@ -49,7 +49,7 @@ from broker.origin import REASON as ORIGIN_REFUSED
 from broker.origin import Origins
 from broker.origin import refusal as origin_refusal
 from broker.origin import surface as origin_surface
-from broker.policy import Policies, TenantLimiter
+from broker.policy import Policies, PolicyEngine, TenantLimiter
 from broker.runtime.base import Runtime, SandboxBackend
 from broker.runtime.shared import Replicas
 from broker.settings import Settings, origin_of
@@ -111,6 +111,7 @@ class Components:
     audit: AuditLog
     auth: AuthService
     policies: Policies
+    engine: PolicyEngine
     tenants: Tenants
     runtime: Runtime
     upstreams: Upstreams
@@ -125,6 +126,7 @@ def build_app(
     master_key = load_master_key(settings.master_key_file)
     ops = OpsTokens.load(settings.ops_token_file)
     policies = Policies.load(settings.policies_dir)
+    engine = PolicyEngine.load(settings.policies_dir, policies)  # validated, or start-up refused
     tenants = Tenants(settings, master_key)
     preauth = PreAuthLimiter(settings.preauth)
     auth = AuthService(
@@ -195,7 +197,7 @@ def build_app(
         audit=audit.emit,
     )
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
-    gateway = _gateway(settings, auth, policies, limiter, runtime, upstreams, sessions, approvals,
+    gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics)  # fmt: skip
     api = ApprovalsApi(
         auth=auth,
@@ -206,7 +208,7 @@ def build_app(
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
     )
-    parts = Components(settings, audit, auth, policies, tenants, runtime, upstreams, store, metrics)
+    parts = Components(settings, audit, auth, policies, engine, tenants, runtime, upstreams, store, metrics)
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -297,6 +299,7 @@ def _gateway(
     settings: Settings,
     auth: AuthService,
     policies: Policies,
+    engine: PolicyEngine,
     limiter: TenantLimiter,
     runtime: Runtime,
     upstreams: Upstreams,
@@ -312,7 +315,7 @@ def _gateway(
         cooldown=settings.runtime.breaker_cooldown_seconds,
         trial_timeout=settings.runtime.call_timeout_seconds,
     )
-    pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, policies=policies, audit=audit)
+    pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, engine=engine, audit=audit)
     relay = Relay(
         runtime=runtime,
         upstreams=upstreams,
@@ -327,6 +330,7 @@ def _gateway(
     gate = Gate(
         auth=auth,
         policies=policies,
+        engine=engine,
         limiter=limiter,
         sessions=sessions,
         approvals=approvals,

@@ -1,5 +1,5 @@
 """`docbroker`: serve, mint dev tokens, provision tenants, replace sandboxes, build images,
-verify audit, db, doctor."""
+verify audit, db, doctor, policy."""
 
 from __future__ import annotations
 
@@ -465,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="check the host: daemon, rootless, images, keys").set_defaults(
         func=cmd_doctor
     )
+    from broker.policy.tool import add_policy_commands  # the logic lives with the policy
+
+    add_policy_commands(sub)
     return parser
 
 

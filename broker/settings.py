@@ -37,6 +37,7 @@ class AuthSettings:
     issuer: str
     audience: str
     tenant_claim: str = "tenant"
+    groups_claim: str = "groups"  # a list of group or role names the policy decides on (docs/policy.md)
     jwks_url: str | None = None
     jwks_file: Path | None = None  # a JWKS document or a PEM public key
     algorithms: tuple[str, ...] = ALLOWED_ALGORITHMS
@@ -349,6 +350,7 @@ class Settings:
             issuer=r.required("AUTH_ISSUER"),
             audience=r.required("AUTH_AUDIENCE"),
             tenant_claim=r.text("AUTH_TENANT_CLAIM", "tenant"),
+            groups_claim=r.text("AUTH_GROUPS_CLAIM", "groups"),
             jwks_url=r.optional("AUTH_JWKS_URL"),
             jwks_file=r.path("AUTH_JWKS_FILE"),
             algorithms=r.algorithms("AUTH_ALGORITHMS"),

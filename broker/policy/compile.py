@@ -1,0 +1,61 @@
+"""Today's TOML, as Cedar: the broker's built-in rules and one permit per tenant file.
+
+- `builtin.scope.*` (forbid): a tool needs its scope (DESIGN §5). Always loaded: a Cedar
+  policy may narrow what a token grants, never widen it.
+- `builtin.own_tenant` (forbid): a principal acts only on its own tenant's tools.
+- `toml.tenants.<tenant>` (permit): the tools `tools.allowed` of the tenant's file (after
+  default.toml) names. A tenant whose list is empty gets no permit.
+
+Nothing else of the TOML (limits, approvals) is a decision about a request's right to call: it
+stays in `TenantPolicy`. Together these give exactly the TOML path's decisions
+(`toml_permits`); tests/broker/policy/test_migration.py checks it over a generated table.
+"""
+
+from __future__ import annotations
+
+from broker.policy.tenants import REQUIRED_SCOPE, Policies
+from broker.types import OAuthScope
+from server.contracts import TOOL_NAMES
+
+RESERVED_PREFIXES = ("builtin.", "toml.")
+
+
+def _action(tool: str) -> str:
+    return f'Docbroker::Action::"{tool}"'
+
+
+def builtin_policies() -> str:
+    rules: list[str] = []
+    for scope in OAuthScope:
+        tools = [t for t in TOOL_NAMES if REQUIRED_SCOPE.get(t) == scope]
+        if not tools:
+            continue
+        actions = ", ".join(_action(t) for t in tools)
+        rules.append(
+            f'@id("builtin.scope.{scope.value.replace(":", "_")}")\n'
+            f"forbid (principal, action in [{actions}], resource)\n"
+            f'unless {{ context.scopes.contains("{scope.value}") }};'
+        )
+    rules.append(
+        '@id("builtin.own_tenant")\n'
+        "forbid (principal, action, resource)\n"
+        "unless { resource.tenant == principal.tenant };"
+    )
+    return "\n\n".join(rules) + "\n"
+
+
+def tenant_policies(policies: Policies) -> str:
+    """One permit per tenant file. Tenant ids are DNS labels and tool names come from
+    `TOOL_NAMES` (both checked at load), so nothing here needs quoting."""
+    rules: list[str] = []
+    for tenant, policy in sorted(policies.by_tenant.items()):
+        tools = [t for t in TOOL_NAMES if t in policy.allowed_tools]
+        if not tools:
+            continue
+        actions = ", ".join(_action(t) for t in tools)
+        rules.append(
+            f'@id("toml.tenants.{tenant}")\n'
+            f'permit (principal in Docbroker::Tenant::"{tenant}", action in [{actions}], '
+            f'resource in Docbroker::Tenant::"{tenant}");'
+        )
+    return "\n\n".join(rules) + "\n"
