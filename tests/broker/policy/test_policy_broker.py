@@ -122,3 +122,48 @@ def test_a_policy_that_does_not_validate_refuses_the_start(tmp_path: Path) -> No
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("docbroker: cannot start: broken.cedar: policy typo does not validate")
     assert "Traceback" not in done.stderr
+
+
+def test_decision_lines_name_policies_and_never_a_request_value(broker: Broker) -> None:
+    """Every decided tools/call line carries ids of the loaded set and its hash; the values the
+    policy decided on (document names, queries, contents, groups) appear nowhere; and the log
+    with the new fields still verifies."""
+    values = {where: f"cnry{secrets.token_hex(6)}" for where in ("query", "doc", "content", "group", "hrdoc")}
+    sources = broker.sources("acme")
+    sources.mkdir(parents=True, exist_ok=True)
+    (sources / f"{values['doc']}.md").write_text("x\n")
+    contractor = broker.token("acme", "erin", "docs:read docs:write", groups=["contractors", values["group"]])
+    outsider = broker.token("acme", "erin", "", groups=[values["group"]])  # no scope: a builtin forbid
+    calls = [
+        (contractor, "search_documents", {"query": values["query"]}),
+        (contractor, "read_document", {"filename": f"{values['doc']}.md"}),
+        (contractor, "read_document", {"filename": f"hr-{values['hrdoc']}.md"}),
+        (contractor, "save_report", {"filename": f"hr-{values['hrdoc']}.md", "content": values["content"]}),
+        (outsider, "read_document", {"filename": f"{values['doc']}.md"}),
+    ]
+    for token, tool, arguments in calls:
+        with open_http(broker, token) as http:
+            call_modern(http, tool, arguments)
+    engine_ids = set(PolicyEngine.load(Path(broker.env["DOCBROKER_POLICIES_DIR"]), Policies.load(
+        Path(broker.env["DOCBROKER_POLICIES_DIR"]))).policy_ids)  # fmt: skip
+    mine = [e for e in broker.audit_events() if e.get("subject") == "erin"]
+    assert [(e["event"], e["tool"]) for e in mine] == [
+        ("mcp.request", "search_documents"),
+        ("mcp.request", "read_document"),
+        ("policy.denied", "read_document"),
+        ("policy.denied", "save_report"),
+        ("policy.denied", "read_document"),
+    ]
+    assert [e.get("policy_ids") for e in mine] == [
+        ["toml.tenants.acme"], ["toml.tenants.acme"], [FORBID_ID], [FORBID_ID], ["builtin.scope.docs_read"],
+    ]  # fmt: skip
+    for event in mine:
+        assert set(event["policy_ids"]) <= engine_ids and event["policy_hash"] == policy_hash(broker)
+    audit, logs = broker.audit_file.read_text(), broker.logs()
+    leaked = {w for w, v in values.items() if v in audit or v in logs}
+    assert leaked == set()
+    verified = subprocess.run(
+        [sys.executable, "-m", "broker", "audit", "verify", str(broker.audit_file)], cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
