@@ -9,12 +9,17 @@ Loaded once at start-up from the policies folder:
 Anything that does not parse or validate refuses the load with one line naming the file and
 the policy id (`PolicyError`); the request values a decision uses never appear in one.
 
-Speed: Cedar evaluates every policy of the set it is given, so the set is sliced per tenant —
-a policy whose scope names a tenant (`principal in Docbroker::Tenant::"acme"`, `resource in …`)
-can match only that tenant's requests (a user and a tool are in their own tenant and no other
-entity is), and leaving it out of other tenants' slices changes no decision. The entities of
-a caller (its tenant, groups, user and the tenant's tools) are built once per principal and
-kept in a bounded table.
+Speed (bench/policy_decision.py): Cedar evaluates every policy of the set it is given, so the
+set is sliced per tenant and tool — a policy whose scope names a tenant (`principal in
+Docbroker::Tenant::"acme"`, `resource in …`) can match only that tenant's requests (a user and
+a tool are in their own tenant and no other entity is), one whose action names other tools
+none of this tool's calls, and leaving them out of a slice changes no decision. The entities
+of a caller (its tenant, groups, user and the tenant's tools) are built once per principal and
+kept in a bounded table. The context holds only the attributes some policy of the slice reads
+(an attribute no policy reads cannot change a decision), and a decision is remembered by
+exactly those inputs — principal, tool and that context — so a repeated decision is a lookup;
+a set that reads the request's size or the time in seconds makes most decisions new, and each
+of them is evaluated.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from server.contracts import TOOL_NAMES
 SCHEMA_FILE = "docbroker.cedarschema"
 POLICY_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what the audit log accepts as an id
 ENTITY_CACHE_SIZE = 4096
+DECISION_CACHE_SIZE = 65536
+_TIME_ATTRIBUTES = frozenset({"unix", "hour", "weekday"})
 _NS = "Docbroker"
 _TENANT, _USER, _GROUP, _TOOL = f"{_NS}::Tenant", f"{_NS}::User", f"{_NS}::Group", f"{_NS}::Tool"
 _ACTION = f"{_NS}::Action"
@@ -78,6 +85,43 @@ class Source:
 def _one_line(text: str, limit: int = 200) -> str:
     first = " ".join(str(text).split())
     return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def _context_reads(node: Any, reads: set[str]) -> bool:
+    """Add the context attributes an expression reads (`context.x`, `context has x`) to
+    `reads`; False when it uses `context` any other way (then it may read everything)."""
+    if isinstance(node, dict):
+        for op in (".", "has"):
+            inner = node.get(op)
+            if isinstance(inner, dict) and inner.get("left") == {"Var": "context"}:
+                reads.add(str(inner.get("attr")))
+                return True
+        if node == {"Var": "context"}:
+            return False
+        return all(_context_reads(value, reads) for value in node.values())
+    if isinstance(node, list):
+        return all(_context_reads(item, reads) for item in node)
+    return True
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """One tenant's part of the set, and the context attributes it reads (None: any)."""
+
+    policies: cedarpy.PolicySet
+    reads: frozenset[str] | None
+
+
+def _for_tool(scope: dict[str, Any], tool: str) -> bool:
+    """Whether a policy's action constraint can match a call of `tool` (when unsure: yes)."""
+    names = {tool, "tools/call"}  # the tool's action, and the group it is in
+    op = scope.get("op")
+    if op == "==":
+        return (scope.get("entity") or {}).get("id") == tool
+    if op == "in":
+        listed = scope.get("entities") if "entities" in scope else [scope.get("entity")]
+        return any(isinstance(e, dict) and e.get("id") in names for e in listed or [])
+    return True
 
 
 def _tenant_of(scope: dict[str, Any], entity_type: str) -> str | None:
@@ -121,8 +165,9 @@ class PolicyEngine:
             elif len(tenants) == 1:
                 self._scoped.setdefault(str(tenants.pop()), {})[pid] = est
             # Two different tenants: the policy can match no request; it is kept in the hash only.
-        self._slices: dict[str, cedarpy.PolicySet] = {}
+        self._slices: dict[tuple[str, str], _Slice] = {}
         self._entities: OrderedDict[Principal, cedarpy.Entities] = OrderedDict()
+        self._decisions: dict[tuple[Principal, str, str], Decision] = {}
 
     @classmethod
     def load(cls, folder: Path, tenants: Policies, extra: Iterable[Path] = ()) -> PolicyEngine:
@@ -178,12 +223,17 @@ class PolicyEngine:
             self._policies[pid] = est
             self.sources[pid] = source.name
 
-    def _slice(self, tenant: str) -> cedarpy.PolicySet:
-        found = self._slices.get(tenant)
+    def _slice(self, tenant: str, tool: str) -> _Slice:
+        found = self._slices.get((tenant, tool))
         if found is None:
-            policies = {**self._global, **self._scoped.get(tenant, {})}
+            candidates = {**self._global, **self._scoped.get(tenant, {})}
+            policies = {pid: est for pid, est in candidates.items() if _for_tool(est["action"], tool)}
             doc = {"staticPolicies": policies, "templates": {}, "templateLinks": []}
-            found = self._slices[tenant] = cedarpy.PolicySet.from_json_str(json.dumps(doc))
+            reads: set[str] = set()
+            bounded = all(_context_reads(est.get("conditions", []), reads) for est in policies.values())
+            found = self._slices[(tenant, tool)] = _Slice(
+                cedarpy.PolicySet.from_json_str(json.dumps(doc)), frozenset(reads) if bounded else None
+            )
         return found
 
     def _entities_of(self, principal: Principal) -> cedarpy.Entities:
@@ -216,41 +266,63 @@ class PolicyEngine:
             self._entities.popitem(last=False)
         return found
 
-    def request(self, call: Call) -> dict[str, Any]:
-        """The Cedar request of a call (principal, action, resource, context)."""
-        at = time.time() if call.at is None else call.at
-        moment = time.gmtime(at)
-        context: dict[str, Any] = {
-            "scopes": sorted(s.value for s in call.principal.scopes),
-            "protocol": call.protocol or "",
-            "request_bytes": call.request_bytes,
-            "unix": int(at),
-            "hour": moment.tm_hour,
-            "weekday": moment.tm_wday,
-        }
-        if call.document is not None:
+    @staticmethod
+    def context(call: Call, reads: frozenset[str] | None = None) -> str:
+        """The call's context as Cedar JSON: every attribute, or only those in `reads`."""
+        context: dict[str, Any] = {}
+        if reads is None or "scopes" in reads:
+            context["scopes"] = sorted(s.value for s in call.principal.scopes)
+        if reads is None or "protocol" in reads:
+            context["protocol"] = call.protocol or ""
+        if reads is None or "request_bytes" in reads:
+            context["request_bytes"] = call.request_bytes
+        if reads is None or not reads.isdisjoint(_TIME_ATTRIBUTES):
+            # Only the parts read: a set that reads the hour keeps its decisions for an hour.
+            at = time.time() if call.at is None else call.at
+            moment = time.gmtime(at)
+            moments = {"unix": int(at), "hour": moment.tm_hour, "weekday": moment.tm_wday}
+            context.update((k, v) for k, v in moments.items() if reads is None or k in reads)
+        if call.document is not None and (reads is None or "document" in reads):
             context["document"] = call.document
-        if call.content_bytes is not None:
+        if call.content_bytes is not None and (reads is None or "content_bytes" in reads):
             context["content_bytes"] = call.content_bytes
+        return json.dumps(context, separators=(",", ":"))
+
+    def request(self, call: Call, context: str | None = None) -> dict[str, Any]:
+        """The Cedar request of a call (principal, action, resource, context: all of it unless
+        given)."""
         principal = call.principal
         return {
             "principal": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
             "action": {"type": _ACTION, "id": call.tool},
             "resource": {"type": _TOOL, "id": f"{principal.tenant}/{call.tool}"},
-            "context": json.dumps(context, separators=(",", ":")),
+            "context": self.context(call) if context is None else context,
         }
 
     def decide(self, call: Call, *, check_request: bool = False) -> Decision:
         """Cedar's decision on a call. A tool the schema does not know is refused unasked.
-        `check_request`: also check the request against the schema (tests and `explain`)."""
+        `check_request`: the whole context, checked against the schema, nothing remembered
+        (tests and `explain`)."""
         if call.tool not in TOOL_NAMES:
             return Decision(False, (), self.hash)
+        piece = self._slice(call.principal.tenant, call.tool)
+        if check_request:
+            result = cedarpy.is_authorized(
+                self.request(call), piece.policies, self._entities_of(call.principal), self._schema
+            )
+            if result.diagnostics.errors:
+                raise PolicyError(f"request does not conform ({_one_line(result.diagnostics.errors[0])})")
+            return Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+        context = self.context(call, piece.reads)
+        key = (call.principal, call.tool, context)
+        found = self._decisions.get(key)
+        if found is not None:
+            return found
         result = cedarpy.is_authorized(
-            self.request(call),
-            self._slice(call.principal.tenant),
-            self._entities_of(call.principal),
-            self._schema if check_request else None,
+            self.request(call, context), piece.policies, self._entities_of(call.principal)
         )
-        if result.diagnostics.errors and check_request:
-            raise PolicyError(f"request does not conform ({_one_line(result.diagnostics.errors[0])})")
-        return Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+        found = Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+        if len(self._decisions) >= DECISION_CACHE_SIZE:
+            del self._decisions[next(iter(self._decisions))]  # the oldest: a bounded table
+        self._decisions[key] = found
+        return found

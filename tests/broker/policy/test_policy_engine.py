@@ -97,12 +97,19 @@ SCOPED = """
   resource in Docbroker::Tenant::"globex");
 @id("everyone.hr") forbid (principal in Docbroker::Group::"contractors", action, resource)
   when { context has document && context.document like "hr-*" };
+@id("group.calls") permit (principal in Docbroker::Group::"legal",
+  action in [Docbroker::Action::"tools/call"], resource) when { context.weekday < 5 };
+@id("read.or.search") forbid (principal in Docbroker::Group::"contractors",
+  action in [Docbroker::Action::"read_document", Docbroker::Action::"search_documents"], resource)
+  when { context.request_bytes > 800 && context.unix > 1000 };
 """
 
 
 def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
-    """Per-tenant slicing is an optimisation only: over a grid of requests, the engine's
-    decision and determining ids equal Cedar's over the whole, unsliced set."""
+    """Slicing by tenant and tool, the context cut to what the slice reads and remembered
+    decisions are optimisations only: over a grid of requests, the engine's decision and
+    determining ids — checked, first asked, and asked again — equal Cedar's over the whole,
+    unsliced set with the whole context."""
     tenants = {"acme": "", "globex": '[tools]\nallowed = ["search_documents"]\n', "initech": ""}
     folder = folder_with(tmp_path, {"scoped.cedar": SCOPED}, tenants)
     engine = load(folder)
@@ -115,11 +122,13 @@ def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
     groupings: tuple[frozenset[str], ...] = (frozenset(), frozenset({"legal"}), frozenset({"contractors"}))
     for tenant, subject, groups, scopes, tool, document, size, at in itertools.product(
         ("acme", "globex", "initech"), ("carol", "dave"), groupings, (frozenset(), frozenset(OAuthScope)),
-        TOOL_NAMES, (None, "hr-a.md", "b.md"), (10, 900), (0, 13 * 3600),
+        TOOL_NAMES, (None, "hr-a.md", "b.md"), (10, 900), (0, 13 * 3600, 6 * 86400),
     ):  # fmt: skip
         caller = Principal(tenant, subject, scopes, groups)
         call = Call(caller, tool, request_bytes=size, document=document, at=at)
         got = engine.decide(call, check_request=True)
+        fast, again = engine.decide(call), engine.decide(call)
+        assert got == fast == again, (call, got, fast)
         request = engine.request(call)
         entities = engine._entities_of(call.principal)
         result = cedarpy.is_authorized(request, whole, entities)
