@@ -4,9 +4,9 @@ median).
 
     python bench/policy_decision.py
 
-The set: 60 tenant files (compiled to 60 permits), the 3 built-in scope and tenant forbids,
-and 37 operator policies — 10 for every tenant (group, document, size, hour and weekday
-rules) and 27 naming one tenant — 100 in all. The calls: a rotating mix of 12 tenants, callers
+The set: 60 tenant files (compiled to 60 permits), the 4 built-in scope and tenant forbids,
+and 36 operator policies — 10 for every tenant (group, document, size, hour and weekday
+rules) and 26 naming one tenant — 100 in all. The calls: a rotating mix of 12 tenants, callers
 with and without groups, the three tools and three documents; every caller's entities and every
 slice already built (a broker's steady state).
 
@@ -50,14 +50,16 @@ GLOBAL_RULES = [
     'forbid (principal, action == Docbroker::Action::"save_report", resource) '
     "when { context has content_bytes && context.content_bytes > 20000 };",
     'forbid (principal in Docbroker::Group::"night-blocked", action, resource) when { context.hour < 6 };',
-    "forbid (principal, action, resource) when { context.request_bytes > 900000 };",
+    'forbid (principal, action in [Docbroker::Action::"tools/call"], resource) '
+    "when { context.request_bytes > 900000 };",
     'forbid (principal in Docbroker::Group::"suspended", action, resource);',
     'forbid (principal, action == Docbroker::Action::"read_document", resource) '
     'when { context has document && context.document like "*-secret.md" };',
     'permit (principal in Docbroker::Group::"auditors", action == Docbroker::Action::"search_documents", '
     "resource);",
     'forbid (principal in Docbroker::Group::"guests", action, resource) when { context.weekday > 4 };',
-    'forbid (principal, action, resource) when { context.protocol == "2024-11-05" };',
+    'forbid (principal, action in [Docbroker::Action::"tools/call"], resource) '
+    'when { context.protocol == "2024-11-05" };',
 ]
 
 
@@ -71,7 +73,7 @@ def policy_folder(where: Path) -> Path:
             "[tools]\nallowed = [" + ", ".join(f'"{t}"' for t in allowed) + "]\n"
         )
     rules = [f'@id("global.{n}")\n{rule}' for n, rule in enumerate(GLOBAL_RULES)]
-    for n in range(27):
+    for n in range(26):
         tenant = TENANTS[n * 2]
         rules.append(
             f'@id("tenant.{tenant}.{n}")\nforbid (principal in Docbroker::Tenant::"{tenant}", '

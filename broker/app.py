@@ -195,6 +195,7 @@ def build_app(
         settings=settings.approvals,
         public_url=settings.public_url,
         audit=audit.emit,
+        engine=engine,
     )
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
     gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
@@ -203,6 +204,7 @@ def build_app(
         auth=auth,
         store=store,
         policies=policies,
+        engine=engine,
         limiter=limiter,
         audit=audit.emit,
         audit_ready=audit.check,

@@ -33,7 +33,7 @@ from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavaila
 from broker.audit import AuditFn
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial, Denied
-from broker.policy import TenantPolicy
+from broker.policy import APPROVE, Call, Decision, PolicyEngine, TenantPolicy
 from broker.protocol.answers import BROKER_ONLY_ARGUMENT, broker_result
 from broker.protocol.jsonrpc import RpcMessage
 from broker.protocol.versions import MODERN
@@ -49,6 +49,7 @@ DENIED_MESSAGE = "the report was not approved"
 TOO_MANY_MESSAGE = "too many reports are waiting for approval"
 NO_APPROVE_SCOPE_MESSAGE = "answering an approval needs the reports:approve scope"
 SAME_PERSON_MESSAGE = "this report must be approved by someone other than its requester"
+NOT_PERMITTED_MESSAGE = "the policy does not let this approver decide for the tenant"
 
 # event name, fields (names and ids only)
 
@@ -75,6 +76,7 @@ class Answer:
     outcome: Outcome
     reason: str
     approval_id: str | None = None
+    policy: Decision | None = None  # the approver's decision, when the policy refused it
 
 
 def _rejected(message: str, reason: str) -> Answer:
@@ -93,8 +95,10 @@ class ApprovalFlow:
         settings: ApprovalSettings,
         public_url: str,
         audit: AuditFn,
+        engine: PolicyEngine,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._engine = engine  # may this approver decide for the tenant (the `approve` action)
         self._store = store
         self._sealer = sealer
         self._secret_for = secret_for
@@ -273,6 +277,10 @@ class ApprovalFlow:
             return _rejected(NO_APPROVE_SCOPE_MESSAGE, "approver_lacks_scope")
         if self._distinct_approver(policy):
             return _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")
+        verdict = self._engine.decide(Call(principal, APPROVE))
+        if not verdict.allowed:
+            refused = _rejected(NOT_PERMITTED_MESSAGE, "approver_not_permitted")
+            return Answer(refused.result, refused.outcome, refused.reason, policy=verdict)
         answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
         approve = (
             isinstance(answer, dict)
@@ -291,8 +299,9 @@ class ApprovalFlow:
             return _rejected(c.Message.APPROVAL_INVALID.value, "approval_replayed")
         decision = "approved" if approve else "denied"
         await self._audit(
-            AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome="ok", **ids
-        )
+            AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome="ok",
+            policy_ids=list(verdict.policy_ids) or None, policy_hash=verdict.policy_hash, **ids,
+        )  # fmt: skip
         if not approve:
             return Answer(
                 broker_result(c.Status.REJECTED, DENIED_MESSAGE),

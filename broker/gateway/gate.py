@@ -165,6 +165,8 @@ class Gate:
         gated = await self._approvals.gate(principal, policy, msg, record.request_id)
         if isinstance(gated, Answer):
             record.end(gated.outcome, gated.reason)
+            if gated.policy is not None:  # the approver's decision refused it: its ids, not the save's
+                record.decided(gated.policy)
             record.approval_id = gated.approval_id
             return Answered(200, rpc.result(msg.id, answers.typed(msg, gated.result)))
         record.save, record.approval_id = gated, gated.approval_id

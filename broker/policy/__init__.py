@@ -8,6 +8,7 @@
 """
 
 from broker.policy.cedar import Call, Decision, PolicyEngine
+from broker.policy.compile import APPROVE
 from broker.policy.tenants import (
     REQUIRED_SCOPE,
     Policies,
@@ -19,6 +20,7 @@ from broker.policy.tenants import (
 )
 
 __all__ = [
+    "APPROVE",
     "REQUIRED_SCOPE",
     "Call",
     "Decision",

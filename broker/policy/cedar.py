@@ -36,7 +36,7 @@ from typing import Any
 
 import cedarpy
 
-from broker.policy.compile import RESERVED_PREFIXES, builtin_policies, tenant_policies
+from broker.policy.compile import ACTIONS, APPROVE, RESERVED_PREFIXES, builtin_policies, tenant_policies
 from broker.policy.tenants import Policies, PolicyError
 from broker.types import Principal
 from server.contracts import TOOL_NAMES
@@ -48,6 +48,8 @@ DECISION_CACHE_SIZE = 65536
 _TIME_ATTRIBUTES = frozenset({"unix", "hour", "weekday"})
 _NS = "Docbroker"
 _TENANT, _USER, _GROUP, _TOOL = f"{_NS}::Tenant", f"{_NS}::User", f"{_NS}::Group", f"{_NS}::Tool"
+_APPROVALS = f"{_NS}::Approvals"
+_CALL_ONLY = ("protocol", "request_bytes", "document", "content_bytes")  # not in an approval's context
 _ACTION = f"{_NS}::Action"
 
 
@@ -57,7 +59,7 @@ class Call:
     they may be decided on and are never logged."""
 
     principal: Principal
-    tool: str
+    tool: str  # the tool called, or `approve` (an approver's decision)
     protocol: str | None = None
     request_bytes: int = 0
     document: str | None = None
@@ -124,7 +126,7 @@ def _for_tool(scope: dict[str, Any], tool: str) -> bool:
     return True
 
 
-def _tenant_of(scope: dict[str, Any], entity_type: str) -> str | None:
+def _tenant_of(scope: dict[str, Any], entity_types: tuple[str, ...]) -> str | None:
     """The tenant a policy's principal or resource constraint confines it to, if any."""
     op = scope.get("op")
     entity = scope.get("entity") if op in ("==", "in") else (scope.get("in") or {}).get("entity")
@@ -135,7 +137,7 @@ def _tenant_of(scope: dict[str, Any], entity_type: str) -> str | None:
         return None
     if kind == _TENANT:
         return ident
-    if kind == entity_type and op == "==" and "/" in ident:
+    if kind in entity_types and op == "==" and "/" in ident:
         return ident.split("/", 1)[0]
     return None
 
@@ -159,7 +161,10 @@ class PolicyEngine:
         self._global: dict[str, dict[str, Any]] = {}
         self._scoped: dict[str, dict[str, dict[str, Any]]] = {}
         for pid, est in self._policies.items():
-            tenants = {_tenant_of(est["principal"], _USER), _tenant_of(est["resource"], _TOOL)} - {None}
+            tenants = {
+                _tenant_of(est["principal"], (_USER,)),
+                _tenant_of(est["resource"], (_TOOL, _APPROVALS)),
+            } - {None}
             if not tenants:
                 self._global[pid] = est
             elif len(tenants) == 1:
@@ -260,6 +265,13 @@ class PolicyEngine:
             }
             for tool in TOOL_NAMES
         ]
+        entities.append(
+            {
+                "uid": {"type": _APPROVALS, "id": f"{principal.tenant}/approvals"},
+                "attrs": {"tenant": {"__entity": tenant}},
+                "parents": [tenant],
+            }
+        )
         found = cedarpy.Entities.from_json_str(json.dumps(entities), self._schema)
         self._entities[principal] = found
         if len(self._entities) > ENTITY_CACHE_SIZE:
@@ -269,6 +281,8 @@ class PolicyEngine:
     @staticmethod
     def context(call: Call, reads: frozenset[str] | None = None) -> str:
         """The call's context as Cedar JSON: every attribute, or only those in `reads`."""
+        if call.tool == APPROVE:  # an approval's context has no request of its own
+            reads = (reads or frozenset(_TIME_ATTRIBUTES | {"scopes"})) - frozenset(_CALL_ONLY)
         context: dict[str, Any] = {}
         if reads is None or "scopes" in reads:
             context["scopes"] = sorted(s.value for s in call.principal.scopes)
@@ -295,7 +309,11 @@ class PolicyEngine:
         return {
             "principal": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
             "action": {"type": _ACTION, "id": call.tool},
-            "resource": {"type": _TOOL, "id": f"{principal.tenant}/{call.tool}"},
+            "resource": (
+                {"type": _APPROVALS, "id": f"{principal.tenant}/approvals"}
+                if call.tool == APPROVE
+                else {"type": _TOOL, "id": f"{principal.tenant}/{call.tool}"}
+            ),
             "context": self.context(call) if context is None else context,
         }
 
@@ -303,7 +321,7 @@ class PolicyEngine:
         """Cedar's decision on a call. A tool the schema does not know is refused unasked.
         `check_request`: the whole context, checked against the schema, nothing remembered
         (tests and `explain`)."""
-        if call.tool not in TOOL_NAMES:
+        if call.tool not in ACTIONS:
             return Decision(False, (), self.hash)
         piece = self._slice(call.principal.tenant, call.tool)
         if check_request:

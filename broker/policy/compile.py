@@ -3,8 +3,10 @@
 - `builtin.scope.*` (forbid): a tool needs its scope (DESIGN §5). Always loaded: a Cedar
   policy may narrow what a token grants, never widen it.
 - `builtin.own_tenant` (forbid): a principal acts only on its own tenant's tools.
+- `builtin.scope.reports_approve` (forbid): deciding an approval needs `reports:approve`.
 - `toml.tenants.<tenant>` (permit): the tools `tools.allowed` of the tenant's file (after
-  default.toml) names. A tenant whose list is empty gets no permit.
+  default.toml) names, and `approve` (the TOML never limited who of the tenant's approvers
+  decides; whether the requester may is the store's `require_distinct_approver` check).
 
 Nothing else of the TOML (limits, approvals) is a decision about a request's right to call: it
 stays in `TenantPolicy`. Together these give exactly the TOML path's decisions
@@ -18,6 +20,9 @@ from broker.types import OAuthScope
 from server.contracts import TOOL_NAMES
 
 RESERVED_PREFIXES = ("builtin.", "toml.")
+APPROVE = "approve"  # the action of an approver's decision
+ACTIONS = (*TOOL_NAMES, APPROVE)
+_ACTION_SCOPE = {**REQUIRED_SCOPE, APPROVE: OAuthScope.REPORTS_APPROVE}
 
 
 def _action(tool: str) -> str:
@@ -27,7 +32,7 @@ def _action(tool: str) -> str:
 def builtin_policies() -> str:
     rules: list[str] = []
     for scope in OAuthScope:
-        tools = [t for t in TOOL_NAMES if REQUIRED_SCOPE.get(t) == scope]
+        tools = [t for t in ACTIONS if _ACTION_SCOPE.get(t) == scope]
         if not tools:
             continue
         actions = ", ".join(_action(t) for t in tools)
@@ -49,9 +54,7 @@ def tenant_policies(policies: Policies) -> str:
     `TOOL_NAMES` (both checked at load), so nothing here needs quoting."""
     rules: list[str] = []
     for tenant, policy in sorted(policies.by_tenant.items()):
-        tools = [t for t in TOOL_NAMES if t in policy.allowed_tools]
-        if not tools:
-            continue
+        tools = [t for t in TOOL_NAMES if t in policy.allowed_tools] + [APPROVE]
         actions = ", ".join(_action(t) for t in tools)
         rules.append(
             f'@id("toml.tenants.{tenant}")\n'

@@ -1,7 +1,8 @@
 """A table of requests and the decisions expected of them (`docbroker policy test FILE`).
 
 A TOML file: `[defaults]` for every case, one `[[case]]` per request, and optionally
-`with = [".cedar files"]` (relative to the table) loaded on top of the policies folder:
+`with = [".cedar files"]` (relative to the table) loaded on top of the policies folder and
+`tenants = ["names"]`, tenants added as if their tenants/<name>.toml existed, empty:
 
     with = ["contractors-no-hr.cedar"]
     [defaults]
@@ -46,6 +47,7 @@ class Case:
 class Table:
     cases: list[Case]
     extra: list[Path]  # .cedar files the table loads on top of the folder's set
+    tenants: list[str]  # tenants it adds, with the defaults
 
 
 def _text(case: dict[str, Any], key: str, where: str, default: str | None = None) -> str | None:
@@ -106,8 +108,8 @@ def load_table(path: Path) -> Table:
             doc = tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PolicyError(f"{path.name}: cannot be read as TOML ({type(exc).__name__})") from None
-    if set(doc) - {"with", "defaults", "case"}:
-        raise PolicyError(f"{path.name}: only with, [defaults] and [[case]] are known")
+    if set(doc) - {"with", "tenants", "defaults", "case"}:
+        raise PolicyError(f"{path.name}: only with, tenants, [defaults] and [[case]] are known")
     defaults = doc.get("defaults", {})
     rows = doc.get("case", [])
     if not isinstance(defaults, dict) or not isinstance(rows, list) or not rows:
@@ -128,4 +130,4 @@ def load_table(path: Path) -> Table:
             policies = tuple(sorted(_strings(merged, "policies", where)))
             merged.pop("policies")
         cases.append(Case(name, call_of(merged, where), expect == "allow", policies))
-    return Table(cases, extra)
+    return Table(cases, extra, _strings(doc, "tenants", path.name))

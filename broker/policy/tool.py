@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,10 +18,23 @@ from typing import Any, TextIO
 from broker.policy.cedar import PolicyEngine
 from broker.policy.table import call_of, load_table
 from broker.policy.tenants import Policies, PolicyError
+from server.contracts import TENANT_RE
 
 
-def _engine(folder: Path, extra: Iterable[Path] = ()) -> PolicyEngine:
-    return PolicyEngine.load(folder, Policies.load(folder), extra)
+def _engine(folder: Path, extra: Iterable[Path] = (), tenants: Iterable[str] = ()) -> PolicyEngine:
+    added = list(tenants)
+    if not added:
+        return PolicyEngine.load(folder, Policies.load(folder), extra)
+    # A copy of the folder with the tenants' (empty) files: loaded exactly as serve would.
+    with tempfile.TemporaryDirectory() as copy:
+        where = Path(copy) / "policies"
+        shutil.copytree(folder, where, ignore=shutil.ignore_patterns("examples"))
+        (where / "tenants").mkdir(exist_ok=True)
+        for tenant in added:
+            if not TENANT_RE.fullmatch(tenant):
+                raise PolicyError(f"tenants: {tenant!r} is not a tenant id (DNS label)")
+            (where / "tenants" / f"{tenant}.toml").touch()
+        return PolicyEngine.load(where, Policies.load(where), extra)
 
 
 def validate(folder: Path, extra: list[Path], out: TextIO) -> int:
@@ -37,7 +52,7 @@ def run_table(folder: Path, table_file: Path, out: TextIO) -> int:
     """Every case of the table against the set: one line per failing case, then a summary."""
     try:
         table = load_table(table_file)
-        engine = _engine(folder, table.extra)
+        engine = _engine(folder, table.extra, table.tenants)
         results = [(case, engine.decide(case.call, check_request=True)) for case in table.cases]
     except PolicyError as exc:
         out.write(f"invalid: {exc}\n")

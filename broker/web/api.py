@@ -51,7 +51,7 @@ from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
-from broker.policy import Policies, TenantLimiter
+from broker.policy import APPROVE, Call, Decision, Policies, PolicyEngine, TenantLimiter
 from broker.types import ApprovalState, Outcome, Principal
 
 log = logging.getLogger("docbroker")
@@ -88,6 +88,7 @@ class Reply:
     decision: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     counted: bool = False  # audited on the interval's counted auth.denied line instead
+    policy: Decision | None = None  # a decision's: the determining policy ids and the set's hash
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -105,6 +106,7 @@ class ApprovalsApi:
         auth: AuthService,
         store: ApprovalStore,
         policies: Policies,
+        engine: PolicyEngine,
         limiter: TenantLimiter,
         audit: Audit,
         audit_ready: Callable[[], None],
@@ -113,6 +115,7 @@ class ApprovalsApi:
         self._auth = auth
         self._store = store
         self._policies = policies
+        self._engine = engine
         self._limiter = limiter
         self._audit = audit
         self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
@@ -134,6 +137,8 @@ class ApprovalsApi:
                     reason=reply.reason,
                     status=reply.status,
                     approval_id=reply.approval_id,
+                    policy_ids=list(reply.policy.policy_ids) or None if reply.policy else None,
+                    policy_hash=reply.policy.policy_hash if reply.policy else None,
                     decision=reply.decision,
                 )
         except AuditSinkError:
@@ -228,6 +233,11 @@ class ApprovalsApi:
         event = AuditEvent.APPROVAL_DECIDED
         if approval_id is None:
             return _refused(404, "not_found", event, "malformed_id")
+        verdict = self._engine.decide(Call(principal, APPROVE))
+        if not verdict.allowed:  # before the store: no record is looked at for a refused approver
+            refused = _refused(403, "forbidden", event, "approver_not_permitted")
+            refused.policy = verdict
+            return refused
         policy = self._policies.get(principal.tenant)
         outcome = await self._store.decide(
             approval_id,
@@ -242,7 +252,9 @@ class ApprovalsApi:
                 reply.approval_id = approval_id  # the tenant's own record: not a probe's guess
             return reply
         decision = ApprovalState.APPROVED if approve else ApprovalState.DENIED
-        return Reply(200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value)
+        return Reply(
+            200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value, policy=verdict
+        )
 
 
 Handler = Callable[[ApprovalsApi, Request, Principal, str | None], Awaitable[Reply]]

@@ -52,7 +52,7 @@ def test_a_table_that_expects_otherwise_fails(tmp_path: Path) -> None:
 
 def test_validate_names_the_set_or_the_one_bad_policy(tmp_path: Path) -> None:
     good = docbroker("validate")
-    assert good.returncode == 0 and good.stdout.startswith("ok: 4 policies, set ")
+    assert good.returncode == 0 and good.stdout.startswith("ok: 5 policies, set ")
     bad = tmp_path / "bad.cedar"
     bad.write_text('@id("late")\nforbid (principal, action, resource) when { context.hour > "x" };\n')
     done = docbroker("validate", str(bad))
