@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ from broker.origin import REASON as ORIGIN_REFUSED
 from broker.origin import Origins
 from broker.origin import refusal as origin_refusal
 from broker.origin import surface as origin_surface
-from broker.policy import Policies, PolicyEngine, TenantLimiter
+from broker.policy import LivePolicy, Policies, PolicyEngine, TenantLimiter
 from broker.runtime.base import Runtime, SandboxBackend
 from broker.runtime.shared import Replicas
 from broker.settings import Settings, origin_of
@@ -111,7 +112,7 @@ class Components:
     audit: AuditLog
     auth: AuthService
     policies: Policies
-    engine: PolicyEngine
+    engine: LivePolicy
     tenants: Tenants
     runtime: Runtime
     upstreams: Upstreams
@@ -126,7 +127,7 @@ def build_app(
     master_key = load_master_key(settings.master_key_file)
     ops = OpsTokens.load(settings.ops_token_file)
     policies = Policies.load(settings.policies_dir)
-    engine = PolicyEngine.load(settings.policies_dir, policies)  # validated, or start-up refused
+    first = PolicyEngine.load(settings.policies_dir, policies)  # validated, or start-up refused
     tenants = Tenants(settings, master_key)
     preauth = PreAuthLimiter(settings.preauth)
     auth = AuthService(
@@ -149,6 +150,9 @@ def build_app(
         on_event=sandbox_event,
     )
     metrics = Metrics(runtime.running_count, store.pending_count, lambda: len(upstreams))
+    engine = LivePolicy(
+        settings.policies_dir, first, on_reload=lambda result: metrics.policy_reloads.labels(result).inc()
+    )
     # one budget per tenant, for /mcp and REST alike: this replica's share of it
     limiter = TenantLimiter(policies, replicas=settings.replicas)
 
@@ -228,6 +232,8 @@ def build_app(
                 # Reported, not required: without its database a replica still serves search
                 # and read (approvals fail closed), so it stays in the load balancer's set.
                 "approvals_database": await store.health(),
+                # The set in force, and whether the files on disk failed to replace it.
+                "policy": {"set": engine.hash, "stale": engine.stale},
             }
         return JSONResponse(body, 200 if ok else 503, headers=NO_STORE)
 
@@ -265,11 +271,15 @@ def build_app(
         )
         recovery = asyncio.create_task(recover_forever(store, claims, audit.emit, audit.check))
         counts = asyncio.create_task(denial_counts_every_interval())
+        reloads = asyncio.create_task(engine.watch(settings.policy_reload_seconds))
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, engine.reload_soon)
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
         finally:
-            for task in (purger, recovery):
+            loop.remove_signal_handler(signal.SIGHUP)
+            for task in (purger, recovery, reloads):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -301,7 +311,7 @@ def _gateway(
     settings: Settings,
     auth: AuthService,
     policies: Policies,
-    engine: PolicyEngine,
+    engine: LivePolicy,
     limiter: TenantLimiter,
     runtime: Runtime,
     upstreams: Upstreams,

@@ -297,6 +297,7 @@ class Settings:
     approvals: ApprovalSettings
     max_body_bytes: int = 256 * 1024
     max_response_bytes: int = 32_000
+    policy_reload_seconds: float = 2.0  # how often the policy files are checked for a change; 0: SIGHUP only
     edge: EdgeSettings = field(default_factory=EdgeSettings)
     session_ttl_seconds: int = 86_400  # a legacy session id's lifetime from its initialize
     preauth: PreAuthSettings = field(default_factory=PreAuthSettings)
@@ -426,6 +427,7 @@ class Settings:
         return cls(
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
+            policy_reload_seconds=r.number("POLICY_RELOAD", 2.0, low=0, high=3600),
             master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,

@@ -33,7 +33,7 @@ from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavaila
 from broker.audit import AuditFn
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial, Denied
-from broker.policy import APPROVE, Call, Decision, PolicyEngine, TenantPolicy
+from broker.policy import APPROVE, Call, Decider, Decision, TenantPolicy
 from broker.protocol.answers import BROKER_ONLY_ARGUMENT, broker_result
 from broker.protocol.jsonrpc import RpcMessage
 from broker.protocol.versions import MODERN
@@ -95,7 +95,7 @@ class ApprovalFlow:
         settings: ApprovalSettings,
         public_url: str,
         audit: AuditFn,
-        engine: PolicyEngine,
+        engine: Decider,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine  # may this approver decide for the tenant (the `approve` action)

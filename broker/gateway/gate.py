@@ -27,7 +27,7 @@ from broker.gateway.record import CallRecord
 from broker.gateway.responder import AuditLike
 from broker.gateway.sessions import SessionSealer
 from broker.http_edge import READ_DEADLINE
-from broker.policy import Call, Policies, PolicyEngine, TenantLimiter
+from broker.policy import Call, Decider, Policies, TenantLimiter
 from broker.protocol import answers
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import client_may_send
@@ -61,7 +61,7 @@ class Gate:
         *,
         auth: AuthService,
         policies: Policies,
-        engine: PolicyEngine,
+        engine: Decider,
         limiter: TenantLimiter,
         sessions: SessionSealer,
         approvals: ApprovalFlow,

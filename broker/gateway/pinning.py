@@ -15,7 +15,7 @@ from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins, Pin
 from broker.gateway.responder import AuditLike
 from broker.gateway.tools_filter import visible_tools
-from broker.policy import Call, PolicyEngine
+from broker.policy import Call, Decider
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.versions import LEGACY
 from broker.runtime.base import Runtime
@@ -33,7 +33,7 @@ class Pinning:
         pins: ContractPins,
         runtime: Runtime,
         breakers: CircuitBreakers,
-        engine: PolicyEngine,
+        engine: Decider,
         audit: AuditLike,
     ) -> None:
         self._pins = pins

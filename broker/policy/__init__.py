@@ -3,12 +3,14 @@
 - tenants.py: the TOML files (`Policies`, `TenantPolicy`), rate and concurrency limits
 - compile.py: the TOML tool lists and the scopes, as Cedar policies
 - cedar.py: the policy set (schema, validation, hash) and its decisions (`PolicyEngine`)
+- live.py: the set in force, reloaded when its files change or on SIGHUP (`LivePolicy`)
 - table.py: tables of requests and expected decisions (`docbroker policy test`)
 - tool.py: `docbroker policy validate|test|explain`
 """
 
-from broker.policy.cedar import Call, Decision, PolicyEngine
+from broker.policy.cedar import Call, Decider, Decision, PolicyEngine
 from broker.policy.compile import APPROVE
+from broker.policy.live import LivePolicy
 from broker.policy.tenants import (
     REQUIRED_SCOPE,
     Policies,
@@ -23,7 +25,9 @@ __all__ = [
     "APPROVE",
     "REQUIRED_SCOPE",
     "Call",
+    "Decider",
     "Decision",
+    "LivePolicy",
     "Policies",
     "PolicyEngine",
     "PolicyError",

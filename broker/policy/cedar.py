@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import cedarpy
 
@@ -74,6 +74,12 @@ class Decision:
     # when nothing permitted: Cedar's default deny).
     policy_ids: tuple[str, ...]
     policy_hash: str
+
+
+class Decider(Protocol):
+    """What asks the policy: an engine, or the live set (`broker.policy.live`)."""
+
+    def decide(self, call: Call, *, check_request: bool = False) -> Decision: ...
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
-from broker.policy import APPROVE, Call, Decision, Policies, PolicyEngine, TenantLimiter
+from broker.policy import APPROVE, Call, Decider, Decision, Policies, TenantLimiter
 from broker.types import ApprovalState, Outcome, Principal
 
 log = logging.getLogger("docbroker")
@@ -106,7 +106,7 @@ class ApprovalsApi:
         auth: AuthService,
         store: ApprovalStore,
         policies: Policies,
-        engine: PolicyEngine,
+        engine: Decider,
         limiter: TenantLimiter,
         audit: Audit,
         audit_ready: Callable[[], None],
