@@ -15,6 +15,7 @@ forwarding; it never reaches the client.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import secrets
@@ -160,7 +161,7 @@ class ApprovalFlow:
             result = broker_result(c.Status.REJECTED, DENIED_MESSAGE)
             return Answer(result, Outcome.REJECTED, "approval_denied", refused.id)
 
-        if self._in_band_possible(principal, policy, msg):
+        if self._in_band_possible(principal, policy, msg, draft):
             return await self._ask_in_band(draft, policy, ids)
         return await self._wait_out_of_band(draft, policy, ids)
 
@@ -189,14 +190,24 @@ class ApprovalFlow:
 
     # -- in-band ----------------------------------------------------------------------------
 
-    def _in_band_possible(self, principal: Principal, policy: TenantPolicy, msg: RpcMessage) -> bool:
+    def _in_band_possible(
+        self, principal: Principal, policy: TenantPolicy, msg: RpcMessage, draft: Draft
+    ) -> bool:
         # The human answering in-band is the caller: only when they may approve, and the
-        # tenant does not demand a second person.
+        # tenant does not demand a second person — nor the policy, for this report.
         if msg.protocol_version != MODERN or "elicitation" not in msg.client_capabilities():
             return False
         if self._distinct_approver(policy):
             return False
-        return principal.has(OAuthScope.REPORTS_APPROVE)
+        return (
+            principal.has(OAuthScope.REPORTS_APPROVE)
+            and self._engine.decide(self._own(principal, draft)).allowed
+        )
+
+    @staticmethod
+    def _own(principal: Principal, draft: Draft) -> Call:
+        """The policy's question for an answer in-band: its requester approves their report."""
+        return Call(principal, APPROVE, content_bytes=draft.size, self_approval=True)
 
     def _distinct_approver(self, policy: TenantPolicy) -> bool:
         return policy.require_distinct_approver or self._settings.require_distinct_approver
@@ -277,9 +288,14 @@ class ApprovalFlow:
             return _rejected(NO_APPROVE_SCOPE_MESSAGE, "approver_lacks_scope")
         if self._distinct_approver(policy):
             return _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")
-        verdict = self._engine.decide(Call(principal, APPROVE))
+        asked = self._own(principal, draft)
+        verdict = self._engine.decide(asked)
         if not verdict.allowed:
-            refused = _rejected(NOT_PERMITTED_MESSAGE, "approver_not_permitted")
+            # As on REST: refused only because it is their own report, or refused as an approver.
+            if self._engine.decide(dataclasses.replace(asked, self_approval=False)).allowed:
+                refused = _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")
+            else:
+                refused = _rejected(NOT_PERMITTED_MESSAGE, "approver_not_permitted")
             return Answer(refused.result, refused.outcome, refused.reason, policy=verdict)
         answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
         approve = (
@@ -377,4 +393,3 @@ class ApprovalFlow:
             sha256=draft.sha256,
             consumed_at=taken.consumed_at,
         )
-

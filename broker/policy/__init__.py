@@ -18,6 +18,7 @@ from broker.policy.tenants import (
     Share,
     TenantLimiter,
     TenantPolicy,
+    toml_may_approve,
     toml_permits,
 )
 
@@ -34,5 +35,6 @@ __all__ = [
     "Share",
     "TenantLimiter",
     "TenantPolicy",
+    "toml_may_approve",
     "toml_permits",
 ]

@@ -49,7 +49,7 @@ _TIME_ATTRIBUTES = frozenset({"unix", "hour", "weekday"})
 _NS = "Docbroker"
 _TENANT, _USER, _GROUP, _TOOL = f"{_NS}::Tenant", f"{_NS}::User", f"{_NS}::Group", f"{_NS}::Tool"
 _APPROVALS = f"{_NS}::Approvals"
-_CALL_ONLY = ("protocol", "request_bytes", "document", "content_bytes")  # not in an approval's context
+_CALL_ONLY = frozenset({"protocol", "request_bytes", "document"})  # not in an approval's context
 _ACTION = f"{_NS}::Action"
 
 
@@ -65,6 +65,7 @@ class Call:
     document: str | None = None
     content_bytes: int | None = None
     at: float | None = None  # unix seconds; None: now
+    self_approval: bool = False  # `approve`: the approver is the report's requester
 
 
 @dataclass(frozen=True)
@@ -287,9 +288,13 @@ class PolicyEngine:
     @staticmethod
     def context(call: Call, reads: frozenset[str] | None = None) -> str:
         """The call's context as Cedar JSON: every attribute, or only those in `reads`."""
-        if call.tool == APPROVE:  # an approval's context has no request of its own
-            reads = (reads or frozenset(_TIME_ATTRIBUTES | {"scopes"})) - frozenset(_CALL_ONLY)
+        approving = call.tool == APPROVE
+        if approving:  # an approval's context has no request of its own
+            every = _TIME_ATTRIBUTES | {"scopes", "self_approval", "content_bytes"}
+            reads = (every if reads is None else reads) - _CALL_ONLY
         context: dict[str, Any] = {}
+        if approving and reads is not None and "self_approval" in reads:
+            context["self_approval"] = call.self_approval
         if reads is None or "scopes" in reads:
             context["scopes"] = sorted(s.value for s in call.principal.scopes)
         if reads is None or "protocol" in reads:

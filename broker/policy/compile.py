@@ -6,7 +6,9 @@
 - `builtin.scope.reports_approve` (forbid): deciding an approval needs `reports:approve`.
 - `toml.tenants.<tenant>` (permit): the tools `tools.allowed` of the tenant's file (after
   default.toml) names, and `approve` (the TOML never limited who of the tenant's approvers
-  decides; whether the requester may is the store's `require_distinct_approver` check).
+  decides).
+- `toml.tenants.<tenant>.distinct_approver` (forbid), for a file with
+  `approvals.require_distinct_approver = true`: the requester does not approve their own report.
 
 Nothing else of the TOML (limits, approvals) is a decision about a request's right to call: it
 stays in `TenantPolicy`. Together these give exactly the TOML path's decisions
@@ -61,4 +63,10 @@ def tenant_policies(policies: Policies) -> str:
             f'permit (principal in Docbroker::Tenant::"{tenant}", action in [{actions}], '
             f'resource in Docbroker::Tenant::"{tenant}");'
         )
+        if policy.require_distinct_approver:
+            rules.append(
+                f'@id("toml.tenants.{tenant}.distinct_approver")\n'
+                f'forbid (principal in Docbroker::Tenant::"{tenant}", action == {_action(APPROVE)}, '
+                f'resource in Docbroker::Tenant::"{tenant}")\nwhen {{ context.self_approval }};'
+            )
     return "\n\n".join(rules) + "\n"

@@ -30,7 +30,7 @@ from broker.types import OAuthScope, Principal
 
 _KEYS = {
     "name", "tenant", "subject", "groups", "scopes", "tool", "document", "content_bytes",
-    "request_bytes", "protocol", "at", "expect", "policies",
+    "request_bytes", "protocol", "at", "expect", "policies", "self_approval",
 }  # fmt: skip
 _SCOPES = {s.value: s for s in OAuthScope}
 
@@ -88,6 +88,9 @@ def call_of(case: dict[str, Any], where: str) -> Call:
     tool = _text(case, "tool", where)
     if tool is None:
         raise PolicyError(f"{where}: tool is required")
+    self_approval = case.get("self_approval", False)
+    if type(self_approval) is not bool:
+        raise PolicyError(f"{where}: self_approval must be true or false")
     at = case.get("at")
     if at is not None and type(at) is not int:
         raise PolicyError(f"{where}: at must be unix seconds")
@@ -99,6 +102,7 @@ def call_of(case: dict[str, Any], where: str) -> Call:
         document=_text(case, "document", where),
         content_bytes=_int(case, "content_bytes", where),
         at=float(at) if at is not None else None,
+        self_approval=self_approval,
     )
 
 

@@ -135,6 +135,12 @@ def toml_permits(scopes: frozenset[OAuthScope], policy: TenantPolicy, tool: str)
     return scope is not None and scope in scopes and tool in policy.allowed_tools
 
 
+def toml_may_approve(scopes: frozenset[OAuthScope], policy: TenantPolicy, self_approval: bool) -> bool:
+    """The TOML path's decision on an approver: the scope, and not their own report where the
+    tenant's file demands a second person."""
+    return OAuthScope.REPORTS_APPROVE in scopes and not (self_approval and policy.require_distinct_approver)
+
+
 @dataclass(frozen=True)
 class Share:
     """One replica's part of a tenant's limits: each of `replicas` enforces ceil(limit / replicas).

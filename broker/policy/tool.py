@@ -111,6 +111,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         "scopes": [s for s in args.scopes.split(" ") if s],
         "tool": args.tool,
     }
+    if args.self_approval:
+        request["self_approval"] = True
     for key in ("document", "content_bytes", "request_bytes", "protocol", "at"):
         value = getattr(args, key)
         if value is not None:
@@ -145,6 +147,7 @@ def add_policy_commands(sub: Any) -> None:
     one.add_argument("--request-bytes", type=int)
     one.add_argument("--protocol")
     one.add_argument("--at", type=int, help="unix seconds (default: now)")
+    one.add_argument("--self-approval", action="store_true", help="approve: the approver is the requester")
     one.add_argument("--with", dest="with_files", action="append", default=[], help="another .cedar file")
     one.add_argument("--dir", default="policies", help=dir_help)
     one.set_defaults(func=_cmd_explain)

@@ -38,7 +38,7 @@ import math
 import re
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -233,10 +233,26 @@ class ApprovalsApi:
         event = AuditEvent.APPROVAL_DECIDED
         if approval_id is None:
             return _refused(404, "not_found", event, "malformed_id")
-        verdict = self._engine.decide(Call(principal, APPROVE))
-        if not verdict.allowed:  # before the store: no record is looked at for a refused approver
-            refused = _refused(403, "forbidden", event, "approver_not_permitted")
-            refused.policy = verdict
+        # The policy decides on the record (its size, whether this is its requester): read it
+        # first, from this tenant's records only. Its state is the store's to check, atomically.
+        current = await self._store.get(approval_id, principal.tenant)
+        if current is None:
+            return _refused(404, DecisionError.NOT_FOUND.value, event)
+        asked = Call(
+            principal,
+            APPROVE,
+            content_bytes=current.bytes,
+            self_approval=current.requester == principal.subject,
+        )
+        verdict = self._engine.decide(asked)
+        if not verdict.allowed:
+            # Refused only because it is their own report: the answer says so, as it always has.
+            own = asked.self_approval and self._engine.decide(replace(asked, self_approval=False)).allowed
+            if own:
+                refused = _refused(403, DecisionError.SAME_PERSON.value, event)
+            else:
+                refused = _refused(403, "forbidden", event, "approver_not_permitted")
+            refused.policy, refused.approval_id = verdict, current.id
             return refused
         policy = self._policies.get(principal.tenant)
         outcome = await self._store.decide(

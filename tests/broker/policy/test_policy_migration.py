@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.policy import Call, Policies, PolicyEngine, toml_permits
+from broker.policy import APPROVE, Call, Policies, PolicyEngine, toml_may_approve, toml_permits
 from broker.testing import ROOT
 from broker.types import OAuthScope, Principal
 from server.contracts import TOOL_NAMES
@@ -41,6 +41,17 @@ def generated_folder(tmp_path: Path, seed: int) -> Path:
     return folder
 
 
+def test_require_distinct_approver_is_compiled(tmp_path: Path) -> None:
+    folder = generated_folder(tmp_path, 0)
+    (folder / "tenants" / "strict.toml").write_text("[approvals]\nrequire_distinct_approver = true\n")
+    policies = Policies.load(folder)
+    engine = PolicyEngine.load(folder, policies)
+    approver = Principal("strict", "alice", frozenset(OAuthScope))
+    assert engine.decide(Call(approver, APPROVE)).allowed
+    refused = engine.decide(Call(approver, APPROVE, self_approval=True), check_request=True)
+    assert not refused.allowed and refused.policy_ids == ("toml.tenants.strict.distinct_approver",)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_compiled_toml_decides_as_the_toml_path(tmp_path: Path, seed: int) -> None:
     folder = generated_folder(tmp_path, seed)
@@ -60,6 +71,15 @@ def test_compiled_toml_decides_as_the_toml_path(tmp_path: Path, seed: int) -> No
         compared += 1
         allowed += expected
     assert compared >= 100 and 0 < allowed < compared  # both answers occur: the table can tell them apart
+    refusals = set()
+    for tenant, scopes, own, size in itertools.product(
+        policies.by_tenant, SCOPE_SETS, (False, True), (None, 9000)
+    ):
+        caller = Principal(tenant, "alice", scopes)
+        expected = toml_may_approve(scopes, policies.get(tenant), own)
+        got = engine.decide(Call(caller, APPROVE, self_approval=own, content_bytes=size), check_request=True)
+        assert got.allowed == expected, (tenant, sorted(scopes), own, got.policy_ids)
+        refusals.add(got.policy_ids)
 
 
 def test_the_shipped_folder_decides_as_before() -> None:
