@@ -9,7 +9,7 @@
 """
 
 from broker.policy.cedar import Call, Decider, Decision, PolicyEngine
-from broker.policy.compile import APPROVE
+from broker.policy.compile import APPROVE, VIEW_APPROVALS
 from broker.policy.live import LivePolicy
 from broker.policy.tenants import (
     REQUIRED_SCOPE,
@@ -25,6 +25,7 @@ from broker.policy.tenants import (
 __all__ = [
     "APPROVE",
     "REQUIRED_SCOPE",
+    "VIEW_APPROVALS",
     "Call",
     "Decider",
     "Decision",

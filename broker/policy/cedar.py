@@ -36,7 +36,14 @@ from typing import Any, Protocol
 
 import cedarpy
 
-from broker.policy.compile import ACTIONS, APPROVE, RESERVED_PREFIXES, builtin_policies, tenant_policies
+from broker.policy.compile import (
+    ACTIONS,
+    APPROVAL_ACTIONS,
+    APPROVE,
+    RESERVED_PREFIXES,
+    builtin_policies,
+    tenant_policies,
+)
 from broker.policy.tenants import Policies, PolicyError
 from broker.types import Principal
 from server.contracts import TOOL_NAMES
@@ -289,9 +296,11 @@ class PolicyEngine:
     def context(call: Call, reads: frozenset[str] | None = None) -> str:
         """The call's context as Cedar JSON: every attribute, or only those in `reads`."""
         approving = call.tool == APPROVE
-        if approving:  # an approval's context has no request of its own
-            every = _TIME_ATTRIBUTES | {"scopes", "self_approval", "content_bytes"}
-            reads = (every if reads is None else reads) - _CALL_ONLY
+        if call.tool in APPROVAL_ACTIONS:  # no request of its own; viewing: no report either
+            every = (
+                _TIME_ATTRIBUTES | {"scopes"} | ({"self_approval", "content_bytes"} if approving else set())
+            )
+            reads = (every if reads is None else reads & every) - _CALL_ONLY
         context: dict[str, Any] = {}
         if approving and reads is not None and "self_approval" in reads:
             context["self_approval"] = call.self_approval
@@ -322,7 +331,7 @@ class PolicyEngine:
             "action": {"type": _ACTION, "id": call.tool},
             "resource": (
                 {"type": _APPROVALS, "id": f"{principal.tenant}/approvals"}
-                if call.tool == APPROVE
+                if call.tool in APPROVAL_ACTIONS
                 else {"type": _TOOL, "id": f"{principal.tenant}/{call.tool}"}
             ),
             "context": self.context(call) if context is None else context,

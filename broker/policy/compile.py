@@ -3,10 +3,10 @@
 - `builtin.scope.*` (forbid): a tool needs its scope (DESIGN §5). Always loaded: a Cedar
   policy may narrow what a token grants, never widen it.
 - `builtin.own_tenant` (forbid): a principal acts only on its own tenant's tools.
-- `builtin.scope.reports_approve` (forbid): deciding an approval needs `reports:approve`.
+- `builtin.scope.reports_approve` (forbid): deciding or viewing approvals needs `reports:approve`.
 - `toml.tenants.<tenant>` (permit): the tools `tools.allowed` of the tenant's file (after
-  default.toml) names, and `approve` (the TOML never limited who of the tenant's approvers
-  decides).
+  default.toml) names, and `approve` and `view_approvals` (the TOML never limited which of
+  the tenant's approvers decides or looks).
 - `toml.tenants.<tenant>.distinct_approver` (forbid), for a file with
   `approvals.require_distinct_approver = true`: the requester does not approve their own report.
 
@@ -23,8 +23,14 @@ from server.contracts import TOOL_NAMES
 
 RESERVED_PREFIXES = ("builtin.", "toml.")
 APPROVE = "approve"  # the action of an approver's decision
-ACTIONS = (*TOOL_NAMES, APPROVE)
-_ACTION_SCOPE = {**REQUIRED_SCOPE, APPROVE: OAuthScope.REPORTS_APPROVE}
+VIEW_APPROVALS = "view_approvals"  # listing the tenant's approvals, reading one
+APPROVAL_ACTIONS = (APPROVE, VIEW_APPROVALS)
+ACTIONS = (*TOOL_NAMES, *APPROVAL_ACTIONS)
+_ACTION_SCOPE = {
+    **REQUIRED_SCOPE,
+    APPROVE: OAuthScope.REPORTS_APPROVE,
+    VIEW_APPROVALS: OAuthScope.REPORTS_APPROVE,
+}
 
 
 def _action(tool: str) -> str:
@@ -56,7 +62,7 @@ def tenant_policies(policies: Policies) -> str:
     `TOOL_NAMES` (both checked at load), so nothing here needs quoting."""
     rules: list[str] = []
     for tenant, policy in sorted(policies.by_tenant.items()):
-        tools = [t for t in TOOL_NAMES if t in policy.allowed_tools] + [APPROVE]
+        tools = [t for t in TOOL_NAMES if t in policy.allowed_tools] + list(APPROVAL_ACTIONS)
         actions = ", ".join(_action(t) for t in tools)
         rules.append(
             f'@id("toml.tenants.{tenant}")\n'

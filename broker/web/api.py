@@ -51,7 +51,7 @@ from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
-from broker.policy import APPROVE, Call, Decider, Decision, Policies, TenantLimiter
+from broker.policy import APPROVE, VIEW_APPROVALS, Call, Decider, Decision, Policies, TenantLimiter
 from broker.types import ApprovalState, Outcome, Principal
 
 log = logging.getLogger("docbroker")
@@ -176,6 +176,16 @@ class ApprovalsApi:
             if route.handler is None:
                 return _refused(route.status, route.error, route.event), principal
             self._audit_ready()  # nothing is shown or decided while it cannot be recorded
+            if route.event is AuditEvent.APPROVAL_VIEWED:
+                # Listing or reading approvals shows reports' contents: the policy decides who may.
+                verdict = self._engine.decide(Call(principal, VIEW_APPROVALS))
+                if not verdict.allowed:
+                    refused = _refused(403, "forbidden", route.event, "viewer_not_permitted")
+                    refused.policy = verdict
+                    return refused, principal
+                reply = await route.handler(self, request, principal, route.approval_id)
+                reply.policy = reply.policy or verdict
+                return reply, principal
             return await route.handler(self, request, principal, route.approval_id), principal
         except AuditSinkError:
             raise

@@ -148,6 +148,39 @@ async def test_an_answer_in_band_is_decided_by_the_set_in_force_when_it_comes(br
     assert len(line) == 1 and line[0]["subject"] == "lena" and line[0]["policy_ids"] == ["freeze"]
 
 
+def test_who_may_view_approvals_is_decided_too(broker: Broker) -> None:
+    """Listing and reading approvals (their contents) is the action view_approvals: a rule
+    keeps interns of acme out, on every replica that loads it, audited with its id."""
+    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"])
+    before = set_in_force(broker)
+    rule = folder / "interns.cedar"
+    rule.write_text(
+        '@id("acme.interns_do_not_look")\nforbid (principal in Docbroker::Group::"interns", '
+        'action == Docbroker::Action::"view_approvals", resource in Docbroker::Tenant::"acme");\n'
+    )
+    try:
+        assert wait_for(lambda: set_in_force(broker) != before)
+        now = set_in_force(broker)
+        with open_http(broker, broker.token("acme", "ivy", APPROVER_SCOPE, groups=["interns"])) as http:
+            listed, shown = http.get("/v1/approvals"), http.get(f"/v1/approvals/{'a' * 32}")
+        assert (listed.status_code, listed.json()) == (403, {"error": "forbidden"})
+        assert shown.status_code == 403
+        with open_http(broker, broker.token("acme", "vic", APPROVER_SCOPE, groups=["staff"])) as http:
+            assert http.get("/v1/approvals").status_code == 200
+    finally:
+        rule.unlink()
+        assert wait_for(lambda: set_in_force(broker) == before)
+    viewed = [
+        e for e in broker.audit_events() if e["event"] == "approval.viewed" and e["subject"] in ("ivy", "vic")
+    ]
+    assert [(e["subject"], e["reason"], e["policy_ids"]) for e in viewed] == [
+        ("ivy", "viewer_not_permitted", ["acme.interns_do_not_look"]),
+        ("ivy", "viewer_not_permitted", ["acme.interns_do_not_look"]),
+        ("vic", "listed", ["toml.tenants.acme"]),
+    ]
+    assert {e["policy_hash"] for e in viewed} == {now}
+
+
 SECOND_PERSON = ROOT / "policies" / "examples" / "big-reports-second-person.cedar"
 
 
