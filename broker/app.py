@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ from broker.origin import REASON as ORIGIN_REFUSED
 from broker.origin import Origins
 from broker.origin import refusal as origin_refusal
 from broker.origin import surface as origin_surface
-from broker.policy import Policies, TenantLimiter
+from broker.policy import LivePolicy, Policies, PolicyEngine, TenantLimiter
 from broker.runtime.base import Runtime, SandboxBackend
 from broker.runtime.shared import Replicas
 from broker.settings import Settings, origin_of
@@ -111,6 +112,7 @@ class Components:
     audit: AuditLog
     auth: AuthService
     policies: Policies
+    engine: LivePolicy
     tenants: Tenants
     runtime: Runtime
     upstreams: Upstreams
@@ -125,6 +127,7 @@ def build_app(
     master_key = load_master_key(settings.master_key_file)
     ops = OpsTokens.load(settings.ops_token_file)
     policies = Policies.load(settings.policies_dir)
+    first = PolicyEngine.load(settings.policies_dir, policies)  # validated, or start-up refused
     tenants = Tenants(settings, master_key)
     preauth = PreAuthLimiter(settings.preauth)
     auth = AuthService(
@@ -147,6 +150,9 @@ def build_app(
         on_event=sandbox_event,
     )
     metrics = Metrics(runtime.running_count, store.pending_count, lambda: len(upstreams))
+    engine = LivePolicy(
+        settings.policies_dir, first, on_reload=lambda result: metrics.policy_reloads.labels(result).inc()
+    )
     # one budget per tenant, for /mcp and REST alike: this replica's share of it
     limiter = TenantLimiter(policies, replicas=settings.replicas)
 
@@ -193,20 +199,22 @@ def build_app(
         settings=settings.approvals,
         public_url=settings.public_url,
         audit=audit.emit,
+        engine=engine,
     )
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
-    gateway = _gateway(settings, auth, policies, limiter, runtime, upstreams, sessions, approvals,
+    gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics)  # fmt: skip
     api = ApprovalsApi(
         auth=auth,
         store=store,
         policies=policies,
+        engine=engine,
         limiter=limiter,
         audit=audit.emit,
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
     )
-    parts = Components(settings, audit, auth, policies, tenants, runtime, upstreams, store, metrics)
+    parts = Components(settings, audit, auth, policies, engine, tenants, runtime, upstreams, store, metrics)
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -224,6 +232,8 @@ def build_app(
                 # Reported, not required: without its database a replica still serves search
                 # and read (approvals fail closed), so it stays in the load balancer's set.
                 "approvals_database": await store.health(),
+                # The set in force, and whether the files on disk failed to replace it.
+                "policy": {"set": engine.hash, "stale": engine.stale},
             }
         return JSONResponse(body, 200 if ok else 503, headers=NO_STORE)
 
@@ -261,11 +271,15 @@ def build_app(
         )
         recovery = asyncio.create_task(recover_forever(store, claims, audit.emit, audit.check))
         counts = asyncio.create_task(denial_counts_every_interval())
+        reloads = asyncio.create_task(engine.watch(settings.policy_reload_seconds))
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, engine.reload_soon)
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
         finally:
-            for task in (purger, recovery):
+            loop.remove_signal_handler(signal.SIGHUP)
+            for task in (purger, recovery, reloads):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -297,6 +311,7 @@ def _gateway(
     settings: Settings,
     auth: AuthService,
     policies: Policies,
+    engine: LivePolicy,
     limiter: TenantLimiter,
     runtime: Runtime,
     upstreams: Upstreams,
@@ -312,7 +327,7 @@ def _gateway(
         cooldown=settings.runtime.breaker_cooldown_seconds,
         trial_timeout=settings.runtime.call_timeout_seconds,
     )
-    pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, policies=policies, audit=audit)
+    pinning = Pinning(pins=ContractPins(), runtime=runtime, breakers=breakers, engine=engine, audit=audit)
     relay = Relay(
         runtime=runtime,
         upstreams=upstreams,
@@ -327,6 +342,7 @@ def _gateway(
     gate = Gate(
         auth=auth,
         policies=policies,
+        engine=engine,
         limiter=limiter,
         sessions=sessions,
         approvals=approvals,

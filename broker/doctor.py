@@ -66,12 +66,13 @@ def _master_key(settings: Settings) -> tuple[str, str]:
 
 
 def _policies(settings: Settings) -> tuple[str, str]:
-    from broker.policy import Policies
+    from broker.policy import Policies, PolicyEngine
 
     policies = Policies.load(settings.policies_dir)
+    engine = PolicyEngine.load(settings.policies_dir, policies)  # the set `serve` would put in force
     if not policies.by_tenant:
         return WARN, "no tenants: add one with `docbroker tenant add NAME`"
-    return OK, f"{len(policies.by_tenant)} tenant(s)"
+    return OK, f"{len(policies.by_tenant)} tenant(s), {len(engine.policy_ids)} policies, set {engine.hash}"
 
 
 def _data_dir(settings: Settings) -> tuple[str, str]:

@@ -42,6 +42,12 @@ class Metrics:
             ("reason",),
             registry=self.registry,
         )
+        self.policy_reloads = Counter(
+            "docbroker_policy_reloads",
+            "Policy set reloads by result (ok, failed: the set in force was kept)",
+            ("result",),
+            registry=self.registry,
+        )
         running = Gauge("docbroker_sandboxes_running", "Tenant sandboxes running", registry=self.registry)
         running.set_function(lambda: float(sandboxes_running()))
         pending = Gauge(

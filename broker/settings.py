@@ -38,6 +38,7 @@ class AuthSettings:
     issuer: str
     audience: str
     tenant_claim: str = "tenant"
+    groups_claim: str = "groups"  # a list of group or role names the policy decides on (docs/policy.md)
     jwks_url: str | None = None
     jwks_file: Path | None = None  # a JWKS document or a PEM public key
     algorithms: tuple[str, ...] = ALLOWED_ALGORITHMS
@@ -302,6 +303,7 @@ class Settings:
     approvals: ApprovalSettings
     max_body_bytes: int = 256 * 1024
     max_response_bytes: int = 32_000
+    policy_reload_seconds: float = 2.0  # how often the policy files are checked for a change; 0: SIGHUP only
     edge: EdgeSettings = field(default_factory=EdgeSettings)
     session_ttl_seconds: int = 86_400  # a legacy session id's lifetime from its initialize
     preauth: PreAuthSettings = field(default_factory=PreAuthSettings)
@@ -359,6 +361,7 @@ class Settings:
             issuer=r.required("AUTH_ISSUER"),
             audience=r.required("AUTH_AUDIENCE"),
             tenant_claim=r.text("AUTH_TENANT_CLAIM", "tenant"),
+            groups_claim=r.text("AUTH_GROUPS_CLAIM", "groups"),
             jwks_url=r.optional("AUTH_JWKS_URL"),
             jwks_file=r.path("AUTH_JWKS_FILE"),
             algorithms=r.algorithms("AUTH_ALGORITHMS"),
@@ -434,6 +437,7 @@ class Settings:
         return cls(
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
+            policy_reload_seconds=r.number("POLICY_RELOAD", 2.0, low=0, high=3600),
             master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,

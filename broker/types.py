@@ -31,6 +31,8 @@ class Principal:
     tenant: str
     subject: str
     scopes: frozenset[OAuthScope]
+    # The groups or roles the token's groups claim names (DESIGN §14): policy decides on them.
+    groups: frozenset[str] = frozenset()
 
     def has(self, scope: OAuthScope) -> bool:
         return scope in self.scopes

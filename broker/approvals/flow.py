@@ -15,6 +15,7 @@ forwarding; it never reaches the client.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import secrets
@@ -33,7 +34,7 @@ from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavaila
 from broker.audit import AuditFn
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial, Denied
-from broker.policy import TenantPolicy
+from broker.policy import APPROVE, Call, Decider, Decision, TenantPolicy
 from broker.protocol.answers import BROKER_ONLY_ARGUMENT, broker_result
 from broker.protocol.jsonrpc import RpcMessage
 from broker.protocol.versions import MODERN
@@ -49,6 +50,7 @@ DENIED_MESSAGE = "the report was not approved"
 TOO_MANY_MESSAGE = "too many reports are waiting for approval"
 NO_APPROVE_SCOPE_MESSAGE = "answering an approval needs the reports:approve scope"
 SAME_PERSON_MESSAGE = "this report must be approved by someone other than its requester"
+NOT_PERMITTED_MESSAGE = "the policy does not let this approver decide for the tenant"
 
 # event name, fields (names and ids only)
 
@@ -75,6 +77,7 @@ class Answer:
     outcome: Outcome
     reason: str
     approval_id: str | None = None
+    policy: Decision | None = None  # the approver's decision, when the policy refused it
 
 
 def _rejected(message: str, reason: str) -> Answer:
@@ -93,8 +96,10 @@ class ApprovalFlow:
         settings: ApprovalSettings,
         public_url: str,
         audit: AuditFn,
+        engine: Decider,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._engine = engine  # may this approver decide for the tenant (the `approve` action)
         self._store = store
         self._sealer = sealer
         self._secret_for = secret_for
@@ -156,7 +161,7 @@ class ApprovalFlow:
             result = broker_result(c.Status.REJECTED, DENIED_MESSAGE)
             return Answer(result, Outcome.REJECTED, "approval_denied", refused.id)
 
-        if self._in_band_possible(principal, policy, msg):
+        if self._in_band_possible(principal, policy, msg, draft):
             return await self._ask_in_band(draft, policy, ids)
         return await self._wait_out_of_band(draft, policy, ids)
 
@@ -185,14 +190,24 @@ class ApprovalFlow:
 
     # -- in-band ----------------------------------------------------------------------------
 
-    def _in_band_possible(self, principal: Principal, policy: TenantPolicy, msg: RpcMessage) -> bool:
+    def _in_band_possible(
+        self, principal: Principal, policy: TenantPolicy, msg: RpcMessage, draft: Draft
+    ) -> bool:
         # The human answering in-band is the caller: only when they may approve, and the
-        # tenant does not demand a second person.
+        # tenant does not demand a second person — nor the policy, for this report.
         if msg.protocol_version != MODERN or "elicitation" not in msg.client_capabilities():
             return False
         if self._distinct_approver(policy):
             return False
-        return principal.has(OAuthScope.REPORTS_APPROVE)
+        return (
+            principal.has(OAuthScope.REPORTS_APPROVE)
+            and self._engine.decide(self._own(principal, draft)).allowed
+        )
+
+    @staticmethod
+    def _own(principal: Principal, draft: Draft) -> Call:
+        """The policy's question for an answer in-band: its requester approves their report."""
+        return Call(principal, APPROVE, content_bytes=draft.size, self_approval=True)
 
     def _distinct_approver(self, policy: TenantPolicy) -> bool:
         return policy.require_distinct_approver or self._settings.require_distinct_approver
@@ -273,6 +288,15 @@ class ApprovalFlow:
             return _rejected(NO_APPROVE_SCOPE_MESSAGE, "approver_lacks_scope")
         if self._distinct_approver(policy):
             return _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")
+        asked = self._own(principal, draft)
+        verdict = self._engine.decide(asked)
+        if not verdict.allowed:
+            # As on REST: refused only because it is their own report, or refused as an approver.
+            if self._engine.decide(dataclasses.replace(asked, self_approval=False)).allowed:
+                refused = _rejected(SAME_PERSON_MESSAGE, "approver_is_requester")
+            else:
+                refused = _rejected(NOT_PERMITTED_MESSAGE, "approver_not_permitted")
+            return Answer(refused.result, refused.outcome, refused.reason, policy=verdict)
         answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
         approve = (
             isinstance(answer, dict)
@@ -291,8 +315,9 @@ class ApprovalFlow:
             return _rejected(c.Message.APPROVAL_INVALID.value, "approval_replayed")
         decision = "approved" if approve else "denied"
         await self._audit(
-            AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome="ok", **ids
-        )
+            AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome="ok",
+            policy_ids=list(verdict.policy_ids) or None, policy_hash=verdict.policy_hash, **ids,
+        )  # fmt: skip
         if not approve:
             return Answer(
                 broker_result(c.Status.REJECTED, DENIED_MESSAGE),
@@ -368,4 +393,3 @@ class ApprovalFlow:
             sha256=draft.sha256,
             consumed_at=taken.consumed_at,
         )
-

@@ -126,6 +126,18 @@ def _names(value: object) -> object:
     return sorted(names)
 
 
+def _ids(value: object) -> object:
+    if not isinstance(value, _COLLECTIONS) or not 1 <= len(value) <= MAX_LIST_ITEMS:
+        return INVALID
+    ids = set()
+    for item in value:
+        text = _plain(item)
+        if text is None or not _ID.fullmatch(text):
+            return INVALID
+        ids.add(text)
+    return sorted(ids)
+
+
 def _subject(value: object) -> object:
     text = _plain(value)
     if text is None or not 1 <= len(text) <= MAX_SUBJECT_CHARS or not text.isprintable():
@@ -176,6 +188,10 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "protocol": _pattern(_PROTOCOL),
     "status": _count(100, 599),
     "count": _count(1, MAX_COUNT),  # how many things one line stands for (purged records, denied requests)
+    # The policy decision a line records (DESIGN §14): the determining policies' @ids (the
+    # operator's names, never a request value) and the hash of the policy set that decided.
+    "policy_ids": _ids,
+    "policy_hash": _pattern(_SHA256),
 }
 
 

@@ -22,6 +22,7 @@ from broker.cli import (
     db,
     doctor,
     image,
+    policy,
     reference,
     sandbox,
     serve,
@@ -30,7 +31,9 @@ from broker.cli import (
 )
 from broker.cli.base import EXIT_FAILED, CliError
 
-GROUPS = (serve, tenant, approvals, sandbox, client_config, token, audit, db, doctor, image, reference)
+GROUPS = (
+    serve, tenant, approvals, sandbox, client_config, token, audit, db, policy, doctor, image, reference
+)
 
 EPILOG = (
     "exit codes: 0 done (or all checks passed), 1 failed (refused, unreachable, not found, a check "

@@ -34,7 +34,15 @@ SETTINGS: dict[str, str] = {
         "public URL's own; any other present `Origin` gets 403"
     ),
     "DATA_DIR": "tenants' files, approvals database, run sockets (mode 0700)",
-    "POLICIES_DIR": "`default.toml`, `tenants/<tenant>.toml` and `seccomp.json`",
+    "POLICIES_DIR": (
+        "`docbroker.cedarschema`, `*.cedar`, `default.toml`, `tenants/<tenant>.toml` and `seccomp.json`"
+        " ([docs/policy.md](docs/policy.md))"
+    ),
+    "POLICY_RELOAD": (
+        "seconds between checks of the policy files for a change (a changed set that loads replaces the "
+        "one in force; one that does not is logged, counted and shown stale on `/readyz`); `0`: only on "
+        "SIGHUP ([docs/policy.md](docs/policy.md))"
+    ),
     "MASTER_KEY_FILE": "32-byte hex master key (created on first start, mode 0600)",
     "AUTH_ISSUER": "exact `iss`",
     "AUTH_AUDIENCE": "must be in `aud`",
@@ -47,6 +55,10 @@ SETTINGS: dict[str, str] = {
     ),
     "AUTH_ALGORITHMS": "allow-list",
     "AUTH_TENANT_CLAIM": "claim naming the tenant",
+    "AUTH_GROUPS_CLAIM": (
+        "claim listing the caller's groups or roles (strings), for policies (docs/policy.md); absent: "
+        "none; malformed: the token is refused"
+    ),
     "AUTH_MAX_LIFETIME": "max `exp - iat`",
     "AUTH_LEEWAY": "clock leeway, at most 30 s",
     "AUTH_MAX_HEADER_BYTES": (

@@ -2,10 +2,11 @@
 
 In order: authentication, the HTTP method, the body and its JSON-RPC parse, the method
 allow-list and routing headers, the tenant's rate and concurrency limits, the session, the
-audit log's health, the tool allow-list and pinned contract, and the approval decision for a
-save. It returns a value — `Passed` (what goes on to the sandbox) or `Answered` (the broker's
-own answer) — and raises `AuthError` / `Denied` for a refusal; it never calls on. One question
-goes to the sandbox: whether a save's legacy session still exists, before its approval.
+audit log's health, the policy's decision on the tool (Cedar, `broker.policy`) and the pinned
+contract, and the approval decision for a save. It returns a value — `Passed` (what goes on
+to the sandbox) or `Answered` (the broker's own answer) — and raises `AuthError` / `Denied`
+for a refusal; it never calls on. One question goes to the sandbox: whether a save's legacy
+session still exists, before its approval.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from broker.gateway import forwarding
 from broker.gateway.record import CallRecord
 from broker.gateway.responder import AuditLike
 from broker.gateway.sessions import SessionSealer
-from broker.gateway.tools_filter import may_call
 from broker.http_edge import READ_DEADLINE
-from broker.policy import Policies, TenantLimiter
+from broker.policy import Call, Decider, Policies, TenantLimiter
 from broker.protocol import answers
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import client_may_send
@@ -61,6 +61,7 @@ class Gate:
         *,
         auth: AuthService,
         policies: Policies,
+        engine: Decider,
         limiter: TenantLimiter,
         sessions: SessionSealer,
         approvals: ApprovalFlow,
@@ -71,6 +72,7 @@ class Gate:
     ) -> None:
         self._auth = auth
         self._policies = policies
+        self._engine = engine
         self._limiter = limiter
         self._sessions = sessions
         self._approvals = approvals
@@ -146,9 +148,13 @@ class Gate:
         self, principal: Principal, msg: rpc.RpcMessage, record: CallRecord, session: dict[str, str] | None
     ) -> Answered | None:
         """`session`: the request's headers, unsealed, when it belongs to a legacy session."""
-        policy = self._policies.get(principal.tenant)
-        if record.tool is None or not may_call(principal, policy, record.tool):
+        if record.tool is None:
             raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_allowed")
+        decision = self._engine.decide(_call_of(principal, msg, record))
+        record.decided(decision)
+        if not decision.allowed:
+            raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_allowed")
+        policy = self._policies.get(principal.tenant)
         if self._pinned_without(principal.tenant, record.tool):
             # Before the approval gate: no human is asked to approve a call bound to be refused.
             raise Denied(Denial.TOOL_NOT_ALLOWED, "tool_not_admitted")
@@ -156,12 +162,14 @@ class Gate:
             return None
         if session is not None and not await self._session_alive(principal.tenant, session):
             raise Denied(Denial.SESSION_NOT_FOUND, "session_ended")
-        decision = await self._approvals.gate(principal, policy, msg, record.request_id)
-        if isinstance(decision, Answer):
-            record.end(decision.outcome, decision.reason)
-            record.approval_id = decision.approval_id
-            return Answered(200, rpc.result(msg.id, answers.typed(msg, decision.result)))
-        record.save, record.approval_id = decision, decision.approval_id
+        gated = await self._approvals.gate(principal, policy, msg, record.request_id)
+        if isinstance(gated, Answer):
+            record.end(gated.outcome, gated.reason)
+            if gated.policy is not None:  # the approver's decision refused it: its ids, not the save's
+                record.decided(gated.policy)
+            record.approval_id = gated.approval_id
+            return Answered(200, rpc.result(msg.id, answers.typed(msg, gated.result)))
+        record.save, record.approval_id = gated, gated.approval_id
         return None
 
     def _audit_ready(self) -> None:
@@ -169,6 +177,21 @@ class Gate:
             self._audit.check()
         except Exception:
             raise Denied(Denial.AUDIT_UNAVAILABLE, "audit_unavailable") from None
+
+
+def _call_of(principal: Principal, msg: rpc.RpcMessage, record: CallRecord) -> Call:
+    """What the policy is asked about a tools/call: names, sizes and the document it names."""
+    arguments = msg.arguments
+    filename = arguments.get("filename")
+    content = arguments.get("content")
+    return Call(
+        principal=principal,
+        tool=record.tool or "",
+        protocol=record.protocol,
+        request_bytes=record.bytes_in,
+        document=filename if isinstance(filename, str) else None,
+        content_bytes=len(content.encode("utf-8", "surrogatepass")) if isinstance(content, str) else None,
+    )
 
 
 def _headers_of(scope: Scope) -> dict[str, str]:

@@ -15,7 +15,7 @@ from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins, Pin
 from broker.gateway.responder import AuditLike
 from broker.gateway.tools_filter import visible_tools
-from broker.policy import Policies
+from broker.policy import Call, Decider
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.versions import LEGACY
 from broker.runtime.base import Runtime
@@ -33,13 +33,13 @@ class Pinning:
         pins: ContractPins,
         runtime: Runtime,
         breakers: CircuitBreakers,
-        policies: Policies,
+        engine: Decider,
         audit: AuditLike,
     ) -> None:
         self._pins = pins
         self._runtime = runtime
         self._breakers = breakers
-        self._policies = policies
+        self._engine = engine
         self._audit = audit
 
     def pinned_without(self, tenant: str, tool: str) -> bool:
@@ -87,8 +87,12 @@ class Pinning:
                 reason="descriptors_changed",
             )  # fmt: skip
             await self._replace_changed(principal.tenant, sandbox)
-        policy = self._policies.get(principal.tenant)
-        tools = visible_tools(list(pin.admission.tools.values()), principal, policy)
+        protocol = msg.protocol_version
+
+        def may_call(tool: str) -> bool:
+            return self._engine.decide(Call(principal, tool, protocol=protocol)).allowed
+
+        tools = visible_tools(list(pin.admission.tools.values()), may_call)
         result: dict[str, Any] = {"tools": tools}
         if msg.protocol_version is not None:
             result.update(resultType="complete", ttlMs=0, cacheScope="private")

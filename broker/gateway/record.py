@@ -11,6 +11,7 @@ from typing import Any
 from broker.approvals.flow import Forward
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial
+from broker.policy import Decision
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import audit_method
 from broker.types import Outcome, Principal
@@ -43,6 +44,11 @@ class CallRecord:
     limited_tenant: str | None = None  # set when a concurrency slot was taken
     request_fields: dict[str, Any] | None = None  # describe_request(), once forwarded
     forwarded: bool = False  # the request's bytes went to the sandbox: a write may have happened
+    decision: Decision | None = None  # the policy's, for a tools/call: its ids and set's hash
+
+    def decided(self, decision: Decision) -> None:
+        """The gate's policy stage: the determining policy ids and the set's hash go on the line."""
+        self.decision = decision
 
     def read(self, msg: rpc.RpcMessage, protocol: str | None) -> None:
         """The gate's parse stage: what the request asks for, by name."""
@@ -88,6 +94,9 @@ class CallRecord:
             "arg_names": _declared_args(self.tool, self.arg_names),
             "header_names": self.header_names or None,
         }
+        if self.decision is not None:
+            fields["policy_ids"] = list(self.decision.policy_ids) or None
+            fields["policy_hash"] = self.decision.policy_hash
         if self.principal is not None:
             fields["tenant"] = self.principal.tenant
             fields["subject"] = self.principal.subject

@@ -38,7 +38,7 @@ import math
 import re
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -51,7 +51,7 @@ from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
-from broker.policy import Policies, TenantLimiter
+from broker.policy import APPROVE, VIEW_APPROVALS, Call, Decider, Decision, Policies, TenantLimiter
 from broker.types import ApprovalState, Outcome, Principal
 
 log = logging.getLogger("docbroker")
@@ -88,6 +88,7 @@ class Reply:
     decision: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     counted: bool = False  # audited on the interval's counted auth.denied line instead
+    policy: Decision | None = None  # a decision's: the determining policy ids and the set's hash
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -105,6 +106,7 @@ class ApprovalsApi:
         auth: AuthService,
         store: ApprovalStore,
         policies: Policies,
+        engine: Decider,
         limiter: TenantLimiter,
         audit: Audit,
         audit_ready: Callable[[], None],
@@ -113,6 +115,7 @@ class ApprovalsApi:
         self._auth = auth
         self._store = store
         self._policies = policies
+        self._engine = engine
         self._limiter = limiter
         self._audit = audit
         self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
@@ -134,6 +137,8 @@ class ApprovalsApi:
                     reason=reply.reason,
                     status=reply.status,
                     approval_id=reply.approval_id,
+                    policy_ids=list(reply.policy.policy_ids) or None if reply.policy else None,
+                    policy_hash=reply.policy.policy_hash if reply.policy else None,
                     decision=reply.decision,
                 )
         except AuditSinkError:
@@ -171,6 +176,16 @@ class ApprovalsApi:
             if route.handler is None:
                 return _refused(route.status, route.error, route.event), principal
             self._audit_ready()  # nothing is shown or decided while it cannot be recorded
+            if route.event is AuditEvent.APPROVAL_VIEWED:
+                # Listing or reading approvals shows reports' contents: the policy decides who may.
+                verdict = self._engine.decide(Call(principal, VIEW_APPROVALS))
+                if not verdict.allowed:
+                    refused = _refused(403, "forbidden", route.event, "viewer_not_permitted")
+                    refused.policy = verdict
+                    return refused, principal
+                reply = await route.handler(self, request, principal, route.approval_id)
+                reply.policy = reply.policy or verdict
+                return reply, principal
             return await route.handler(self, request, principal, route.approval_id), principal
         except AuditSinkError:
             raise
@@ -228,6 +243,27 @@ class ApprovalsApi:
         event = AuditEvent.APPROVAL_DECIDED
         if approval_id is None:
             return _refused(404, "not_found", event, "malformed_id")
+        # The policy decides on the record (its size, whether this is its requester): read it
+        # first, from this tenant's records only. Its state is the store's to check, atomically.
+        current = await self._store.get(approval_id, principal.tenant)
+        if current is None:
+            return _refused(404, DecisionError.NOT_FOUND.value, event)
+        asked = Call(
+            principal,
+            APPROVE,
+            content_bytes=current.bytes,
+            self_approval=current.requester == principal.subject,
+        )
+        verdict = self._engine.decide(asked)
+        if not verdict.allowed:
+            # Refused only because it is their own report: the answer says so, as it always has.
+            own = asked.self_approval and self._engine.decide(replace(asked, self_approval=False)).allowed
+            if own:
+                refused = _refused(403, DecisionError.SAME_PERSON.value, event)
+            else:
+                refused = _refused(403, "forbidden", event, "approver_not_permitted")
+            refused.policy, refused.approval_id = verdict, current.id
+            return refused
         policy = self._policies.get(principal.tenant)
         outcome = await self._store.decide(
             approval_id,
@@ -242,7 +278,9 @@ class ApprovalsApi:
                 reply.approval_id = approval_id  # the tenant's own record: not a probe's guess
             return reply
         decision = ApprovalState.APPROVED if approve else ApprovalState.DENIED
-        return Reply(200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value)
+        return Reply(
+            200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value, policy=verdict
+        )
 
 
 Handler = Callable[[ApprovalsApi, Request, Principal, str | None], Awaitable[Reply]]

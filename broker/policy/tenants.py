@@ -1,4 +1,4 @@
-"""Tenant policy: which tools a tenant may use, how fast, how many at once.
+"""Tenant policy files: which tools a tenant may use, how fast, how many at once.
 
 Policies are TOML files in the policies folder, read once at start-up:
 
@@ -7,6 +7,10 @@ Policies are TOML files in the policies folder, read once at start-up:
 
 A tenant file overrides the defaults key by key. Unknown keys are errors: a typo in a
 security policy must not silently fall back to a default.
+
+Which tools a caller may use is decided by Cedar (`broker.policy.cedar`): the tool lists here
+are compiled to Cedar (`broker.policy.compile`). `toml_permits` is the decision as these files
+alone gave it, kept as the reference the compiled Cedar is tested and benchmarked against.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.contracts import TENANT_RE, TOOL_NAMES
+from broker.types import OAuthScope
+from server.contracts import TENANT_RE, TOOL_NAMES, TOOL_READ, TOOL_SAVE, TOOL_SEARCH
+
+# The scope a token needs for each tool (DESIGN §5): Cedar's built-in forbids say the same.
+REQUIRED_SCOPE: dict[str, OAuthScope] = {
+    TOOL_SEARCH: OAuthScope.DOCS_READ,
+    TOOL_READ: OAuthScope.DOCS_READ,
+    TOOL_SAVE: OAuthScope.DOCS_WRITE,
+}
 
 
 class PolicyError(ValueError):
@@ -115,6 +127,18 @@ class Policies:
 
     def get(self, tenant: str) -> TenantPolicy:
         return self.by_tenant[tenant]
+
+
+def toml_permits(scopes: frozenset[OAuthScope], policy: TenantPolicy, tool: str) -> bool:
+    """The TOML path's decision: the token holds the tool's scope and the tenant's file allows it."""
+    scope = REQUIRED_SCOPE.get(tool)
+    return scope is not None and scope in scopes and tool in policy.allowed_tools
+
+
+def toml_may_approve(scopes: frozenset[OAuthScope], policy: TenantPolicy, self_approval: bool) -> bool:
+    """The TOML path's decision on an approver: the scope, and not their own report where the
+    tenant's file demands a second person."""
+    return OAuthScope.REPORTS_APPROVE in scopes and not (self_approval and policy.require_distinct_approver)
 
 
 @dataclass(frozen=True)

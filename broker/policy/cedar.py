@@ -1,0 +1,366 @@
+"""The policy set: Cedar policies validated against the schema, and the decisions they give.
+
+Loaded once at start-up from the policies folder:
+
+    docbroker.cedarschema   the schema (required): every policy is validated against it
+    *.cedar                 the operator's policies (optional), each with a unique `@id`
+    default.toml, tenants/  compiled to Cedar (`broker.policy.compile`)
+
+Anything that does not parse or validate refuses the load with one line naming the file and
+the policy id (`PolicyError`); the request values a decision uses never appear in one.
+
+Speed (bench/policy_decision.py): Cedar evaluates every policy of the set it is given, so the
+set is sliced per tenant and tool — a policy whose scope names a tenant (`principal in
+Docbroker::Tenant::"acme"`, `resource in …`) can match only that tenant's requests (a user and
+a tool are in their own tenant and no other entity is), one whose action names other tools
+none of this tool's calls, and leaving them out of a slice changes no decision. The entities
+of a caller (its tenant, groups, user and the tenant's tools) are built once per principal and
+kept in a bounded table. The context holds only the attributes some policy of the slice reads
+(an attribute no policy reads cannot change a decision), and a decision is remembered by
+exactly those inputs — principal, tool and that context — so a repeated decision is a lookup;
+a set that reads the request's size or the time in seconds makes most decisions new, and each
+of them is evaluated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import cedarpy
+
+from broker.policy.compile import (
+    ACTIONS,
+    APPROVAL_ACTIONS,
+    APPROVE,
+    RESERVED_PREFIXES,
+    builtin_policies,
+    tenant_policies,
+)
+from broker.policy.tenants import Policies, PolicyError
+from broker.types import Principal
+from server.contracts import TOOL_NAMES
+
+SCHEMA_FILE = "docbroker.cedarschema"
+POLICY_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what the audit log accepts as an id
+ENTITY_CACHE_SIZE = 4096
+DECISION_CACHE_SIZE = 65536
+_TIME_ATTRIBUTES = frozenset({"unix", "hour", "weekday"})
+_NS = "Docbroker"
+_TENANT, _USER, _GROUP, _TOOL = f"{_NS}::Tenant", f"{_NS}::User", f"{_NS}::Group", f"{_NS}::Tool"
+_APPROVALS = f"{_NS}::Approvals"
+_CALL_ONLY = frozenset({"protocol", "request_bytes", "document"})  # not in an approval's context
+_ACTION = f"{_NS}::Action"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request, as the policy sees it. `document` and the sizes are values of the request:
+    they may be decided on and are never logged."""
+
+    principal: Principal
+    tool: str  # the tool called, or `approve` (an approver's decision)
+    protocol: str | None = None
+    request_bytes: int = 0
+    document: str | None = None
+    content_bytes: int | None = None
+    at: float | None = None  # unix seconds; None: now
+    self_approval: bool = False  # `approve`: the approver is the report's requester
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    # The determining policies: the permits that allowed, or the forbids that denied (empty
+    # when nothing permitted: Cedar's default deny).
+    policy_ids: tuple[str, ...]
+    policy_hash: str
+
+
+class Decider(Protocol):
+    """What asks the policy: an engine, or the live set (`broker.policy.live`)."""
+
+    def decide(self, call: Call, *, check_request: bool = False) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """One file's policies, as text, and the name it is reported by."""
+
+    name: str
+    text: str
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    first = " ".join(str(text).split())
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def _context_reads(node: Any, reads: set[str]) -> bool:
+    """Add the context attributes an expression reads (`context.x`, `context has x`) to
+    `reads`; False when it uses `context` any other way (then it may read everything)."""
+    if isinstance(node, dict):
+        for op in (".", "has"):
+            inner = node.get(op)
+            if isinstance(inner, dict) and inner.get("left") == {"Var": "context"}:
+                reads.add(str(inner.get("attr")))
+                return True
+        if node == {"Var": "context"}:
+            return False
+        return all(_context_reads(value, reads) for value in node.values())
+    if isinstance(node, list):
+        return all(_context_reads(item, reads) for item in node)
+    return True
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """One tenant's part of the set, and the context attributes it reads (None: any)."""
+
+    policies: cedarpy.PolicySet
+    reads: frozenset[str] | None
+
+
+def _for_tool(scope: dict[str, Any], tool: str) -> bool:
+    """Whether a policy's action constraint can match a call of `tool` (when unsure: yes)."""
+    names = {tool, "tools/call"}  # the tool's action, and the group it is in
+    op = scope.get("op")
+    if op == "==":
+        return (scope.get("entity") or {}).get("id") == tool
+    if op == "in":
+        listed = scope.get("entities") if "entities" in scope else [scope.get("entity")]
+        return any(isinstance(e, dict) and e.get("id") in names for e in listed or [])
+    return True
+
+
+def _tenant_of(scope: dict[str, Any], entity_types: tuple[str, ...]) -> str | None:
+    """The tenant a policy's principal or resource constraint confines it to, if any."""
+    op = scope.get("op")
+    entity = scope.get("entity") if op in ("==", "in") else (scope.get("in") or {}).get("entity")
+    if not isinstance(entity, dict):
+        return None
+    kind, ident = entity.get("type"), entity.get("id")
+    if not isinstance(ident, str):
+        return None
+    if kind == _TENANT:
+        return ident
+    if kind in entity_types and op == "==" and "/" in ident:
+        return ident.split("/", 1)[0]
+    return None
+
+
+class PolicyEngine:
+    """A validated policy set and its decisions. Immutable once built."""
+
+    def __init__(self, schema_text: str, sources: Iterable[Source]) -> None:
+        try:
+            self._schema = cedarpy.Schema.from_str(schema_text)
+        except ValueError as exc:
+            raise PolicyError(f"{SCHEMA_FILE}: not a valid Cedar schema ({_one_line(str(exc))})") from None
+        self._policies: dict[str, dict[str, Any]] = {}
+        self.sources: dict[str, str] = {}  # policy id → the file it came from
+        for source in sources:
+            self._add(source)
+        canonical = json.dumps(
+            {"schema": schema_text, "policies": self._policies}, sort_keys=True, separators=(",", ":")
+        )
+        self.hash = hashlib.sha256(canonical.encode()).hexdigest()
+        self._global: dict[str, dict[str, Any]] = {}
+        self._scoped: dict[str, dict[str, dict[str, Any]]] = {}
+        for pid, est in self._policies.items():
+            tenants = {
+                _tenant_of(est["principal"], (_USER,)),
+                _tenant_of(est["resource"], (_TOOL, _APPROVALS)),
+            } - {None}
+            if not tenants:
+                self._global[pid] = est
+            elif len(tenants) == 1:
+                self._scoped.setdefault(str(tenants.pop()), {})[pid] = est
+            # Two different tenants: the policy can match no request; it is kept in the hash only.
+        self._slices: dict[tuple[str, str], _Slice] = {}
+        self._entities: OrderedDict[Principal, cedarpy.Entities] = OrderedDict()
+        self._decisions: dict[tuple[Principal, str, str], Decision] = {}
+
+    @classmethod
+    def load(cls, folder: Path, tenants: Policies, extra: Iterable[Path] = ()) -> PolicyEngine:
+        """The folder's set; `extra`: more .cedar files (`docbroker policy test|explain`)."""
+        schema_file = folder / SCHEMA_FILE
+        try:
+            schema_text = schema_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"{SCHEMA_FILE}: cannot be read ({type(exc).__name__})") from None
+        sources = [
+            Source("builtin", builtin_policies()),
+            Source("default.toml+tenants/", tenant_policies(tenants)),
+        ]
+        for path in [*sorted(folder.glob("*.cedar")), *extra]:
+            try:
+                sources.append(Source(path.name, path.read_text(encoding="utf-8")))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise PolicyError(f"{path.name}: cannot be read ({type(exc).__name__})") from None
+        return cls(schema_text, sources)
+
+    @property
+    def policy_ids(self) -> list[str]:
+        return sorted(self._policies)
+
+    def _add(self, source: Source) -> None:
+        try:
+            parsed = json.loads(cedarpy.policies_to_json_str(source.text))
+        except ValueError as exc:
+            raise PolicyError(f"{source.name}: does not parse as Cedar ({_one_line(str(exc))})") from None
+        if parsed.get("templates") or parsed.get("templateLinks"):
+            raise PolicyError(f"{source.name}: templates are not supported, only static policies")
+        result = cedarpy.validate_policies(source.text, self._schema)
+        if not result.validation_passed:
+            first = result.errors[0] if result.errors else None
+            named = result.id_annotations_by_policy_id.get(first.policy_id) if first else None
+            where = f"policy {named or (first.policy_id if first else '?')}"
+            raise PolicyError(
+                f"{source.name}: {where} does not validate against the schema "
+                f"({_one_line(first.error if first else 'unknown error')})"
+            )
+        builtin = source.name in ("builtin", "default.toml+tenants/")
+        for est in parsed.get("staticPolicies", {}).values():
+            pid = est.get("annotations", {}).get("id")
+            if not isinstance(pid, str) or not POLICY_ID_RE.fullmatch(pid):
+                raise PolicyError(
+                    f"{source.name}: every policy needs an @id of letters, digits and _.:- "
+                    "(the audit log names policies by it)"
+                )
+            if not builtin and pid.startswith(RESERVED_PREFIXES):
+                raise PolicyError(f"{source.name}: policy {pid}: ids starting builtin. or toml. are reserved")
+            if pid in self._policies:
+                raise PolicyError(f"{source.name}: policy {pid}: id already used in {self.sources[pid]}")
+            self._policies[pid] = est
+            self.sources[pid] = source.name
+
+    def _slice(self, tenant: str, tool: str) -> _Slice:
+        found = self._slices.get((tenant, tool))
+        if found is None:
+            candidates = {**self._global, **self._scoped.get(tenant, {})}
+            policies = {pid: est for pid, est in candidates.items() if _for_tool(est["action"], tool)}
+            doc = {"staticPolicies": policies, "templates": {}, "templateLinks": []}
+            reads: set[str] = set()
+            bounded = all(_context_reads(est.get("conditions", []), reads) for est in policies.values())
+            found = self._slices[(tenant, tool)] = _Slice(
+                cedarpy.PolicySet.from_json_str(json.dumps(doc)), frozenset(reads) if bounded else None
+            )
+        return found
+
+    def _entities_of(self, principal: Principal) -> cedarpy.Entities:
+        found = self._entities.get(principal)
+        if found is not None:
+            self._entities.move_to_end(principal)
+            return found
+        tenant = {"type": _TENANT, "id": principal.tenant}
+        groups = [{"type": _GROUP, "id": g} for g in sorted(principal.groups)]
+        entities: list[dict[str, Any]] = [{"uid": tenant, "attrs": {}, "parents": []}]
+        entities += [{"uid": g, "attrs": {}, "parents": []} for g in groups]
+        entities.append(
+            {
+                "uid": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
+                "attrs": {"tenant": {"__entity": tenant}, "subject": principal.subject},
+                "parents": [tenant, *groups],
+            }
+        )
+        entities += [
+            {
+                "uid": {"type": _TOOL, "id": f"{principal.tenant}/{tool}"},
+                "attrs": {"tenant": {"__entity": tenant}},
+                "parents": [tenant],
+            }
+            for tool in TOOL_NAMES
+        ]
+        entities.append(
+            {
+                "uid": {"type": _APPROVALS, "id": f"{principal.tenant}/approvals"},
+                "attrs": {"tenant": {"__entity": tenant}},
+                "parents": [tenant],
+            }
+        )
+        found = cedarpy.Entities.from_json_str(json.dumps(entities), self._schema)
+        self._entities[principal] = found
+        if len(self._entities) > ENTITY_CACHE_SIZE:
+            self._entities.popitem(last=False)
+        return found
+
+    @staticmethod
+    def context(call: Call, reads: frozenset[str] | None = None) -> str:
+        """The call's context as Cedar JSON: every attribute, or only those in `reads`."""
+        approving = call.tool == APPROVE
+        if call.tool in APPROVAL_ACTIONS:  # no request of its own; viewing: no report either
+            every = (
+                _TIME_ATTRIBUTES | {"scopes"} | ({"self_approval", "content_bytes"} if approving else set())
+            )
+            reads = (every if reads is None else reads & every) - _CALL_ONLY
+        context: dict[str, Any] = {}
+        if approving and reads is not None and "self_approval" in reads:
+            context["self_approval"] = call.self_approval
+        if reads is None or "scopes" in reads:
+            context["scopes"] = sorted(s.value for s in call.principal.scopes)
+        if reads is None or "protocol" in reads:
+            context["protocol"] = call.protocol or ""
+        if reads is None or "request_bytes" in reads:
+            context["request_bytes"] = call.request_bytes
+        if reads is None or not reads.isdisjoint(_TIME_ATTRIBUTES):
+            # Only the parts read: a set that reads the hour keeps its decisions for an hour.
+            at = time.time() if call.at is None else call.at
+            moment = time.gmtime(at)
+            moments = {"unix": int(at), "hour": moment.tm_hour, "weekday": moment.tm_wday}
+            context.update((k, v) for k, v in moments.items() if reads is None or k in reads)
+        if call.document is not None and (reads is None or "document" in reads):
+            context["document"] = call.document
+        if call.content_bytes is not None and (reads is None or "content_bytes" in reads):
+            context["content_bytes"] = call.content_bytes
+        return json.dumps(context, separators=(",", ":"))
+
+    def request(self, call: Call, context: str | None = None) -> dict[str, Any]:
+        """The Cedar request of a call (principal, action, resource, context: all of it unless
+        given)."""
+        principal = call.principal
+        return {
+            "principal": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
+            "action": {"type": _ACTION, "id": call.tool},
+            "resource": (
+                {"type": _APPROVALS, "id": f"{principal.tenant}/approvals"}
+                if call.tool in APPROVAL_ACTIONS
+                else {"type": _TOOL, "id": f"{principal.tenant}/{call.tool}"}
+            ),
+            "context": self.context(call) if context is None else context,
+        }
+
+    def decide(self, call: Call, *, check_request: bool = False) -> Decision:
+        """Cedar's decision on a call. A tool the schema does not know is refused unasked.
+        `check_request`: the whole context, checked against the schema, nothing remembered
+        (tests and `explain`)."""
+        if call.tool not in ACTIONS:
+            return Decision(False, (), self.hash)
+        piece = self._slice(call.principal.tenant, call.tool)
+        if check_request:
+            result = cedarpy.is_authorized(
+                self.request(call), piece.policies, self._entities_of(call.principal), self._schema
+            )
+            if result.diagnostics.errors:
+                raise PolicyError(f"request does not conform ({_one_line(result.diagnostics.errors[0])})")
+            return Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+        context = self.context(call, piece.reads)
+        key = (call.principal, call.tool, context)
+        found = self._decisions.get(key)
+        if found is not None:
+            return found
+        result = cedarpy.is_authorized(
+            self.request(call, context), piece.policies, self._entities_of(call.principal)
+        )
+        found = Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+        if len(self._decisions) >= DECISION_CACHE_SIZE:
+            del self._decisions[next(iter(self._decisions))]  # the oldest: a bounded table
+        self._decisions[key] = found
+        return found

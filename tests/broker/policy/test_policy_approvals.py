@@ -1,0 +1,225 @@
+"""Approving is a policy decision too (the `approve` action): the shipped example "only the
+legal group approves for tenant acme" through a real broker — over REST and in-band — with
+the determining policy ids and the set's hash on every decision's audit line."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mcp_types
+import pytest
+
+from broker.policy import Policies, PolicyEngine
+from broker.testing import ROOT, Broker, make_broker, structured
+from tests.broker.support import (
+    APPROVER_SCOPE,
+    WRITE_SCOPE,
+    approve_in_band,
+    call_modern,
+    open_http,
+    open_mcp,
+    tool_status,
+    unique,
+    wait_for,
+)
+
+pytestmark = pytest.mark.anyio
+
+EXAMPLE = ROOT / "policies" / "examples" / "legal-approves-acme.cedar"
+FORBID_ID = "examples.acme.legal_approves"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = make_broker(tmp_path_factory.mktemp("cedar-approvals"), env={"DOCBROKER_POLICY_RELOAD": "0.2"})
+    shutil.copy(EXAMPLE, Path(b.env["DOCBROKER_POLICIES_DIR"]) / EXAMPLE.name)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def set_hash(broker: Broker) -> str:
+    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"])
+    return PolicyEngine.load(folder, Policies.load(folder)).hash
+
+
+def decided_lines(broker: Broker, approval_id: str) -> list[dict[str, object]]:
+    return [
+        e for e in broker.audit_events()
+        if e["event"] == "approval.decided" and e.get("approval_id", approval_id) == approval_id
+    ]  # fmt: skip
+
+
+def test_only_legal_approves_for_acme_over_rest(broker: Broker) -> None:
+    name = unique()
+    requester = broker.token("acme", "rita", WRITE_SCOPE)
+    with open_http(broker, requester) as http:
+        waiting = tool_status(call_modern(http, "save_report", {"filename": name, "content": "q3 figures"}))
+    assert waiting["status"] == "waiting_approval"
+    approval_id = waiting["data"]["approval_id"]
+    before = len(decided_lines(broker, approval_id))
+
+    finance = broker.token("acme", "carol", APPROVER_SCOPE, groups=["finance"])
+    with open_http(broker, finance) as http:
+        refused = http.post(f"/v1/approvals/{approval_id}/approve")
+    assert refused.status_code == 403 and refused.json() == {"error": "forbidden"}
+    legal = broker.token("acme", "lena", APPROVER_SCOPE, groups=["legal"])
+    with open_http(broker, legal) as http:
+        assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
+    with open_http(broker, requester) as http:
+        saved = tool_status(call_modern(http, "save_report", {"filename": name, "content": "q3 figures"}))
+    assert saved["status"] == "ok"
+
+    lines = decided_lines(broker, approval_id)[before:]
+    carol = [e for e in lines if e["subject"] == "carol"]
+    lena = [e for e in lines if e["subject"] == "lena"]
+    assert len(carol) == 1 and len(lena) == 1
+    assert carol[0]["outcome"] == "denied" and carol[0]["reason"] == "approver_not_permitted"
+    assert carol[0]["approval_id"] == approval_id  # the tenant's own record, read to decide
+    assert carol[0]["policy_ids"] == [FORBID_ID] and carol[0]["policy_hash"] == set_hash(broker)
+    assert lena[0]["decision"] == "approved" and lena[0]["policy_ids"] == ["toml.tenants.acme"]
+    assert lena[0]["policy_hash"] == set_hash(broker)
+
+
+def test_other_tenants_approvers_are_not_concerned(broker: Broker) -> None:
+    requester = broker.token("globex", "gus", WRITE_SCOPE)
+    with open_http(broker, requester) as http:
+        waiting = tool_status(call_modern(http, "save_report", {"filename": unique(), "content": "x"}))
+    with open_http(broker, broker.token("globex", "carol", APPROVER_SCOPE)) as http:
+        assert http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve").status_code == 200
+
+
+def set_in_force(broker: Broker) -> str:
+    with open_http(broker) as http:
+        state: str = http.get("/readyz", headers=broker.ops_headers).json()["checks"]["policy"]["set"]
+    return state
+
+
+async def test_only_legal_approves_for_acme_in_band(broker: Broker) -> None:
+    both = f"{WRITE_SCOPE} {APPROVER_SCOPE}"
+    name = unique()
+    outsider = broker.token("acme", "oscar", both, groups=["sales"])
+    async with open_mcp(broker, outsider, "auto", elicitation_callback=approve_in_band()) as client:
+        waiting = structured(await client.call_tool("save_report", {"filename": name, "content": "memo"}))
+    assert waiting["status"] == "waiting_approval"  # not asked in-band: oscar may not approve it
+    lawyer = broker.token("acme", "lena", both, groups=["legal"])
+    async with open_mcp(broker, lawyer, "auto", elicitation_callback=approve_in_band()) as client:
+        saved = structured(await client.call_tool("save_report", {"filename": unique(), "content": "memo"}))
+    assert saved["status"] == "ok"
+    lena = [
+        e for e in broker.audit_events() if e.get("subject") == "lena" and e["event"] == "approval.decided"
+    ]
+    assert lena and lena[-1]["policy_ids"] == ["toml.tenants.acme"]
+
+
+async def test_an_answer_in_band_is_decided_by_the_set_in_force_when_it_comes(broker: Broker) -> None:
+    """The question was asked under one set; the answer comes after a reload that forbids the
+    approver: it is refused, naming the new set's policy."""
+    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"])
+    before = set_in_force(broker)
+    freeze = folder / "freeze.cedar"
+
+    async def answer_after_a_reload(_ctx: Any, _params: Any) -> mcp_types.ElicitResult:
+        freeze.write_text(
+            '@id("freeze")\nforbid (principal, action == Docbroker::Action::"approve", resource);\n'
+        )
+        assert wait_for(lambda: set_in_force(broker) != before)
+        return mcp_types.ElicitResult(action="accept", content={"decision": "approve"})
+
+    lawyer = broker.token("acme", "lena", f"{WRITE_SCOPE} {APPROVER_SCOPE}", groups=["legal"])
+    name = unique()
+    try:
+        async with open_mcp(broker, lawyer, "auto", elicitation_callback=answer_after_a_reload) as client:
+            refused = structured(await client.call_tool("save_report", {"filename": name, "content": "memo"}))
+    finally:
+        freeze.unlink()
+        assert wait_for(lambda: set_in_force(broker) == before)
+    assert refused["status"] == "rejected" and not (broker.reports("acme") / name).exists()
+    line = [
+        e
+        for e in broker.audit_events()
+        if e.get("reason") == "approver_not_permitted" and e["event"] == "mcp.request"
+    ]
+    assert len(line) == 1 and line[0]["subject"] == "lena" and line[0]["policy_ids"] == ["freeze"]
+
+
+def test_who_may_view_approvals_is_decided_too(broker: Broker) -> None:
+    """Listing and reading approvals (their contents) is the action view_approvals: a rule
+    keeps interns of acme out, on every replica that loads it, audited with its id."""
+    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"])
+    before = set_in_force(broker)
+    rule = folder / "interns.cedar"
+    rule.write_text(
+        '@id("acme.interns_do_not_look")\nforbid (principal in Docbroker::Group::"interns", '
+        'action == Docbroker::Action::"view_approvals", resource in Docbroker::Tenant::"acme");\n'
+    )
+    try:
+        assert wait_for(lambda: set_in_force(broker) != before)
+        now = set_in_force(broker)
+        with open_http(broker, broker.token("acme", "ivy", APPROVER_SCOPE, groups=["interns"])) as http:
+            listed, shown = http.get("/v1/approvals"), http.get(f"/v1/approvals/{'a' * 32}")
+        assert (listed.status_code, listed.json()) == (403, {"error": "forbidden"})
+        assert shown.status_code == 403
+        with open_http(broker, broker.token("acme", "vic", APPROVER_SCOPE, groups=["staff"])) as http:
+            assert http.get("/v1/approvals").status_code == 200
+    finally:
+        rule.unlink()
+        assert wait_for(lambda: set_in_force(broker) == before)
+    viewed = [
+        e for e in broker.audit_events() if e["event"] == "approval.viewed" and e["subject"] in ("ivy", "vic")
+    ]
+    assert [(e["subject"], e["reason"], e["policy_ids"]) for e in viewed] == [
+        ("ivy", "viewer_not_permitted", ["acme.interns_do_not_look"]),
+        ("ivy", "viewer_not_permitted", ["acme.interns_do_not_look"]),
+        ("vic", "listed", ["toml.tenants.acme"]),
+    ]
+    assert {e["policy_hash"] for e in viewed} == {now}
+
+
+SECOND_PERSON = ROOT / "policies" / "examples" / "big-reports-second-person.cedar"
+
+
+@pytest.fixture(scope="module")
+def second_person_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = make_broker(tmp_path_factory.mktemp("cedar-second-person"))
+    shutil.copy(SECOND_PERSON, Path(b.env["DOCBROKER_POLICIES_DIR"]) / SECOND_PERSON.name)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+async def test_big_reports_need_a_second_person(second_person_broker: Broker) -> None:
+    broker = second_person_broker
+    rita = broker.token("acme", "rita", f"{WRITE_SCOPE} {APPROVER_SCOPE}")
+    small, big = unique(), unique()
+    async with open_mcp(broker, rita, "auto", elicitation_callback=approve_in_band()) as client:
+        mine = structured(await client.call_tool("save_report", {"filename": small, "content": "s" * 4096}))
+        assert mine["status"] == "ok"  # approved in-band by its requester
+        waiting = structured(await client.call_tool("save_report", {"filename": big, "content": "b" * 4097}))
+    assert waiting["status"] == "waiting_approval"  # not offered in-band: rita may not approve it
+    approval_id = waiting["data"]["approval_id"]
+
+    with open_http(broker, rita) as http:
+        own = http.post(f"/v1/approvals/{approval_id}/approve")
+    assert (own.status_code, own.json()) == (403, {"error": "approver_is_requester"})
+    with open_http(broker, broker.token("acme", "carol", APPROVER_SCOPE)) as http:
+        assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
+    async with open_mcp(broker, rita, "auto", elicitation_callback=approve_in_band()) as client:
+        saved = structured(await client.call_tool("save_report", {"filename": big, "content": "b" * 4097}))
+    assert saved["status"] == "ok"
+    assert (broker.reports("acme") / big).stat().st_size == 4097
+
+    decided = [e for e in broker.audit_events() if e["event"] == "approval.decided"]
+    refused = [e for e in decided if e.get("approval_id") == approval_id and e["subject"] == "rita"]
+    assert len(refused) == 1 and refused[0]["reason"] == "approver_is_requester"
+    assert refused[0]["policy_ids"] == ["examples.big_reports.second_person"]
+    assert refused[0]["policy_hash"] == set_hash(broker)
+    carol = [e for e in decided if e.get("approval_id") == approval_id and e["subject"] == "carol"]
+    assert carol[0]["decision"] == "approved" and carol[0]["policy_ids"] == ["toml.tenants.acme"]

@@ -1,0 +1,153 @@
+"""The policy set at load: the schema shipped in policies/, every policy validated against it,
+ids the audit log can carry; and the per-tenant slices deciding exactly as the whole set."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import cedarpy
+import pytest
+
+from broker.policy import Call, Policies, PolicyEngine, PolicyError
+from broker.testing import ROOT
+from broker.types import OAuthScope, Principal
+from server.contracts import TOOL_NAMES
+
+
+def folder_with(tmp_path: Path, cedar: dict[str, str], tenants: dict[str, str] | None = None) -> Path:
+    folder = tmp_path / "policies"
+    folder.mkdir(parents=True)
+    shutil.copy(ROOT / "policies" / "docbroker.cedarschema", folder)
+    (folder / "tenants").mkdir()
+    for tenant, text in (tenants or {"acme": "", "globex": ""}).items():
+        (folder / "tenants" / f"{tenant}.toml").write_text(text)
+    for name, text in cedar.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def load(folder: Path) -> PolicyEngine:
+    return PolicyEngine.load(folder, Policies.load(folder))
+
+
+def test_the_shipped_policies_validate() -> None:
+    engine = load(ROOT / "policies")
+    assert "toml.tenants.demo" in engine.policy_ids and len(engine.hash) == 64
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('@id("a")\npermit (principal, action, resource) when { context.nope };', "does not validate"),
+        ('@id("a")\npermit (principal == Docbroker::No::"x", action, resource);', "does not validate"),
+        ("permit (principal, action, resource);", "every policy needs an @id"),
+        ('@id("a b")\npermit (principal, action, resource);', "every policy needs an @id"),
+        ('@id("builtin.mine")\npermit (principal, action, resource);', "are reserved"),
+        ('@id("toml.tenants.acme")\npermit (principal, action, resource);', "are reserved"),
+        ('@id("a")\npermit (principal == ?principal, action, resource);', "templates are not supported"),
+        ("permit (principal, action, resource", "does not parse as Cedar"),
+    ],
+)
+def test_a_bad_policy_is_refused_in_one_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load(folder_with(tmp_path, {"bad.cedar": text}))
+    assert str(caught.value).startswith("bad.cedar: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_ids_are_unique_across_files(tmp_path: Path) -> None:
+    rule = '@id("same")\nforbid (principal, action, resource) when { context.hour == 3 };'
+    with pytest.raises(PolicyError, match=r"b\.cedar: policy same: id already used in a\.cedar"):
+        load(folder_with(tmp_path, {"a.cedar": rule, "b.cedar": rule}))
+
+
+def test_a_broken_schema_refuses_the_load(tmp_path: Path) -> None:
+    folder = folder_with(tmp_path, {})
+    (folder / "docbroker.cedarschema").write_text("namespace Docbroker { entity }")
+    with pytest.raises(PolicyError, match=r"docbroker\.cedarschema: not a valid Cedar schema"):
+        load(folder)
+    (folder / "docbroker.cedarschema").unlink()
+    with pytest.raises(PolicyError, match=r"docbroker\.cedarschema: cannot be read"):
+        load(folder)
+
+
+def test_the_hash_names_the_set(tmp_path: Path) -> None:
+    one = load(folder_with(tmp_path / "1", {}))
+    same = load(folder_with(tmp_path / "2", {}))
+    rule = '@id("night")\nforbid (principal, action, resource) when { context.hour < 6 };'
+    more = load(folder_with(tmp_path / "3", {"night.cedar": rule}))
+    other_toml = load(folder_with(tmp_path / "4", {}, {"acme": '[tools]\nallowed = ["read_document"]\n'}))
+    assert one.hash == same.hash
+    assert len({one.hash, more.hash, other_toml.hash}) == 3
+
+
+SCOPED = """
+@id("acme.no_save") forbid (principal in Docbroker::Tenant::"acme",
+  action == Docbroker::Action::"save_report", resource);
+@id("globex.legal_reads") permit (principal in Docbroker::Group::"legal",
+  action == Docbroker::Action::"read_document", resource in Docbroker::Tenant::"globex");
+@id("carol.only") forbid (principal == Docbroker::User::"globex/carol", action, resource)
+  unless { context.hour < 12 };
+@id("tool.scoped") forbid (principal, action, resource == Docbroker::Tool::"acme/search_documents")
+  when { context.request_bytes > 500 };
+@id("nowhere") permit (principal in Docbroker::Tenant::"acme", action,
+  resource in Docbroker::Tenant::"globex");
+@id("everyone.hr") forbid (principal in Docbroker::Group::"contractors", action, resource)
+  when { context has document && context.document like "hr-*" };
+@id("group.calls") permit (principal in Docbroker::Group::"legal",
+  action in [Docbroker::Action::"tools/call"], resource) when { context.weekday < 5 };
+@id("read.or.search") forbid (principal in Docbroker::Group::"contractors",
+  action in [Docbroker::Action::"read_document", Docbroker::Action::"search_documents"], resource)
+  when { context.request_bytes > 800 && context.unix > 1000 };
+"""
+
+
+def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
+    """Slicing by tenant and tool, the context cut to what the slice reads and remembered
+    decisions are optimisations only: over a grid of requests, the engine's decision and
+    determining ids — checked, first asked, and asked again — equal Cedar's over the whole,
+    unsliced set with the whole context."""
+    tenants = {"acme": "", "globex": '[tools]\nallowed = ["search_documents"]\n', "initech": ""}
+    folder = folder_with(tmp_path, {"scoped.cedar": SCOPED}, tenants)
+    engine = load(folder)
+    texts = [p.read_text() for p in sorted(folder.glob("*.cedar"))]
+    from broker.policy.compile import builtin_policies, tenant_policies
+
+    compiled = [builtin_policies(), tenant_policies(Policies.load(folder))]
+    whole = cedarpy.PolicySet.from_str("\n".join([*compiled, *texts]))
+    checked = 0
+    groupings: tuple[frozenset[str], ...] = (frozenset(), frozenset({"legal"}), frozenset({"contractors"}))
+    for tenant, subject, groups, scopes, tool, document, size, at in itertools.product(
+        ("acme", "globex", "initech"), ("carol", "dave"), groupings, (frozenset(), frozenset(OAuthScope)),
+        TOOL_NAMES, (None, "hr-a.md", "b.md"), (10, 900), (0, 13 * 3600, 6 * 86400),
+    ):  # fmt: skip
+        caller = Principal(tenant, subject, scopes, groups)
+        call = Call(caller, tool, request_bytes=size, document=document, at=at)
+        got = engine.decide(call, check_request=True)
+        fast, again = engine.decide(call), engine.decide(call)
+        assert got == fast == again, (call, got, fast)
+        request = engine.request(call)
+        entities = engine._entities_of(call.principal)
+        result = cedarpy.is_authorized(request, whole, entities)
+        # The whole set names policies by position; map them back to their @id.
+        named = result.diagnostics.id_annotations_by_reason
+        ids = tuple(sorted(named[r] for r in result.diagnostics.reasons))
+        assert (got.allowed, got.policy_ids) == (result.allowed, ids), (call, got)
+        checked += 1
+    assert checked > 1000
+
+
+def test_unknown_tools_are_refused_unasked(tmp_path: Path) -> None:
+    engine = load(folder_with(tmp_path, {}))
+    caller = Principal("acme", "carol", frozenset(OAuthScope))
+    assert engine.decide(Call(caller, "read_document")).allowed
+    assert not engine.decide(Call(caller, "delete_everything")).allowed
+
+
+def test_the_decision_is_json_of_names_only(tmp_path: Path) -> None:
+    engine = load(folder_with(tmp_path, {}))
+    decision = engine.decide(Call(Principal("acme", "carol", frozenset()), "read_document", document="x.md"))
+    assert json.dumps([decision.allowed, decision.policy_ids]) == '[false, ["builtin.scope.docs_read"]]'
