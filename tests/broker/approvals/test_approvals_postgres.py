@@ -45,7 +45,7 @@ def with_password(url: str) -> str:
 
 def db_command(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker", "db", *args],
+        [sys.executable, "-m", "broker", "db", *args, "--json"],
         cwd=ROOT,
         env=broker.env,
         capture_output=True,

@@ -42,7 +42,7 @@ BROKER_ENV = {
 def sandbox_replace(broker: Broker, tenant: str) -> subprocess.CompletedProcess[str]:
     """`docbroker sandbox replace TENANT`, as an operator runs it: another process, same settings."""
     return subprocess.run(
-        [sys.executable, "-m", "broker", "sandbox", "replace", tenant],
+        [sys.executable, "-m", "broker", "sandbox", "replace", tenant, "--json"],
         cwd=ROOT, env=broker.env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
