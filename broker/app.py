@@ -58,6 +58,10 @@ from broker.types import Endpoint
 from broker.upstream import Upstreams
 from broker.web import page
 from broker.web.api import ApprovalsApi
+from broker.web.oidc import OidcProvider
+from broker.web.sessions import web_sessions_for
+from broker.web.signin import SignIn
+from broker.web.signin import routes as signin_routes
 
 log = logging.getLogger("docbroker")
 
@@ -197,6 +201,7 @@ def build_app(
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
     gateway = _gateway(settings, auth, policies, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics)  # fmt: skip
+    signin = _signin(settings, store, policies, audit)
     api = ApprovalsApi(
         auth=auth,
         store=store,
@@ -205,6 +210,8 @@ def build_app(
         audit=audit.emit,
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
+        signin=signin,
+        bearer_issuer=settings.auth.issuer,
     )
     parts = Components(settings, audit, auth, policies, tenants, runtime, upstreams, store, metrics)
 
@@ -284,6 +291,7 @@ def build_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *api.routes(),
+        *signin_routes(signin),
         *page.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
@@ -291,6 +299,19 @@ def build_app(
     origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
     proxies = TrustedProxies(settings.preauth.trusted_proxies)
     return BrokerApp(app, gateway, origins=origins, preauth=preauth, proxies=proxies, audit=audit)
+
+
+def _signin(settings: Settings, store: ApprovalStore, policies: Policies, audit: AuditLog) -> SignIn | None:
+    """Approvers' sign-in with the OpenID Provider, when one is configured (DESIGN §12)."""
+    if settings.oidc is None:
+        return None
+    provider = OidcProvider(
+        settings.oidc,
+        redirect_uri=f"{settings.public_url}/approvals/callback",
+        post_logout_uri=f"{settings.public_url}/approvals",
+    )
+    sessions = web_sessions_for(store)
+    return SignIn(settings.oidc, provider, sessions, known_tenant=policies.known, audit=audit.emit)
 
 
 def _gateway(

@@ -306,6 +306,7 @@ class Settings:
     # The operators' bearer tokens for /metrics and /readyz's details (broker/auth/ops.py);
     # None: nobody reads them.
     ops_token_file: Path | None = None
+    oidc: OidcSettings | None = None  # approvers sign in with the OpenID Provider (docs/identity.md)
 
     @property
     def replica_id(self) -> str:
@@ -465,6 +466,7 @@ class Settings:
             replicas=r.integer("REPLICAS", 1, low=1, high=1000),
             ops_token_file=r.path("OPS_TOKEN_FILE"),
             database=_database_settings(r),
+            oidc=_oidc_settings(r, public_url),
         )
 
 
@@ -530,6 +532,67 @@ def _database_settings(r: _Reader) -> DatabaseSettings:
         allow_insecure_transport=r.flag("DATABASE_ALLOW_INSECURE_TRANSPORT", False),
         libpq_env=r.libpq(),
     )
+
+
+@dataclass(frozen=True)
+class OidcSettings:
+    """Sign-in to /approvals with the organisation's OpenID Provider (broker/web/signin.py).
+
+    Who may approve for which tenant comes from the id_token's claims: `tenant_claim` (a claim
+    name, or a dotted path into nested claims) holds values that `tenant_map` turns into tenants;
+    when `approver_claim` is set, one of its values must also be `approver_value`.
+    """
+
+    issuer: str
+    client_id: str
+    client_secret_file: Path | None = None  # None: a public client (PKCE alone)
+    scopes: str = "openid profile email"
+    session_lifetime_seconds: int = 8 * 3600  # from sign-in, whatever the activity
+    session_idle_seconds: int = 1800  # since the session's last request
+    tenant_claim: str = "groups"
+    tenant_map: tuple[tuple[str, str], ...] = ()  # (claim value, tenant), in the order given
+    approver_claim: str | None = None
+    approver_value: str = "docbroker-approvers"
+    fetch_timeout_seconds: float = 5.0
+
+
+_TENANT_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
+    issuer = r.optional("OIDC_ISSUER")
+    if issuer is None:
+        return None  # no provider: the page takes a pasted bearer token (dev, or behind a proxy)
+    # The session cookie is `__Host-` and Secure: it is set only over https (or on loopback).
+    if origin_of(issuer) is None or (not public_url.startswith("https://") and not _loopback(public_url)):
+        raise SettingsError(f"{PREFIX}OIDC_ISSUER needs an http(s) issuer and an https {PREFIX}PUBLIC_URL")
+    scopes = r.text("OIDC_SCOPES", "openid profile email")
+    if "openid" not in scopes.split():
+        raise SettingsError(f"{PREFIX}OIDC_SCOPES must include openid")
+    pairs = []
+    for item in (x.strip() for x in r.text("OIDC_TENANT_MAP", "").split(",")):
+        value, _, tenant = item.rpartition("=")
+        if not item or not value or not _TENANT_LABEL.fullmatch(tenant):
+            raise SettingsError(f"{PREFIX}OIDC_TENANT_MAP must list claim-value=tenant pairs, by commas")
+        pairs.append((value, tenant))
+    lifetime = r.integer("OIDC_SESSION_LIFETIME", 8 * 3600, low=5, high=7 * 86_400)
+    return OidcSettings(
+        issuer=issuer,
+        client_id=r.required("OIDC_CLIENT_ID"),
+        client_secret_file=r.path("OIDC_CLIENT_SECRET_FILE"),
+        scopes=scopes,
+        session_lifetime_seconds=lifetime,
+        session_idle_seconds=r.integer("OIDC_SESSION_IDLE", min(1800, lifetime), low=5, high=lifetime),
+        tenant_claim=r.text("OIDC_TENANT_CLAIM", "groups"),
+        tenant_map=tuple(pairs),
+        approver_claim=r.optional("OIDC_APPROVER_CLAIM"),
+        approver_value=r.text("OIDC_APPROVER_VALUE", "docbroker-approvers"),
+    )
+
+
+def _loopback(url: str) -> bool:
+    """A broker on this machine only (dev, tests): browsers treat it as a secure context."""
+    return urllib.parse.urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 def _kubernetes_settings(r: _Reader) -> KubernetesSettings:

@@ -52,7 +52,9 @@ from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.policy import Policies, TenantLimiter
-from broker.types import ApprovalState, Outcome, Principal
+from broker.types import ApprovalState, OAuthScope, Outcome, Principal
+from broker.web.sessions import WebSession
+from broker.web.signin import SignIn
 
 log = logging.getLogger("docbroker")
 
@@ -88,6 +90,7 @@ class Reply:
     decision: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     counted: bool = False  # audited on the interval's counted auth.denied line instead
+    issuer: str | None = None  # on decisions: who vouches for the approver's subject
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -109,6 +112,8 @@ class ApprovalsApi:
         audit: Audit,
         audit_ready: Callable[[], None],
         require_distinct_approver: bool,
+        signin: SignIn | None = None,
+        bearer_issuer: str = "",
     ) -> None:
         self._auth = auth
         self._store = store
@@ -117,6 +122,8 @@ class ApprovalsApi:
         self._audit = audit
         self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
         self._require_distinct = require_distinct_approver
+        self._signin = signin  # None: bearer tokens only (no OpenID Provider configured)
+        self._bearer_issuer = bearer_issuer  # DOCBROKER_AUTH_ISSUER: who vouches for a bearer's subject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -135,6 +142,7 @@ class ApprovalsApi:
                     status=reply.status,
                     approval_id=reply.approval_id,
                     decision=reply.decision,
+                    **({"issuer": reply.issuer} if reply.issuer else {}),
                 )
         except AuditSinkError:
             # As /mcp does: refuse, never answer unaudited, never a bare 500.
@@ -145,8 +153,10 @@ class ApprovalsApi:
 
     async def _answer(self, request: Request) -> tuple[Reply, Principal | None]:
         route = _route(request.method, request.scope["path"])
+        authorization = request.headers.getlist("authorization")
+        if not authorization and self._signin is not None and self._signin.has_cookie(request):
+            return await self._with_session(request, route, self._signin)
         try:
-            authorization = request.headers.getlist("authorization")
             principal = await self._auth.approver(authorization, client_address(request.scope))
         except AuthError as exc:
             error = {401: "unauthorized", 429: "too_many_requests"}.get(exc.status, "forbidden")
@@ -154,7 +164,44 @@ class ApprovalsApi:
             reply.headers = self._auth.challenge(exc)
             reply.counted = exc.counted  # the pre-auth limiter's counted line stands for it
             return reply, None
+        return await self._serve(request, route, principal, self._bearer_issuer), principal
 
+    async def _with_session(
+        self, request: Request, route: _Route, signin: SignIn
+    ) -> tuple[Reply, Principal | None]:
+        """A signed-in approver (broker/web/signin.py): the session's person acts for the
+        tenants the provider's claims mapped at sign-in, one per request."""
+        try:
+            session = await signin.session(request)
+        except StoreUnavailable:
+            return Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
+                         "approval_store_unavailable", headers={"retry-after": "5"}), None  # fmt: skip
+        if session is None:  # unknown, ended at logout, idle too long or past its lifetime
+            return _refused(401, "unauthorized", AuditEvent.AUTH_DENIED, "session_invalid"), None
+        tenant = await self._session_tenant(request, route, session)
+        principal = Principal(tenant=tenant or session.tenants[0], subject=session.subject,
+                              scopes=frozenset({OAuthScope.REPORTS_APPROVE}))  # fmt: skip
+        if request.method not in ("GET", "HEAD") and not signin.csrf_ok(request, session):
+            return _refused(403, "csrf", route.event, "csrf_token_invalid"), principal
+        if tenant is None:
+            return _refused(403, "forbidden", route.event, "tenant_not_mapped"), principal
+        return await self._serve(request, route, principal, session.issuer), principal
+
+    async def _session_tenant(self, request: Request, route: _Route, session: WebSession) -> str | None:
+        """The tenant this request is for: the listing's `tenant` (the only one if not named);
+        for one approval, the mapped tenant that holds it (ids are unique across tenants)."""
+        if route.handler is ApprovalsApi._list:
+            named = request.query_params.get("tenant")
+            if named is None:
+                return session.tenants[0] if len(session.tenants) == 1 else None
+            return named if named in session.tenants else None
+        if route.approval_id is not None and len(session.tenants) > 1:
+            for tenant in session.tenants:
+                if await self._store.get(route.approval_id, tenant) is not None:
+                    return tenant
+        return session.tenants[0]  # the record is not found there either: 404, as for anyone
+
+    async def _serve(self, request: Request, route: _Route, principal: Principal, issuer: str) -> Reply:
         # REST calls spend the tenant's own budget, like /mcp calls: an approver's token can
         # not be used to flood the broker (or starve the tenant's other callers) for free.
         tenant = principal.tenant
@@ -162,25 +209,27 @@ class ApprovalsApi:
         if wait:
             reply = _refused(429, "rate_limited", route.event)
             reply.headers = {"retry-after": str(int(wait))}
-            return reply, principal
+            return reply
         if not self._limiter.enter(tenant):
             reply = _refused(429, "concurrency_limited", route.event)
             reply.headers = {"retry-after": "1"}
-            return reply, principal
+            return reply
         try:
             if route.handler is None:
-                return _refused(route.status, route.error, route.event), principal
+                return _refused(route.status, route.error, route.event)
             self._audit_ready()  # nothing is shown or decided while it cannot be recorded
-            return await route.handler(self, request, principal, route.approval_id), principal
+            reply = await route.handler(self, request, principal, route.approval_id)
+            if reply.event is AuditEvent.APPROVAL_DECIDED:
+                reply.issuer = issuer  # the approver is the pair (issuer, subject)
+            return reply
         except AuditSinkError:
             raise
         except StoreUnavailable:  # fail closed, audited; the client may retry
-            reply = Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
-                          "approval_store_unavailable", headers={"retry-after": "5"})  # fmt: skip
-            return reply, principal
+            return Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
+                         "approval_store_unavailable", headers={"retry-after": "5"})  # fmt: skip
         except Exception as exc:  # one audited answer, never a bare 500 from the router
             log.error("approvals api failed", extra={"error": type(exc).__name__})
-            return Reply(500, {"error": "internal"}, route.event, Outcome.ERROR, "internal_error"), principal
+            return Reply(500, {"error": "internal"}, route.event, Outcome.ERROR, "internal_error")
         finally:
             self._limiter.leave(tenant)
 

@@ -1,5 +1,7 @@
 "use strict";
-// Calls the broker's REST API with the approver's bearer token. Every value from the server
+// Calls the broker's REST API as the signed-in approver (session cookie, CSRF token on every
+// POST) or, where no OpenID Provider is configured, with a pasted bearer token (or none: an
+// authenticating proxy in front sets Authorization). Every value from the server
 // is placed with textContent or as text nodes: a report's content is data, never markup.
 //
 // What the approver reads must be what will be written: characters that reorder, hide or
@@ -10,13 +12,18 @@
   const $ = (id) => document.getElementById(id);
   const status = (text) => { $("status").textContent = text; };
   const token = () => $("token").value.trim();
+  let session = { mode: "token" }; // GET /approvals/session: how this page authenticates
   let marks = null; // sorted [first, last, label] runs of code points shown as marks
   let rightToLeft = null; // sorted [first, last] runs of right-to-left letters
 
   async function api(path, method) {
+    const headers = {};
+    if (session.mode === "token" && token()) { headers["Authorization"] = "Bearer " + token(); }
+    if (session.mode === "oidc" && method && method !== "GET") { headers["X-CSRF-Token"] = session.csrf; }
     const response = await fetch(path, {
       method: method || "GET",
-      headers: { "Authorization": "Bearer " + token() },
+      headers: headers,
+      credentials: "same-origin",
       cache: "no-store",
     });
     const body = await response.json().catch(() => ({}));
@@ -126,13 +133,18 @@
 
   async function pending() {
     const items = [];
-    let cursor = null;
-    do { // metadata only, page by page
-      const query = "?state=pending" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
-      const page = await api("/v1/approvals" + query);
-      items.push(...page.approvals);
-      cursor = page.next_cursor || null;
-    } while (cursor);
+    // Signed in: every tenant the organisation's claims give this person, one after another.
+    const tenants = session.mode === "oidc" ? session.tenants : [null];
+    for (const tenant of tenants) {
+      let cursor = null;
+      do { // metadata only, page by page
+        const query = "?state=pending" + (tenant ? "&tenant=" + encodeURIComponent(tenant) : "")
+          + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
+        const page = await api("/v1/approvals" + query);
+        items.push(...page.approvals);
+        cursor = page.next_cursor || null;
+      } while (cursor);
+    }
     return items;
   }
 
@@ -154,5 +166,35 @@
     } catch (err) { status("Could not load: " + err.message); }
   }
 
-  document.addEventListener("DOMContentLoaded", () => { $("load").addEventListener("click", load); });
+  async function logout() {
+    try {
+      const answer = await api("/approvals/logout", "POST");
+      // RP-initiated logout: the provider's own session ends too, where it offers that.
+      if (answer.logout_url) { location.assign(answer.logout_url); return; }
+    } catch (err) { status("Sign-out failed: " + err.message); return; }
+    location.reload();
+  }
+
+  async function start() {
+    $("load").addEventListener("click", load);
+    $("logout").addEventListener("click", logout);
+    try {
+      const response = await fetch("/approvals/session", { credentials: "same-origin", cache: "no-store" });
+      session = await response.json();
+    } catch (err) { session = { mode: "token" }; }
+    if (session.mode !== "oidc") { return; } // the pasted-token form, as before
+    $("login").hidden = true;
+    if (!session.signed_in) {
+      const back = location.pathname + location.search;
+      $("signin-link").href = "/approvals/login?return_to=" + encodeURIComponent(back);
+      $("signin").hidden = false;
+      return;
+    }
+    $("who-name").textContent = session.subject;
+    $("who-tenants").textContent = session.tenants.join(", ");
+    $("who").hidden = false;
+    await load();
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
 })();

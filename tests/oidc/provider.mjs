@@ -1,0 +1,63 @@
+// A real OpenID Provider for the sign-in tests: npm's oidc-provider (certified), configured
+// with a few people and clients. Started by tests/oidc/support.py; installed by
+// .ci/oidc-provider.sh. Its built-in ("dev") login form accepts any password: the people
+// below differ only in their claims.
+//
+//   node provider.mjs   with OIDC_PORT, OIDC_ISSUER, OIDC_REDIRECT_URIS (comma separated),
+//                       OIDC_LOGOUT_URIS, OIDC_CLIENT_SECRET, NODE_PATH → the cache's node_modules
+// Prints "listening" on stdout once discovery is served.
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const require = createRequire(path.join(process.env.OIDC_MODULES, 'x.js'));
+const Provider = require('oidc-provider').default ?? require('oidc-provider');
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) { console.error(`provider.mjs: ${name} is not set`); process.exit(2); }
+  return value;
+};
+
+// Who may sign in, and what the provider says about them. Anyone else may log in too, with
+// no groups at all (someone of the organisation who approves nothing).
+const PEOPLE = {
+  'ann': { groups: ['docbroker-approvers', 'acme-approvers'], org: { roles: ['reviewer'] } },
+  'bob': { groups: ['docbroker-approvers', 'globex-approvers'], org: { roles: ['reviewer'] } },
+  'alice': { groups: ['docbroker-approvers', 'acme-approvers'] }, // also a requester of acme
+  'walt': { groups: ['acme-approvers'] }, // in acme's group but not an approver
+};
+
+const redirects = env('OIDC_REDIRECT_URIS').split(',');
+const logouts = env('OIDC_LOGOUT_URIS').split(',');
+const secret = env('OIDC_CLIENT_SECRET');
+const provider = new Provider(env('OIDC_ISSUER'), {
+  clients: [
+    {
+      client_id: 'docbroker', client_secret: secret, redirect_uris: redirects,
+      post_logout_redirect_uris: logouts, grant_types: ['authorization_code'], response_types: ['code'],
+    },
+    // Another application of the same organisation: its id_tokens are not for docbroker.
+    {
+      client_id: 'other-app', client_secret: secret, redirect_uris: redirects,
+      grant_types: ['authorization_code'], response_types: ['code'],
+    },
+  ],
+  claims: { openid: ['sub'], groups: ['groups', 'org'] },
+  // The groups ride in the id_token, as Keycloak's, Okta's and Entra ID's group claims do.
+  conformIdTokenClaims: false,
+  pkce: { required: () => true },
+  features: { devInteractions: { enabled: true }, rpInitiatedLogout: { enabled: true } },
+  cookies: { keys: [secret] },
+  ttl: { AccessToken: 600, AuthorizationCode: 60, IdToken: 600, Grant: 600, Session: 3600, Interaction: 600 },
+  async findAccount(ctx, id) {
+    return { accountId: id, async claims() { return { sub: id, ...(PEOPLE[id] ?? { groups: [] }) }; } };
+  },
+  // First-party: the organisation has consented for its people; no consent screen.
+  async loadExistingGrant(ctx) {
+    const grant = new ctx.oidc.provider.Grant({ clientId: ctx.oidc.client.clientId, accountId: ctx.oidc.session.accountId });
+    grant.addOIDCScope('openid groups');
+    await grant.save();
+    return grant;
+  },
+});
+provider.listen(Number(env('OIDC_PORT')), '127.0.0.1', () => { console.log('listening'); });
