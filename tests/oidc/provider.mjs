@@ -23,7 +23,7 @@ const env = (name) => {
 const PEOPLE = {
   'ann': { groups: ['docbroker-approvers', 'acme-approvers'], org: { roles: ['reviewer'] } },
   'bob': { groups: ['docbroker-approvers', 'globex-approvers'], org: { roles: ['reviewer'] } },
-  'alice': { groups: ['docbroker-approvers', 'acme-approvers'] }, // also a requester of acme
+  'alice': { groups: ['docbroker-approvers', 'acme-approvers', 'strict-approvers'] }, // also a requester
   'walt': { groups: ['acme-approvers'] }, // in acme's group but not an approver
 };
 

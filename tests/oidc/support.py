@@ -35,7 +35,7 @@ SCRIPT = Path(__file__).with_name("provider.mjs")
 CLIENT_ID = "docbroker"
 SESSION_COOKIE = "__Host-docbroker-session"
 SIGNIN_COOKIE = "__Host-docbroker-signin"
-TENANT_MAP = "acme-approvers=acme,globex-approvers=globex"
+TENANT_MAP = "acme-approvers=acme,globex-approvers=globex,strict-approvers=strict"
 
 
 @dataclass
