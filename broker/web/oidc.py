@@ -112,7 +112,6 @@ class OidcProvider:
     async def redeem(self, *, code: str, verifier: str, nonce: str) -> Identity:
         """The person the code proves: exchanged once at the token endpoint (with the PKCE
         verifier), the id_token verified. Raises SignInFailed."""
-        issuer = self._settings.issuer
         await self._metadata()
         try:
             token = await self._client.fetch_access_token(
@@ -122,10 +121,16 @@ class OidcProvider:
             raise SignInFailed("code_refused") from None  # replayed, expired, or not ours
         except (httpx2.HTTPError, ValueError):
             raise SignInFailed("provider_unavailable") from None
+        return await self.verify(token, nonce)
+
+    async def verify(self, token: Any, nonce: str) -> Identity:
+        """The person a token response's id_token names, if it is for us, from our issuer, for
+        this sign-in (`nonce`), signed with the provider's key. Raises SignInFailed."""
         if not isinstance(token, dict) or not isinstance(token.get("id_token"), str):
             raise SignInFailed("no_id_token")
+        await self._metadata()
         options = {
-            "iss": {"essential": True, "value": issuer},
+            "iss": {"essential": True, "value": self._settings.issuer},
             "aud": {"essential": True, "value": self._settings.client_id},
             "sub": {"essential": True},
             "nonce": {"essential": True},
@@ -139,14 +144,11 @@ class OidcProvider:
         except Exception:  # signature, algorithm, iss, aud, azp, exp, nonce, at_hash: all one answer
             raise SignInFailed("bad_id_token") from None
         subject = claims.get("sub") if claims else None
-        if (
-            not isinstance(subject, str)
-            or not subject
-            or len(subject) > MAX_SUBJECT_CHARS
-            or not subject.isprintable()
-        ):
+        if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT_CHARS:
             raise SignInFailed("bad_subject")
-        return Identity(issuer, subject, dict(claims))
+        if not subject.isprintable():
+            raise SignInFailed("bad_subject")
+        return Identity(self._settings.issuer, subject, dict(claims))
 
     async def logout_url(self) -> str | None:
         """RP-initiated logout at the provider, when it offers it (`end_session_endpoint`)."""

@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx2
 
-from broker.testing import Broker, free_port, make_broker
-from tests.broker.support import UNLIMITED, write_policies
+from broker.testing import Broker, free_port, make_broker, structured
+from tests.broker.support import UNLIMITED, open_mcp, unique, write_policies
 
 VERSION = "9.13.3"
 MODULES = Path(f"/var/cache/docbroker/oidc-provider-{VERSION}/node_modules")
@@ -203,3 +203,21 @@ class Browser:
 
     def post(self, path: str, csrf: str | None) -> httpx2.Response:
         return self.request("POST", path, headers={"x-csrf-token": csrf} if csrf is not None else {})
+
+
+async def pending_approval(broker: Broker, tenant: str = "acme", subject: str = "alice") -> str:
+    """A save proposed by an MCP client that cannot be asked in-band: its approval id."""
+    name = unique("oidc")
+    async with open_mcp(broker, broker.token(tenant=tenant, subject=subject)) as client:
+        result = structured(await client.call_tool("save_report", {"filename": name, "content": "numbers\n"}))
+    assert result["status"] == "waiting_approval", result
+    return str(result["data"]["approval_id"])
+
+
+def state_of(broker: Broker, approval_id: str, tenant: str = "acme") -> str:
+    token = broker.token(tenant=tenant, subject="operator", scope="reports:approve")
+    response = httpx2.get(
+        f"{broker.url}/v1/approvals/{approval_id}", headers={"authorization": f"Bearer {token}"}
+    )
+    assert response.status_code == 200, response.text
+    return str(response.json()["state"])
