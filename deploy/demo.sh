@@ -57,6 +57,14 @@ done
 TOKEN=$(as_broker "$VENV/bin/docbroker" token --tenant demo --subject demo-user)
 export TOKEN
 URL="http://$DOCBROKER_HOST:$DOCBROKER_PORT/mcp"
+# How an approver signs in: with the organisation's OpenID Provider when DOCBROKER_OIDC_* name
+# one (docs/identity.md), else by pasting a dev token with the approver's scope.
+if [ -n "${DOCBROKER_OIDC_ISSUER:-}" ]; then
+  SIGN_IN="sign in with the provider $DOCBROKER_OIDC_ISSUER (docs/approvers.md)"
+else
+  APPROVER=$(as_broker "$VENV/bin/docbroker" token --tenant demo --subject demo-approver --scope reports:approve)
+  SIGN_IN="paste this approver token: $APPROVER"
+fi
 
 cat <<MSG
 
@@ -65,7 +73,8 @@ cat <<MSG
 
   MCP endpoint : $URL
   Dev token    : $TOKEN
-  Approvals    : http://$DOCBROKER_HOST:$DOCBROKER_PORT/approvals   (paste the token)
+  Approvals    : http://$DOCBROKER_HOST:$DOCBROKER_PORT/approvals
+                 $SIGN_IN
   Audit log    : $DATA/audit.jsonl
 
   Try it (a real MCP request, protocol 2026-07-28):

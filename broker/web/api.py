@@ -1,9 +1,13 @@
 """REST for out-of-band approvals: list, show, approve, deny (DESIGN §4).
 
 Only principals with `reports:approve` may use it, and only for their own tenant: another
-tenant's approval id answers 404, exactly like an id that does not exist.
+tenant's approval id answers 404, exactly like an id that does not exist. Without an
+`Authorization` header, an approver signed in on the page (broker/web/signin.py) is served by
+the session cookie instead: for the tenants the provider's claims mapped (a listing names one
+with `?tenant=` when there are several), and every POST must carry the session's CSRF token in
+`X-CSRF-Token` (403 {"error": "csrf"}); an ended or expired session answers 401.
 
-    GET  /v1/approvals?state=pending&limit=50&cursor=OPAQUE
+    GET  /v1/approvals?state=pending&limit=50&cursor=OPAQUE[&tenant=T, signed-in approvers]
          -> {"approvals": [metadata, ...], "next_cursor": "OPAQUE" | null}
          state: pending (default) | approved | denied | consumed | expired | all
          limit: 1..100 (default 50); newest first; follow `next_cursor` until it is null
