@@ -27,6 +27,11 @@ const PEOPLE = {
   'walt': { groups: ['acme-approvers'] }, // in acme's group but not an approver
 };
 
+// Services of the tenants: client credentials give them JWT access tokens for the broker
+// (the resource), with the tenant in a claim of their own.
+const RESOURCE = 'urn:docbroker';
+const SERVICES = { 'acme-service': 'acme', 'globex-service': 'globex', 'stray-service': undefined };
+
 const redirects = env('OIDC_REDIRECT_URIS').split(',');
 const logouts = env('OIDC_LOGOUT_URIS').split(',');
 const secret = env('OIDC_CLIENT_SECRET');
@@ -41,14 +46,37 @@ const provider = new Provider(env('OIDC_ISSUER'), {
       client_id: 'other-app', client_secret: secret, redirect_uris: redirects,
       grant_types: ['authorization_code'], response_types: ['code'],
     },
+    ...Object.keys(SERVICES).map((id) => ({
+      client_id: id, client_secret: secret, grant_types: ['client_credentials'], response_types: [],
+      redirect_uris: [], scope: 'docs:read docs:write',
+    })),
   ],
   claims: { openid: ['sub'], groups: ['groups', 'org'] },
+  scopes: ['openid', 'offline_access', 'docs:read', 'docs:write'],
   // The groups ride in the id_token, as Keycloak's, Okta's and Entra ID's group claims do.
   conformIdTokenClaims: false,
   pkce: { required: () => true },
-  features: { devInteractions: { enabled: true }, rpInitiatedLogout: { enabled: true } },
+  features: {
+    devInteractions: { enabled: true },
+    rpInitiatedLogout: { enabled: true },
+    clientCredentials: { enabled: true },
+    resourceIndicators: {
+      enabled: true,
+      // only the services ask for the broker as a resource; people's sign-ins stay plain OIDC
+      defaultResource: (ctx, client) => (client.grantTypeAllowed('client_credentials') ? RESOURCE : undefined),
+      useGrantedResource: () => true,
+      getResourceServerInfo: (ctx, resource) => ({
+        scope: 'docs:read docs:write', audience: resource, accessTokenTTL: 600,
+        accessTokenFormat: 'jwt', jwt: { sign: { alg: 'RS256' } },
+      }),
+    },
+  },
+  async extraTokenClaims(ctx, token) {
+    const tenant = SERVICES[token.clientId];
+    return tenant ? { tenant } : undefined;
+  },
   cookies: { keys: [secret] },
-  ttl: { AccessToken: 600, AuthorizationCode: 60, IdToken: 600, Grant: 600, Session: 3600, Interaction: 600 },
+  ttl: { AccessToken: 600, ClientCredentials: 600, AuthorizationCode: 60, IdToken: 600, Grant: 600, Session: 3600, Interaction: 600 },
   async findAccount(ctx, id) {
     return { accountId: id, async claims() { return { sub: id, ...(PEOPLE[id] ?? { groups: [] }) }; } };
   },

@@ -35,6 +35,7 @@ SCRIPT = Path(__file__).with_name("provider.mjs")
 CLIENT_ID = "docbroker"
 SESSION_COOKIE = "__Host-docbroker-session"
 SIGNIN_COOKIE = "__Host-docbroker-signin"
+RESOURCE = "urn:docbroker"  # the broker, as a resource the provider issues access tokens for
 TENANT_MAP = "acme-approvers=acme,globex-approvers=globex,strict-approvers=strict"
 
 
@@ -105,8 +106,11 @@ def oidc_env(provider: Provider, secret_file: Path, **extra: str) -> dict[str, s
 
 
 @contextlib.contextmanager
-def provider_and_broker(tmp: Path, **extra: str) -> Iterator[tuple[Provider, Broker]]:
-    """A provider and a broker (acme and globex, unlimited) that signs approvers in with it."""
+def provider_and_broker(
+    tmp: Path, *, tenant_tokens: bool = False, **extra: str
+) -> Iterator[tuple[Provider, Broker]]:
+    """A provider and a broker (acme and globex, unlimited) that signs approvers in with it;
+    with `tenant_tokens`, tenants' access tokens are the provider's too (its jwks_uri)."""
     broker = make_broker(tmp / "broker", tenants=("acme", "globex", "strict"))
     write_policies(
         broker,
@@ -119,6 +123,15 @@ def provider_and_broker(tmp: Path, **extra: str) -> Iterator[tuple[Provider, Bro
     provider = start_provider(tmp, [broker.url])
     try:
         broker.env.update(oidc_env(provider, tmp / "oidc-client.secret", **extra))
+        if tenant_tokens:
+            broker.env.update(
+                {
+                    "DOCBROKER_AUTH_ISSUER": provider.issuer,
+                    "DOCBROKER_AUTH_AUDIENCE": RESOURCE,
+                    "DOCBROKER_AUTH_JWKS_URL": f"{provider.issuer}/jwks",
+                    "DOCBROKER_AUTH_JWKS_FILE": "",
+                }
+            )
         broker.start()
         try:
             yield provider, broker
