@@ -36,7 +36,10 @@ class SettingsError(ValueError):
 class AuthSettings:
     issuer: str
     audience: str
-    tenant_claim: str = "tenant"
+    tenant_claim: str = "tenant"  # a claim name, or a dotted path into nested claims
+    # (claim value, tenant) pairs: the tenant is the one the claim's values map to (exactly
+    # one); empty: the claim's value is the tenant's name itself
+    tenant_map: tuple[tuple[str, str], ...] = ()
     jwks_url: str | None = None
     jwks_file: Path | None = None  # a JWKS document or a PEM public key
     algorithms: tuple[str, ...] = ALLOWED_ALGORITHMS
@@ -350,6 +353,7 @@ class Settings:
             issuer=r.required("AUTH_ISSUER"),
             audience=r.required("AUTH_AUDIENCE"),
             tenant_claim=r.text("AUTH_TENANT_CLAIM", "tenant"),
+            tenant_map=_tenant_map(r.optional("AUTH_TENANT_MAP"), "AUTH_TENANT_MAP"),
             jwks_url=r.optional("AUTH_JWKS_URL"),
             jwks_file=r.path("AUTH_JWKS_FILE"),
             algorithms=r.algorithms("AUTH_ALGORITHMS"),
@@ -569,12 +573,6 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
     scopes = r.text("OIDC_SCOPES", "openid profile email")
     if "openid" not in scopes.split():
         raise SettingsError(f"{PREFIX}OIDC_SCOPES must include openid")
-    pairs = []
-    for item in (x.strip() for x in r.text("OIDC_TENANT_MAP", "").split(",")):
-        value, _, tenant = item.rpartition("=")
-        if not item or not value or not _TENANT_LABEL.fullmatch(tenant):
-            raise SettingsError(f"{PREFIX}OIDC_TENANT_MAP must list claim-value=tenant pairs, by commas")
-        pairs.append((value, tenant))
     lifetime = r.integer("OIDC_SESSION_LIFETIME", 8 * 3600, low=5, high=7 * 86_400)
     return OidcSettings(
         issuer=issuer,
@@ -584,10 +582,23 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
         session_lifetime_seconds=lifetime,
         session_idle_seconds=r.integer("OIDC_SESSION_IDLE", min(1800, lifetime), low=5, high=lifetime),
         tenant_claim=r.text("OIDC_TENANT_CLAIM", "groups"),
-        tenant_map=tuple(pairs),
+        tenant_map=_tenant_map(r.optional("OIDC_TENANT_MAP"), "OIDC_TENANT_MAP"),
         approver_claim=r.optional("OIDC_APPROVER_CLAIM"),
         approver_value=r.text("OIDC_APPROVER_VALUE", "docbroker-approvers"),
     )
+
+
+def _tenant_map(raw: str | None, name: str) -> tuple[tuple[str, str], ...]:
+    """`claim-value=tenant` pairs, by commas (a value may hold `=`: the tenant is after the last)."""
+    if raw is None:
+        return ()
+    pairs = []
+    for item in (x.strip() for x in raw.split(",")):
+        value, _, tenant = item.rpartition("=")
+        if not value or not _TENANT_LABEL.fullmatch(tenant):
+            raise SettingsError(f"{PREFIX}{name} must list claim-value=tenant pairs, by commas")
+        pairs.append((value, tenant))
+    return tuple(pairs)
 
 
 def _loopback(url: str) -> bool:

@@ -21,7 +21,16 @@ def claim_values(claims: Mapping[str, Any], path: str) -> list[str]:
     """The string values at `path`: a claim name (also one with dots, as URL-named claims
     have), else a dotted path into nested objects. A string is one value, a list of strings
     its items; anything else (missing, numbers, objects, oversized lists) is no value."""
-    value: Any = claims.get(path) if path in claims else _walk(claims, path.split("."))
+    return as_values(claim_at(claims, path))
+
+
+def claim_at(claims: Mapping[str, Any], path: str) -> Any:
+    """The raw value at `path` (a claim name, else a dotted path), or None when absent."""
+    return claims[path] if path in claims else _walk(claims, path.split("."))
+
+
+def as_values(value: Any) -> list[str]:
+    """A claim's value as string values: a string is one, a list of strings its items."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and len(value) <= MAX_VALUES and all(isinstance(v, str) for v in value):

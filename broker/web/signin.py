@@ -42,6 +42,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from broker.approvals.store import StoreUnavailable
+from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
 from broker.auth.claims_map import ClaimMapping
 from broker.settings import OidcSettings
@@ -273,12 +274,30 @@ async def _token_mode(_: Request) -> Response:
     return JSONResponse({"mode": "token"}, headers=_HEADERS)
 
 
+def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """As the approvals API does: nothing goes on unaudited, and a store or audit log that
+    cannot be reached is one 503, never a bare 500 (a sign-in or sign-out not recorded did not
+    happen: the session row and the audit line go together or the person tries again)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except AuditSinkError:
+            return JSONResponse({"error": "audit_unavailable"}, 503, headers=_HEADERS)
+        except StoreUnavailable:
+            return JSONResponse(
+                {"error": "approvals_unavailable"}, 503, headers={**_HEADERS, "retry-after": "5"}
+            )
+
+    return guarded
+
+
 def routes(signin: SignIn | None) -> list[Route]:
     if signin is None:
         return [Route("/approvals/session", _token_mode, methods=["GET"])]
     return [
-        Route("/approvals/session", signin.describe, methods=["GET"]),
-        Route("/approvals/login", signin.login, methods=["GET"]),
-        Route("/approvals/callback", signin.callback, methods=["GET"]),
-        Route("/approvals/logout", signin.logout, methods=["POST"]),
+        Route("/approvals/session", _guarded(signin.describe), methods=["GET"]),
+        Route("/approvals/login", _guarded(signin.login), methods=["GET"]),
+        Route("/approvals/callback", _guarded(signin.callback), methods=["GET"]),
+        Route("/approvals/logout", _guarded(signin.logout), methods=["POST"]),
     ]

@@ -71,9 +71,11 @@ const provider = new Provider(env('OIDC_ISSUER'), {
       }),
     },
   },
+  // The services' teams, nested as an organisation's directory might put them; a stray
+  // service is in a team no tenant maps.
   async extraTokenClaims(ctx, token) {
     const tenant = SERVICES[token.clientId];
-    return tenant ? { tenant } : undefined;
+    return { org: { teams: [tenant ? `${tenant}-team` : 'contractors'] } };
   },
   cookies: { keys: [secret] },
   ttl: { AccessToken: 600, ClientCredentials: 600, AuthorizationCode: 60, IdToken: 600, Grant: 600, Session: 3600, Interaction: 600 },

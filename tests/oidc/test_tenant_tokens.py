@@ -1,6 +1,7 @@
-"""Tenants' tokens from the real provider too (issue 26 item 5): the broker verifies access
-tokens against the provider's `jwks_uri`; a tenant's service gets one with client credentials
-and uses it through a real MCP client; a person signed in at the same provider approves."""
+"""Tenants' tokens from the real provider too (issue 26 items 5 and 2): the broker verifies
+access tokens against the provider's `jwks_uri` and finds the tenant through the claims
+mapping (a nested team claim); a tenant's service gets a token with client credentials and
+uses it through a real MCP client; a person signed in at the same provider approves."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(scope="module")
 def oidc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Provider, Broker]]:
-    with provider_and_broker(tmp_path_factory.mktemp("tenant-tokens"), tenant_tokens=True) as pair:
+    # the tenant from a nested team claim through the mapping, as for signed-in approvers
+    mapping = {
+        "DOCBROKER_AUTH_TENANT_CLAIM": "org.teams",
+        "DOCBROKER_AUTH_TENANT_MAP": "acme-team=acme,globex-team=globex",
+    }
+    with provider_and_broker(tmp_path_factory.mktemp("tenant-tokens"), tenant_tokens=True, **mapping) as pair:
         yield pair
 
 
@@ -62,7 +68,7 @@ async def test_the_providers_tokens_without_a_tenant_or_for_another_resource_are
     provider: Provider, broker: Broker
 ) -> None:
     for token in (
-        await service_token(provider, "stray-service"),  # the provider maps it to no tenant
+        await service_token(provider, "stray-service"),  # in a team no tenant maps
         await service_token(provider, "acme-service", resource="urn:another-api"),
     ):
         answer = httpx2.post(
@@ -72,4 +78,4 @@ async def test_the_providers_tokens_without_a_tenant_or_for_another_resource_are
         )
         assert answer.status_code == 401 and "invalid_token" in answer.headers["www-authenticate"]
     reasons = [e["reason"] for e in broker.audit_events() if e["event"] == "auth.denied"]
-    assert reasons[-2:] == ["missing_claim", "bad_audience"]
+    assert reasons[-2:] == ["bad_tenant", "bad_audience"]
