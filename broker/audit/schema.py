@@ -173,6 +173,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "bytes_out": _count(0, MAX_COUNT),
     "approval_id": _pattern(_ID),
     "decision": _one_of((ApprovalState.APPROVED, ApprovalState.DENIED)),
+    "decision_reason": _pattern(_REASON),  # a denial's reason code from a fixed list, never free text
     "sandbox": _pattern(_ID),
     "sandbox_mode": _one_of(DaemonMode),
     "limits_enforced": _flag,

@@ -13,7 +13,8 @@ with `?tenant=` when there are several), and every POST must carry the session's
          limit: 1..100 (default 50); newest first; follow `next_cursor` until it is null
     GET  /v1/approvals/{id}          -> metadata + {"content": "..."} (the only place with content)
     POST /v1/approvals/{id}/approve  -> metadata
-    POST /v1/approvals/{id}/deny     -> metadata
+    POST /v1/approvals/{id}/deny     -> metadata; optional body {"reason": CODE}, CODE one of
+                                        DENY_REASONS (audited as `decision_reason`; never text)
 
     metadata = {"approval_id", "state", "requester", "filename", "sha256", "bytes",
                 "created_at", "expires_at", "decided_by", "decided_at", "consumed_at"}
@@ -68,6 +69,10 @@ MAX_LIMIT = 100
 _ID_RE = re.compile(r"[0-9a-f]{32}")
 _CURSOR_RE = re.compile(r"[A-Za-z0-9_-]{1,200}")
 _STATES = {s.value: s for s in ApprovalState}
+# Why an approver denied, as a code from this list: audited, counted, never free text (a
+# reason typed by a person could carry the report's content or a name into the audit log).
+DENY_REASONS = frozenset({"wrong_content", "not_expected", "hidden_characters", "wrong_file", "other"})
+MAX_DECISION_BODY = 256
 _DECISION_STATUS = {
     DecisionError.NOT_FOUND: 404,
     DecisionError.NOT_PENDING: 409,
@@ -95,6 +100,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     counted: bool = False  # audited on the interval's counted auth.denied line instead
     issuer: str | None = None  # on decisions: who vouches for the approver's subject
+    decision_reason: str | None = None  # a denial's reason code (DENY_REASONS)
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -147,6 +153,7 @@ class ApprovalsApi:
                     approval_id=reply.approval_id,
                     decision=reply.decision,
                     **({"issuer": reply.issuer} if reply.issuer else {}),
+                    **({"decision_reason": reply.decision_reason} if reply.decision_reason else {}),
                 )
         except AuditSinkError:
             # As /mcp does: refuse, never answer unaudited, never a bare 500.
@@ -275,7 +282,13 @@ class ApprovalsApi:
         return await self._decide(principal, approval_id, approve=True)
 
     async def _deny(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
-        return await self._decide(principal, approval_id, approve=False)
+        reason = await _deny_reason(request)
+        if reason is None:
+            return _refused(400, "bad_reason", AuditEvent.APPROVAL_DECIDED)
+        reply = await self._decide(principal, approval_id, approve=False)
+        if reply.status == 200 and reason:
+            reply.decision_reason = reason
+        return reply
 
     async def _decide(self, principal: Principal, approval_id: str | None, *, approve: bool) -> Reply:
         event = AuditEvent.APPROVAL_DECIDED
@@ -296,6 +309,24 @@ class ApprovalsApi:
             return reply
         decision = ApprovalState.APPROVED if approve else ApprovalState.DENIED
         return Reply(200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value)
+
+
+async def _deny_reason(request: Request) -> str | None:
+    """The denial's reason code: "" without a body, None (refused) for anything but
+    {"reason": one of DENY_REASONS} in at most MAX_DECISION_BODY bytes."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_DECISION_BODY:
+            return None
+    if not body.strip():
+        return ""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    reason = value.get("reason") if isinstance(value, dict) and set(value) == {"reason"} else None
+    return reason if isinstance(reason, str) and reason in DENY_REASONS else None
 
 
 Handler = Callable[[ApprovalsApi, Request, Principal, str | None], Awaitable[Reply]]

@@ -10,12 +10,13 @@ the session at the broker and, RP-initiated, at the provider.
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from broker.testing import Broker, structured
 from tests.broker.support import open_mcp, unique
@@ -138,3 +139,33 @@ async def test_approver_of_another_tenant_sees_nothing_and_cannot_approve(
     async with open_mcp(broker, broker.token(subject="alice")) as client:
         result = structured(await client.call_tool("save_report", {"filename": name, "content": CONTENT}))
     assert result["status"] == "waiting_approval", result
+
+
+async def test_the_page_shows_when_a_countdown_and_recent_decisions_and_a_denial_names_a_code(
+    provider: Provider, broker: Broker, chromium: webdriver.Chrome
+) -> None:
+    name = unique("details")
+    waiting = await propose(broker, name)
+    sign_in(chromium, provider, waiting["approve_url"], "ann")
+    WebDriverWait(chromium, 20).until(settled)
+    card = chromium.find_element(By.CSS_SELECTOR, ".approval")
+    assert card.find_element(By.CSS_SELECTOR, ".requester").text == "alice"
+    assert card.find_element(By.CSS_SELECTOR, ".created").text
+    expires = card.find_element(By.CSS_SELECTOR, ".expires")
+    first = expires.text
+    assert re.match(r"in 1[45]:\d\d \(", first), first  # DOCBROKER_APPROVAL_TTL: 900 s
+    WebDriverWait(chromium, 10).until(lambda _: expires.text != first)  # it counts down
+
+    Select(card.find_element(By.CSS_SELECTOR, ".reason")).select_by_value("hidden_characters")
+    card.find_element(By.CSS_SELECTOR, ".deny").click()
+    WebDriverWait(chromium, 20).until(lambda _: card.find_element(By.CSS_SELECTOR, ".state").text == "denied")
+    decided = [e for e in broker.audit_events() if e["event"] == "approval.decided"
+               and e.get("approval_id") == waiting["approval_id"]]  # fmt: skip
+    assert [(e["decision"], e["decision_reason"], e["subject"]) for e in decided] == [
+        ("denied", "hidden_characters", "ann")
+    ]
+
+    chromium.get(f"{broker.url}/approvals")
+    WebDriverWait(chromium, 20).until(lambda d: d.find_element(By.ID, "recent").is_displayed())
+    rows = [r.text for r in chromium.find_elements(By.CSS_SELECTOR, "#recent-rows tr")]
+    assert any(name in row and "denied" in row and "ann" in row for row in rows), rows

@@ -16,13 +16,15 @@
   let marks = null; // sorted [first, last, label] runs of code points shown as marks
   let rightToLeft = null; // sorted [first, last] runs of right-to-left letters
 
-  async function api(path, method) {
+  async function api(path, method, payload) {
     const headers = {};
+    if (payload !== undefined) { headers["Content-Type"] = "application/json"; }
     if (session.mode === "token" && token()) { headers["Authorization"] = "Bearer " + token(); }
     if (session.mode === "oidc" && method && method !== "GET") { headers["X-CSRF-Token"] = session.csrf; }
     const response = await fetch(path, {
       method: method || "GET",
       headers: headers,
+      body: payload === undefined ? undefined : JSON.stringify(payload),
       credentials: "same-origin",
       cache: "no-store",
     });
@@ -80,9 +82,33 @@
     return count + " invisible or control " + noun + " shown as marks";
   }
 
+  // A time as the approver's clock and language show it; `seconds` is Unix time.
+  const when = (seconds) => new Date(seconds * 1000).toLocaleString();
+
+  // "in 14:05" until the approval expires, then "expired" (and it can no longer be approved).
+  function countdown() {
+    const now = Date.now() / 1000;
+    document.querySelectorAll(".approval").forEach((card) => {
+      const expires = Number(card.dataset.expires);
+      const left = Math.floor(expires - now);
+      const cell = card.querySelector(".expires");
+      if (card.dataset.state !== "pending") { cell.textContent = when(expires); return; }
+      if (left <= 0) {
+        cell.textContent = "expired";
+        card.querySelectorAll(".approve, .deny").forEach((b) => { b.disabled = true; });
+        return;
+      }
+      const minutes = Math.floor(left / 60), secs = String(left % 60).padStart(2, "0");
+      cell.textContent = "in " + minutes + ":" + secs + " (" + when(expires) + ")";
+    });
+  }
+
   async function decide(id, verb, card) {
     try {
-      const record = await api("/v1/approvals/" + encodeURIComponent(id) + "/" + verb, "POST");
+      const reason = verb === "deny" ? card.querySelector(".reason").value : "";
+      const path = "/v1/approvals/" + encodeURIComponent(id) + "/" + verb;
+      const record = await api(path, "POST", reason ? { reason: reason } : undefined);
+      card.dataset.state = record.state;
       show(card.querySelector(".state"), record.state);
       card.querySelectorAll("button").forEach((b) => { b.disabled = true; });
       status("Recorded: " + record.state);
@@ -122,11 +148,15 @@
       show(card.querySelector("." + field), item[field]);
     }
     card.querySelector(".bytes").textContent = item.bytes + " bytes";
+    card.querySelector(".created").textContent = when(item.created_at);
+    card.dataset.expires = String(item.expires_at);
+    card.dataset.state = item.state;
     card.querySelector(".reveal").addEventListener("click", () => reveal(item, card));
     card.querySelector(".approve").addEventListener("click", () => decide(item.approval_id, "approve", card));
     card.querySelector(".deny").addEventListener("click", () => decide(item.approval_id, "deny", card));
     card.querySelector(".deny").disabled = item.state !== "pending";
     $("list").appendChild(card);
+    countdown();
     if (detail) { return reveal(item, card, detail); }
     return Promise.resolve();
   }
@@ -148,6 +178,30 @@
     return items;
   }
 
+  // The latest decided approvals (of each tenant the approver acts for), newest first.
+  async function recent() {
+    const tenants = session.mode === "oidc" ? session.tenants : [null];
+    const rows = [];
+    for (const tenant of tenants) {
+      const query = "?state=all&limit=50" + (tenant ? "&tenant=" + encodeURIComponent(tenant) : "");
+      const page = await api("/v1/approvals" + query);
+      rows.push(...page.approvals.filter((a) => a.decided_at));
+    }
+    rows.sort((a, b) => b.decided_at - a.decided_at);
+    const body = $("recent-rows");
+    body.replaceChildren();
+    for (const item of rows.slice(0, 20)) {
+      const row = document.createElement("tr");
+      for (const value of [item.filename, item.requester, item.state, item.decided_by, when(item.decided_at)]) {
+        const cell = document.createElement("td");
+        show(cell, value); // names are data too: marks for what hides or reorders
+        row.appendChild(cell);
+      }
+      body.appendChild(row);
+    }
+    $("recent").hidden = rows.length === 0;
+  }
+
   async function load() {
     status("Loading…");
     $("list").replaceChildren();
@@ -157,11 +211,13 @@
       if (wanted) { // an approve_url: this one approval, whatever page of the listing it is on
         const detail = await api("/v1/approvals/" + encodeURIComponent(wanted));
         await addCard(detail, detail);
+        await recent();
         status("");
         return;
       }
       const items = await pending();
       for (const item of items) { addCard(item, null); }
+      await recent();
       status(items.length ? items.length + " pending" : "Nothing is waiting for approval.");
     } catch (err) { status("Could not load: " + err.message); }
   }
@@ -176,6 +232,7 @@
   }
 
   async function start() {
+    setInterval(countdown, 1000);
     $("load").addEventListener("click", load);
     $("logout").addEventListener("click", logout);
     try {
