@@ -62,6 +62,7 @@ from broker.web.oidc import OidcProvider
 from broker.web.sessions import web_sessions_for
 from broker.web.signin import SignIn
 from broker.web.signin import routes as signin_routes
+from broker.web.webhooks import Webhooks
 
 log = logging.getLogger("docbroker")
 
@@ -188,7 +189,9 @@ def build_app(
         + HOLD_MARGIN_SECONDS,
         owner_dead=replica.owner_dead,
     )
+    webhooks = Webhooks(settings.webhook, count=metrics.webhook) if settings.webhook else None
     approvals = ApprovalFlow(
+        notify_pending=webhooks.pending if webhooks else None,
         store=store,
         sealer=StateSealer(sealing_key(master_key)),
         secret_for=tenants.secret,
@@ -268,6 +271,8 @@ def build_app(
         )
         recovery = asyncio.create_task(recover_forever(store, claims, audit.emit, audit.check))
         counts = asyncio.create_task(denial_counts_every_interval())
+        if webhooks is not None:
+            webhooks.start()
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
@@ -280,6 +285,8 @@ def build_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await counts
             await write_denial_counts()  # the last interval's counts, before the log closes
+            if webhooks is not None:
+                await webhooks.close()  # notices still queued are not sent: the page lists them
             await runtime.close()
             await upstreams.close()
             await store.close()

@@ -310,6 +310,7 @@ class Settings:
     # None: nobody reads them.
     ops_token_file: Path | None = None
     oidc: OidcSettings | None = None  # approvers sign in with the OpenID Provider (docs/identity.md)
+    webhook: WebhookSettings | None = None  # a signed notice of each new pending approval
 
     @property
     def replica_id(self) -> str:
@@ -471,6 +472,7 @@ class Settings:
             ops_token_file=r.path("OPS_TOKEN_FILE"),
             database=_database_settings(r),
             oidc=_oidc_settings(r, public_url),
+            webhook=_webhook_settings(r),
         )
 
 
@@ -585,6 +587,40 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
         tenant_map=_tenant_map(r.optional("OIDC_TENANT_MAP"), "OIDC_TENANT_MAP"),
         approver_claim=r.optional("OIDC_APPROVER_CLAIM"),
         approver_value=r.text("OIDC_APPROVER_VALUE", "docbroker-approvers"),
+    )
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Notices of new pending approvals (broker/web/webhooks.py), signed as Standard Webhooks."""
+
+    url: str = field(repr=False)  # may hold a token (Slack's and Teams' URLs do): never logged
+    secret_file: Path
+    template_file: Path | None = None  # None: the built-in payload (Slack and Teams accept it)
+    queue_size: int = 100
+    retries: int = 5
+    backoff_seconds: float = 1.0  # before the first retry; doubled each time, at most 60
+    timeout_seconds: float = 5.0
+
+
+def _webhook_settings(r: _Reader) -> WebhookSettings | None:
+    url = r.optional("WEBHOOK_URL")
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if not (parts.scheme == "https" or (parts.scheme == "http" and _loopback(url))) or not parts.hostname:
+        raise SettingsError(f"{PREFIX}WEBHOOK_URL must be an https URL")
+    secret_file = r.path("WEBHOOK_SECRET_FILE")
+    if secret_file is None:
+        raise SettingsError(f"{PREFIX}WEBHOOK_SECRET_FILE is required with {PREFIX}WEBHOOK_URL")
+    return WebhookSettings(
+        url=url,
+        secret_file=secret_file,
+        template_file=r.path("WEBHOOK_TEMPLATE_FILE"),
+        queue_size=r.integer("WEBHOOK_QUEUE", 100, low=1, high=100_000),
+        retries=r.integer("WEBHOOK_RETRIES", 5, low=0, high=20),
+        backoff_seconds=r.number("WEBHOOK_BACKOFF", 1.0, low=0.01, high=60),
+        timeout_seconds=r.number("WEBHOOK_TIMEOUT", 5.0, low=0.1, high=60),
     )
 
 
