@@ -32,6 +32,8 @@ const PEOPLE = {
 const RESOURCE = 'urn:docbroker';
 const SERVICES = { 'acme-service': 'acme', 'globex-service': 'globex', 'stray-service': undefined };
 
+const TEAMS = { ann: 'acme', bob: 'globex' }; // people's teams, in their access tokens
+
 const redirects = env('OIDC_REDIRECT_URIS').split(',');
 const logouts = env('OIDC_LOGOUT_URIS').split(',');
 const secret = env('OIDC_CLIENT_SECRET');
@@ -44,6 +46,11 @@ const provider = new Provider(env('OIDC_ISSUER'), {
     // Another application of the same organisation: its id_tokens are not for docbroker.
     {
       client_id: 'other-app', client_secret: secret, redirect_uris: redirects,
+      grant_types: ['authorization_code'], response_types: ['code'],
+    },
+    // An MCP client a person signs in with (public: PKCE alone), for a token to the broker.
+    {
+      client_id: 'mcp-client', token_endpoint_auth_method: 'none', redirect_uris: redirects,
       grant_types: ['authorization_code'], response_types: ['code'],
     },
     ...Object.keys(SERVICES).map((id) => ({
@@ -74,7 +81,7 @@ const provider = new Provider(env('OIDC_ISSUER'), {
   // The services' teams, nested as an organisation's directory might put them; a stray
   // service is in a team no tenant maps.
   async extraTokenClaims(ctx, token) {
-    const tenant = SERVICES[token.clientId];
+    const tenant = token.accountId ? TEAMS[token.accountId] : SERVICES[token.clientId];
     return { org: { teams: [tenant ? `${tenant}-team` : 'contractors'] } };
   },
   cookies: { keys: [secret] },
@@ -85,9 +92,12 @@ const provider = new Provider(env('OIDC_ISSUER'), {
   // First-party: the organisation has consented for its people; no consent screen.
   async loadExistingGrant(ctx) {
     const grant = new ctx.oidc.provider.Grant({ clientId: ctx.oidc.client.clientId, accountId: ctx.oidc.session.accountId });
-    grant.addOIDCScope('openid groups');
+    grant.addOIDCScope('openid groups docs:read docs:write');
+    grant.addResourceScope(RESOURCE, 'docs:read docs:write');
     await grant.save();
     return grant;
   },
 });
+// Its own failures go to its log (the tests print it when the provider misbehaves).
+provider.on('server_error', (ctx, error) => { console.error('server_error', error); });
 provider.listen(Number(env('OIDC_PORT')), '127.0.0.1', () => { console.log('listening'); });

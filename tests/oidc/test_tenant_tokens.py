@@ -1,10 +1,13 @@
 """Tenants' tokens from the real provider too (issue 26 items 5 and 2): the broker verifies
 access tokens against the provider's `jwks_uri` and finds the tenant through the claims
 mapping (a nested team claim); a tenant's service gets a token with client credentials and
-uses it through a real MCP client; a person signed in at the same provider approves."""
+uses it through a real MCP client; a person signed in at the same provider approves; and a
+person's own MCP client works with the access token of their authorization-code sign-in."""
 
 from __future__ import annotations
 
+import secrets
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,3 +82,33 @@ async def test_the_providers_tokens_without_a_tenant_or_for_another_resource_are
         assert answer.status_code == 401 and "invalid_token" in answer.headers["www-authenticate"]
     reasons = [e["reason"] for e in broker.audit_events() if e["event"] == "auth.denied"]
     assert reasons[-2:] == ["bad_tenant", "bad_audience"]
+
+
+async def test_a_person_signed_in_at_the_provider_uses_an_mcp_client_with_its_access_token(
+    provider: Provider, broker: Broker
+) -> None:
+    # authorization code + PKCE for a public MCP client, the broker as the resource
+    redirect = f"{broker.url}/approvals/callback"  # registered for the tests' clients
+    async with AsyncOAuth2Client(
+        "mcp-client", scope="openid docs:read docs:write", redirect_uri=redirect,
+        code_challenge_method="S256", token_endpoint_auth_method="none",
+    ) as oauth:  # fmt: skip
+        verifier = secrets.token_urlsafe(48)
+        url, _ = oauth.create_authorization_url(
+            f"{provider.issuer}/auth", code_verifier=verifier, resource=RESOURCE, nonce="n"
+        )
+        browser = Browser(broker)
+        callback = browser.authenticate(url, "bob")
+        code = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(callback).query))["code"]
+        token = await oauth.fetch_token(
+            f"{provider.issuer}/token", code=code, code_verifier=verifier, resource=RESOURCE
+        )
+    async with open_mcp(broker, token["access_token"]) as client:
+        found = structured(await client.call_tool("search_documents", {"query": "anything"}))
+    assert found["status"] == "ok", found
+    calls = [
+        e
+        for e in broker.audit_events()
+        if e["event"] == "mcp.request" and e.get("tool") == "search_documents"
+    ]
+    assert (calls[-1]["tenant"], calls[-1]["subject"]) == ("globex", "bob")
