@@ -204,7 +204,7 @@ def build_app(
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
     gateway = _gateway(settings, auth, policies, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics)  # fmt: skip
-    signin = _signin(settings, store, policies, audit)
+    signin = _signin(settings, store, policies, audit, preauth)
     api = ApprovalsApi(
         auth=auth,
         store=store,
@@ -308,7 +308,9 @@ def build_app(
     return BrokerApp(app, gateway, origins=origins, preauth=preauth, proxies=proxies, audit=audit)
 
 
-def _signin(settings: Settings, store: ApprovalStore, policies: Policies, audit: AuditLog) -> SignIn | None:
+def _signin(
+    settings: Settings, store: ApprovalStore, policies: Policies, audit: AuditLog, preauth: PreAuthLimiter
+) -> SignIn | None:
     """Approvers' sign-in with the OpenID Provider, when one is configured (DESIGN §12)."""
     if settings.oidc is None:
         return None
@@ -318,7 +320,9 @@ def _signin(settings: Settings, store: ApprovalStore, policies: Policies, audit:
         post_logout_uri=f"{settings.public_url}/approvals",
     )
     sessions = web_sessions_for(store)
-    return SignIn(settings.oidc, provider, sessions, known_tenant=policies.known, audit=audit.emit)
+    return SignIn(
+        settings.oidc, provider, sessions, known_tenant=policies.known, audit=audit.emit, preauth=preauth
+    )
 
 
 def _gateway(

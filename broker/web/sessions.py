@@ -72,6 +72,10 @@ class WebSessions(Protocol):
 
     async def purge(self, now: float) -> None: ...
 
+    async def open_logins(self, now: float) -> int:
+        """Sign-ins under way (begun, neither completed nor expired)."""
+        ...
+
 
 # One statement per operation, the same in both dialects but for the placeholders (and
 # MIN/LEAST, below); SQLite's are written here, PostgreSQL's derived by `_pg`.
@@ -90,6 +94,7 @@ _BEGIN = (
 _TAKE = "DELETE FROM web_logins WHERE id = ? RETURNING id, state, nonce, verifier, return_to, expires_at"
 _PURGE_SESSIONS = "DELETE FROM web_sessions WHERE idle_until <= ?"
 _PURGE_LOGINS = "DELETE FROM web_logins WHERE expires_at <= ?"
+_OPEN_LOGINS = "SELECT COUNT(*) FROM web_logins WHERE expires_at > ?"
 
 
 def _pg(statement: str) -> str:
@@ -146,6 +151,10 @@ class SqliteWebSessions:
     async def purge(self, now: float) -> None:
         await self._run(_PURGE_SESSIONS, (now,))
         await self._run(_PURGE_LOGINS, (now,))
+
+    async def open_logins(self, now: float) -> int:
+        row = await self._run(_OPEN_LOGINS, (now,))
+        return int(row[0])
 
 
 class PostgresWebSessions(SqliteWebSessions):

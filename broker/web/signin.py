@@ -45,6 +45,7 @@ from broker.approvals.store import StoreUnavailable
 from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
 from broker.auth.claims_map import ClaimMapping
+from broker.auth.preauth import PreAuthLimiter, client_address
 from broker.settings import OidcSettings
 from broker.types import Outcome
 from broker.web.oidc import OidcProvider, SignInFailed
@@ -100,6 +101,7 @@ class SignIn:
         *,
         known_tenant: Callable[[str], bool],
         audit: Audit,
+        preauth: PreAuthLimiter,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
@@ -110,6 +112,9 @@ class SignIn:
         )
         self._known = known_tenant
         self._audit = audit
+        # Refused sign-ins count against the client's address like failed tokens: past its
+        # burst they are counted on the interval's line, so a flood cannot fill the audit log.
+        self._preauth = preauth
         self._clock = clock
 
     @property
@@ -138,6 +143,11 @@ class SignIn:
 
     async def login(self, request: Request) -> Response:
         now = self._clock()
+        # Each sign-in under way is a row until its callback or its expiry: a flood of starts
+        # that never finish must not grow the store without bound.
+        if await self._sessions.open_logins(now) >= self._settings.max_open_signins:
+            await self._record(Outcome.DENIED, "too_many_signins", 503, request=request)
+            return _failure(503, "too_many_signins")
         secret, state, nonce = new_secret(), secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         verifier = secrets.token_urlsafe(48)  # 64 characters: RFC 7636 asks 43 to 128
         return_to = safe_return_to(request.query_params.get("return_to"))
@@ -168,7 +178,7 @@ class SignIn:
         reason = self._refused(query, login)
         if reason is not None or login is None:
             reason = reason or "no_signin"
-            await self._record(Outcome.DENIED, reason, 400)
+            await self._record(Outcome.DENIED, reason, 400, request=request)
             return _failure(400, reason)
         try:
             identity = await self._provider.redeem(
@@ -176,11 +186,12 @@ class SignIn:
             )
         except SignInFailed as exc:
             status = 503 if exc.reason == "provider_unavailable" else 400
-            await self._record(Outcome.DENIED if status == 400 else Outcome.ERROR, exc.reason, status)
+            outcome = Outcome.DENIED if status == 400 else Outcome.ERROR
+            await self._record(outcome, exc.reason, status, request=request)
             return _failure(status, exc.reason)
         tenants = self._mapping.approver_tenants(identity.claims, self._known)
         if not tenants:
-            await self._record(Outcome.DENIED, "no_tenant_mapped", 403, identity.subject)
+            await self._record(Outcome.DENIED, "no_tenant_mapped", 403, identity.subject, request=request)
             return _failure(403, "no_tenant_mapped")
         now = self._clock()
         session_secret = new_secret()  # always new: a cookie the browser brought is never promoted
@@ -230,7 +241,9 @@ class SignIn:
             _drop_cookie(response, SESSION_COOKIE, "strict")
             return response
         if not self.csrf_ok(request, session):
-            await self._record(Outcome.DENIED, "csrf_token_invalid", 403, session.subject, signout=True)
+            await self._record(
+                Outcome.DENIED, "csrf_token_invalid", 403, session.subject, signout=True, request=request
+            )
             return JSONResponse({"error": "csrf"}, 403, headers=_HEADERS)
         await self._sessions.end(session.id)
         await self._record(Outcome.OK, "signed_out", 200, session.subject, signout=True)
@@ -256,8 +269,18 @@ class SignIn:
         return JSONResponse(body, headers=_HEADERS)
 
     async def _record(
-        self, outcome: Outcome, reason: str, status: int, subject: str | None = None, *, signout: bool = False
+        self,
+        outcome: Outcome,
+        reason: str,
+        status: int,
+        subject: str | None = None,
+        *,
+        signout: bool = False,
+        request: Request | None = None,
     ) -> None:
+        if request is not None and outcome is Outcome.DENIED:
+            if not self._preauth.failed(client_address(request.scope), reason):
+                return  # counted on the interval's auth.denied line
         await self._audit(
             AuditEvent.WEB_SIGNOUT if signout else AuditEvent.WEB_SIGNIN,
             request_id=secrets.token_hex(16),
