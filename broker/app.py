@@ -59,6 +59,11 @@ from broker.types import Endpoint
 from broker.upstream import Upstreams
 from broker.web import page
 from broker.web.api import ApprovalsApi
+from broker.web.oidc import OidcProvider
+from broker.web.sessions import web_sessions_for
+from broker.web.signin import SignIn
+from broker.web.signin import routes as signin_routes
+from broker.web.webhooks import Webhooks
 
 log = logging.getLogger("docbroker")
 
@@ -190,7 +195,9 @@ def build_app(
         + HOLD_MARGIN_SECONDS,
         owner_dead=replica.owner_dead,
     )
+    webhooks = Webhooks(settings.webhook, count=metrics.webhook) if settings.webhook else None
     approvals = ApprovalFlow(
+        notify_pending=webhooks.pending if webhooks else None,
         store=store,
         sealer=StateSealer(sealing_key(master_key)),
         secret_for=tenants.secret,
@@ -204,6 +211,7 @@ def build_app(
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
     gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics)  # fmt: skip
+    signin = _signin(settings, store, policies, audit, preauth)
     api = ApprovalsApi(
         auth=auth,
         store=store,
@@ -213,6 +221,8 @@ def build_app(
         audit=audit.emit,
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
+        signin=signin,
+        bearer_issuer=settings.auth.issuer,
     )
     parts = Components(settings, audit, auth, policies, engine, tenants, runtime, upstreams, store, metrics)
 
@@ -274,6 +284,8 @@ def build_app(
         reloads = asyncio.create_task(engine.watch(settings.policy_reload_seconds))
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGHUP, engine.reload_soon)
+        if webhooks is not None:
+            webhooks.start()
         log.info("broker ready", extra={"sandbox_backend": runtime.backend.name})
         try:
             yield
@@ -287,6 +299,8 @@ def build_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await counts
             await write_denial_counts()  # the last interval's counts, before the log closes
+            if webhooks is not None:
+                await webhooks.close()  # notices still queued are not sent: the page lists them
             await runtime.close()
             await upstreams.close()
             await store.close()
@@ -298,6 +312,7 @@ def build_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *api.routes(),
+        *signin_routes(signin),
         *page.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
@@ -305,6 +320,23 @@ def build_app(
     origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
     proxies = TrustedProxies(settings.preauth.trusted_proxies)
     return BrokerApp(app, gateway, origins=origins, preauth=preauth, proxies=proxies, audit=audit)
+
+
+def _signin(
+    settings: Settings, store: ApprovalStore, policies: Policies, audit: AuditLog, preauth: PreAuthLimiter
+) -> SignIn | None:
+    """Approvers' sign-in with the OpenID Provider, when one is configured (DESIGN §12)."""
+    if settings.oidc is None:
+        return None
+    provider = OidcProvider(
+        settings.oidc,
+        redirect_uri=f"{settings.public_url}/approvals/callback",
+        post_logout_uri=f"{settings.public_url}/approvals",
+    )
+    sessions = web_sessions_for(store)
+    return SignIn(
+        settings.oidc, provider, sessions, known_tenant=policies.known, audit=audit.emit, preauth=preauth
+    )
 
 
 def _gateway(

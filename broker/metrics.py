@@ -48,6 +48,14 @@ class Metrics:
             ("result",),
             registry=self.registry,
         )
+        # Notices of new pending approvals (broker/web/webhooks.py): a rise in failed or
+        # dropped means approvers are not being told.
+        self.webhooks = Counter(
+            "docbroker_webhooks",
+            "Pending-approval webhooks by outcome (delivered, retried, failed, dropped)",
+            ("outcome",),
+            registry=self.registry,
+        )
         running = Gauge("docbroker_sandboxes_running", "Tenant sandboxes running", registry=self.registry)
         running.set_function(lambda: float(sandboxes_running()))
         pending = Gauge(
@@ -81,6 +89,10 @@ class Metrics:
     def cut(self, reason: str) -> None:
         """A connection was cut at the edge; `reason` is one of the edge's fixed codes."""
         self.connections_cut.labels(reason).inc()
+
+    def webhook(self, outcome: str) -> None:
+        """One webhook attempt's or notice's fixed outcome code."""
+        self.webhooks.labels(outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -37,7 +37,10 @@ class SettingsError(ValueError):
 class AuthSettings:
     issuer: str
     audience: str
-    tenant_claim: str = "tenant"
+    tenant_claim: str = "tenant"  # a claim name, or a dotted path into nested claims
+    # (claim value, tenant) pairs: the tenant is the one the claim's values map to (exactly
+    # one); empty: the claim's value is the tenant's name itself
+    tenant_map: tuple[tuple[str, str], ...] = ()
     groups_claim: str = "groups"  # a list of group or role names the policy decides on (docs/policy.md)
     jwks_url: str | None = None
     jwks_file: Path | None = None  # a JWKS document or a PEM public key
@@ -314,6 +317,8 @@ class Settings:
     # The operators' bearer tokens for /metrics and /readyz's details (broker/auth/ops.py);
     # None: nobody reads them.
     ops_token_file: Path | None = None
+    oidc: OidcSettings | None = None  # approvers sign in with the OpenID Provider (docs/identity.md)
+    webhook: WebhookSettings | None = None  # a signed notice of each new pending approval
 
     @property
     def replica_id(self) -> str:
@@ -362,6 +367,7 @@ class Settings:
             audience=r.required("AUTH_AUDIENCE"),
             tenant_claim=r.text("AUTH_TENANT_CLAIM", "tenant"),
             groups_claim=r.text("AUTH_GROUPS_CLAIM", "groups"),
+            tenant_map=_tenant_map(r.optional("AUTH_TENANT_MAP"), "AUTH_TENANT_MAP"),
             jwks_url=r.optional("AUTH_JWKS_URL"),
             jwks_file=r.path("AUTH_JWKS_FILE"),
             algorithms=r.algorithms("AUTH_ALGORITHMS"),
@@ -489,6 +495,8 @@ class Settings:
             replicas=r.integer("REPLICAS", 1, low=1, high=1000),
             ops_token_file=r.path("OPS_TOKEN_FILE"),
             database=_database_settings(r),
+            oidc=_oidc_settings(r, public_url),
+            webhook=_webhook_settings(r),
         )
 
 
@@ -566,6 +574,110 @@ def _database_settings(r: _Reader) -> DatabaseSettings:
         allow_insecure_transport=r.flag("DATABASE_ALLOW_INSECURE_TRANSPORT", False),
         libpq_env=r.libpq(),
     )
+
+
+@dataclass(frozen=True)
+class OidcSettings:
+    """Sign-in to /approvals with the organisation's OpenID Provider (broker/web/signin.py).
+
+    Who may approve for which tenant comes from the id_token's claims: `tenant_claim` (a claim
+    name, or a dotted path into nested claims) holds values that `tenant_map` turns into tenants;
+    when `approver_claim` is set, one of its values must also be `approver_value`.
+    """
+
+    issuer: str
+    client_id: str
+    client_secret_file: Path | None = None  # None: a public client (PKCE alone)
+    scopes: str = "openid profile email"
+    session_lifetime_seconds: int = 8 * 3600  # from sign-in, whatever the activity
+    session_idle_seconds: int = 1800  # since the session's last request
+    tenant_claim: str = "groups"
+    tenant_map: tuple[tuple[str, str], ...] = ()  # (claim value, tenant), in the order given
+    approver_claim: str | None = None
+    approver_value: str = "docbroker-approvers"
+    fetch_timeout_seconds: float = 5.0
+    max_open_signins: int = 10_000  # sign-ins begun and not finished (each a row for 10 minutes)
+
+
+_TENANT_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
+    issuer = r.optional("OIDC_ISSUER")
+    if issuer is None:
+        return None  # no provider: the page takes a pasted bearer token (dev, or behind a proxy)
+    # The session cookie is `__Host-` and Secure: it is set only over https (or on loopback).
+    if origin_of(issuer) is None or (not public_url.startswith("https://") and not _loopback(public_url)):
+        raise SettingsError(f"{PREFIX}OIDC_ISSUER needs an http(s) issuer and an https {PREFIX}PUBLIC_URL")
+    scopes = r.text("OIDC_SCOPES", "openid profile email")
+    if "openid" not in scopes.split():
+        raise SettingsError(f"{PREFIX}OIDC_SCOPES must include openid")
+    lifetime = r.integer("OIDC_SESSION_LIFETIME", 8 * 3600, low=5, high=7 * 86_400)
+    return OidcSettings(
+        issuer=issuer,
+        client_id=r.required("OIDC_CLIENT_ID"),
+        client_secret_file=r.path("OIDC_CLIENT_SECRET_FILE"),
+        scopes=scopes,
+        session_lifetime_seconds=lifetime,
+        session_idle_seconds=r.integer("OIDC_SESSION_IDLE", min(1800, lifetime), low=5, high=lifetime),
+        tenant_claim=r.text("OIDC_TENANT_CLAIM", "groups"),
+        tenant_map=_tenant_map(r.optional("OIDC_TENANT_MAP"), "OIDC_TENANT_MAP"),
+        approver_claim=r.optional("OIDC_APPROVER_CLAIM"),
+        approver_value=r.text("OIDC_APPROVER_VALUE", "docbroker-approvers"),
+        max_open_signins=r.integer("OIDC_MAX_OPEN_SIGNINS", 10_000, low=1, high=1_000_000),
+    )
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Notices of new pending approvals (broker/web/webhooks.py), signed as Standard Webhooks."""
+
+    url: str = field(repr=False)  # may hold a token (Slack's and Teams' URLs do): never logged
+    secret_file: Path
+    template_file: Path | None = None  # None: the built-in payload (Slack and Teams accept it)
+    queue_size: int = 100
+    retries: int = 5
+    backoff_seconds: float = 1.0  # before the first retry; doubled each time, at most 60
+    timeout_seconds: float = 5.0
+
+
+def _webhook_settings(r: _Reader) -> WebhookSettings | None:
+    url = r.optional("WEBHOOK_URL")
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if not (parts.scheme == "https" or (parts.scheme == "http" and _loopback(url))) or not parts.hostname:
+        raise SettingsError(f"{PREFIX}WEBHOOK_URL must be an https URL")
+    secret_file = r.path("WEBHOOK_SECRET_FILE")
+    if secret_file is None:
+        raise SettingsError(f"{PREFIX}WEBHOOK_SECRET_FILE is required with {PREFIX}WEBHOOK_URL")
+    return WebhookSettings(
+        url=url,
+        secret_file=secret_file,
+        template_file=r.path("WEBHOOK_TEMPLATE_FILE"),
+        queue_size=r.integer("WEBHOOK_QUEUE", 100, low=1, high=100_000),
+        retries=r.integer("WEBHOOK_RETRIES", 5, low=0, high=20),
+        backoff_seconds=r.number("WEBHOOK_BACKOFF", 1.0, low=0.01, high=60),
+        timeout_seconds=r.number("WEBHOOK_TIMEOUT", 5.0, low=0.1, high=60),
+    )
+
+
+def _tenant_map(raw: str | None, name: str) -> tuple[tuple[str, str], ...]:
+    """`claim-value=tenant` pairs, by commas (a value may hold `=`: the tenant is after the last)."""
+    if raw is None:
+        return ()
+    pairs = []
+    for item in (x.strip() for x in raw.split(",")):
+        value, _, tenant = item.rpartition("=")
+        if not value or not _TENANT_LABEL.fullmatch(tenant):
+            raise SettingsError(f"{PREFIX}{name} must list claim-value=tenant pairs, by commas")
+        pairs.append((value, tenant))
+    return tuple(pairs)
+
+
+def _loopback(url: str) -> bool:
+    """A broker on this machine only (dev, tests): browsers treat it as a secure context."""
+    return urllib.parse.urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 def _kubernetes_settings(r: _Reader) -> KubernetesSettings:

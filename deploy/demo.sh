@@ -64,6 +64,14 @@ URL="$BASE/mcp"
 # One ready client configuration (Claude Code's one line; `--client` names the others).
 CLIENT_LINE=$(as_broker "${DOCBROKER[@]}" client-config --tenant demo --client claude-code --url "$BASE")
 AUDIT_QUERY="${DOCBROKER[*]} audit query $DATA/audit.jsonl --tenant demo --event mcp.request --since 1h"
+# How an approver signs in: with the organisation's OpenID Provider when DOCBROKER_OIDC_* name
+# one (docs/identity.md), else by pasting a dev token with the approver's scope.
+if [ -n "${DOCBROKER_OIDC_ISSUER:-}" ]; then
+  SIGN_IN="sign in with the provider $DOCBROKER_OIDC_ISSUER (docs/approvers.md)"
+else
+  APPROVER=$(as_broker "$VENV/bin/docbroker" token --tenant demo --subject demo-approver --scope reports:approve)
+  SIGN_IN="paste this approver token: $APPROVER"
+fi
 
 cat <<MSG
 
@@ -72,7 +80,8 @@ cat <<MSG
 
   MCP endpoint : $URL
   Dev token    : $TOKEN
-  Approvals    : $BASE/approvals   (paste the token)
+  Approvals    : $BASE/approvals
+                 $SIGN_IN
   Audit log    : $DATA/audit.jsonl
 
   Client config (Claude Code; `docbroker client-config --client NAME` also writes vscode,

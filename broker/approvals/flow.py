@@ -98,8 +98,10 @@ class ApprovalFlow:
         audit: AuditFn,
         engine: Decider,
         clock: Callable[[], float] = time.time,
+        notify_pending: Callable[[Approval, str], None] | None = None,
     ) -> None:
         self._engine = engine  # may this approver decide for the tenant (the `approve` action)
+        self._notify_pending = notify_pending  # (record, approve_url): queued, never awaited
         self._store = store
         self._sealer = sealer
         self._secret_for = secret_for
@@ -174,16 +176,19 @@ class ApprovalFlow:
             )
         except TooManyPending:
             return _rejected(TOO_MANY_MESSAGE, "too_many_pending_approvals")
+        approve_url = f"{self._public_url}/approvals?id={record.id}"
         if created:
             await self._audit(
                 AuditEvent.APPROVAL_REQUESTED, approval_id=record.id, outcome="waiting_approval", **ids
             )
+            if self._notify_pending is not None:
+                self._notify_pending(record, approve_url)
         data = c.PendingApprovalData(
             approval_id=record.id,
             filename=draft.filename,
             bytes=draft.size,
             sha256=draft.sha256,
-            approve_url=f"{self._public_url}/approvals?id={record.id}",
+            approve_url=approve_url,
         ).model_dump()
         result = broker_result(c.Status.WAITING_APPROVAL, c.Message.WAITING_APPROVAL.value, data)
         return Answer(result, Outcome.WAITING_APPROVAL, "approval_pending", record.id)

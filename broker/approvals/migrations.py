@@ -48,6 +48,18 @@ _CLAIMS_INDEX = (
     "CREATE INDEX IF NOT EXISTS approvals_claims ON approvals (claim_until) WHERE claim_until IS NOT NULL"
 )
 
+_WEB_SESSIONS = (
+    """CREATE TABLE web_sessions (
+        id TEXT PRIMARY KEY, issuer TEXT NOT NULL, subject TEXT NOT NULL, tenants TEXT NOT NULL,
+        csrf TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL, idle_until DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX web_sessions_idle ON web_sessions (idle_until)",
+    """CREATE TABLE web_logins (
+        id TEXT PRIMARY KEY, state TEXT NOT NULL, nonce TEXT NOT NULL, verifier TEXT NOT NULL,
+        return_to TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX web_logins_expiry ON web_logins (expires_at)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -86,6 +98,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE approvals ADD COLUMN claim_until DOUBLE PRECISION",
             _CLAIMS_INDEX,
         ),
+    ),
+    Migration(
+        3,
+        "web_sessions",
+        # Approvers' sign-in sessions and sign-ins under way (broker/web/sessions.py): ids are
+        # SHA-256 digests of the cookies, never the cookies. Same SQL in both dialects.
+        sqlite=_WEB_SESSIONS,
+        postgres=_WEB_SESSIONS,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -162,6 +162,11 @@ class PostgresApprovalStore:
             self._up = True
             log.warning("approvals database reachable again")
 
+    def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A pooled connection for one operation (failures → StoreUnavailable): for the
+        approvers' sign-in sessions, shared by replicas in this database (broker/web/sessions.py)."""
+        return self._conn()
+
     async def _one(self, sql: str, params: Any) -> tuple[Any, ...] | None:
         async with self._conn() as conn:
             cur = await conn.execute(sql, params)

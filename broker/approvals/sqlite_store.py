@@ -77,6 +77,11 @@ class SqliteApprovalStore:
     async def health(self) -> dict[str, object]:
         return {"backend": "sqlite", "reachable": True}  # a file of this broker's own
 
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(connection)` on the store's one worker, whole: for the approvers' sign-in
+        sessions, which live in this file too (broker/web/sessions.py)."""
+        return await self._run(fn, self._db)
+
     async def close(self) -> None:
         await self._run(self._db.close)
         self._worker.shutdown(wait=True)

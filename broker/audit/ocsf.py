@@ -63,6 +63,8 @@ _EVENT_ACTIVITY: Final = {
     AuditEvent.TOOLS_REJECTED: OTHER,
     AuditEvent.CONTRACT_CHANGED: UPDATE,
     AuditEvent.REPORTS_QUARANTINED: UPDATE,
+    AuditEvent.WEB_SIGNIN: CREATE,
+    AuditEvent.WEB_SIGNOUT: DELETE,
 }
 _TOOL_ACTIVITY: Final = {"search_documents": READ, "read_document": READ, "save_report": CREATE}
 _READ_METHOD_PREFIXES: Final = ("tools/list", "resources/", "prompts/", "ping", "completion/")

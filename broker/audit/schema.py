@@ -43,6 +43,8 @@ class AuditEvent(StrEnum):
     TOOLS_REJECTED = "tools.rejected"  # descriptor admission: a sandbox advertised tools we refuse
     CONTRACT_CHANGED = "contract.changed"  # descriptor admission: a tool's schema changed
     REPORTS_QUARANTINED = "reports.quarantined"  # drop-box sweep: what it moved out, by count
+    WEB_SIGNIN = "web.signin"  # an approver signed in to /approvals with the OpenID Provider (or failed to)
+    WEB_SIGNOUT = "web.signout"  # an approver's session ended at their logout
 
 
 class SystemEvent(StrEnum):
@@ -171,6 +173,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "request_id": _pattern(_ID),
     "tenant": _pattern(_TENANT),
     "subject": _subject,
+    "issuer": _subject,  # who vouches for the subject: the (issuer, sub) pair is the person
     "method": _pattern(_NAME),
     "tool": _pattern(_NAME),
     "arg_names": _names,
@@ -182,6 +185,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "bytes_out": _count(0, MAX_COUNT),
     "approval_id": _pattern(_ID),
     "decision": _one_of((ApprovalState.APPROVED, ApprovalState.DENIED)),
+    "decision_reason": _pattern(_REASON),  # a denial's reason code from a fixed list, never free text
     "sandbox": _pattern(_ID),
     "sandbox_mode": _one_of(DaemonMode),
     "limits_enforced": _flag,

@@ -42,6 +42,7 @@ from typing import Any
 import jwt
 
 from broker.auth.cache import DEFAULT_MAX_ENTRIES, Verified, VerifiedTokens, token_digest
+from broker.auth.claims_map import as_values, claim_at
 from broker.auth.encoding import b64url_decode, json_object
 from broker.auth.errors import AuthError, AuthReason, KeysUnavailable, insufficient_scope
 from broker.auth.keys import KeySource, VerificationKey, allowed_algorithms
@@ -247,12 +248,16 @@ class Authenticator:
     ) -> tuple[Principal, int | float, int | float, int | float | None]:
         """The principal, and the token's exp, iat and nbf for the cache's re-checks."""
         s = self._settings
-        for name in ("iss", "aud", "exp", "iat", "sub", s.tenant_claim):
+        for name in ("iss", "aud", "exp", "iat", "sub"):
             if name not in claims:
                 raise AuthError.of(R.MISSING_CLAIM)
-        iss, sub, tenant = claims["iss"], claims["sub"], claims[s.tenant_claim]
-        if not isinstance(iss, str) or not isinstance(sub, str) or not isinstance(tenant, str):
+        held = claim_at(claims, s.tenant_claim)
+        if held is None:
+            raise AuthError.of(R.MISSING_CLAIM)
+        iss, sub = claims["iss"], claims["sub"]
+        if not isinstance(iss, str) or not isinstance(sub, str):
             raise AuthError.of(R.BAD_CLAIM_TYPE)
+        tenant = _tenant(held, s.tenant_map)
         audiences = _audiences(claims["aud"])
         exp, iat = _number(claims["exp"]), _number(claims["iat"])
         nbf = _number(claims["nbf"]) if "nbf" in claims else None
@@ -275,6 +280,23 @@ class Authenticator:
         if not TENANT_RE.fullmatch(tenant):
             raise AuthError.of(R.BAD_TENANT)
         return Principal(tenant=tenant, subject=sub, scopes=scopes, groups=groups), exp, iat, nbf
+
+
+def _tenant(held: Any, tenant_map: tuple[tuple[str, str], ...]) -> str:
+    """The tenant the claim names: itself, or through the mapping the one tenant its values
+    (groups, roles, an org id) map to. No mapped value, or values mapping to two tenants, is
+    BAD_TENANT: a token acts for exactly one tenant, never for a guess between several."""
+    if not tenant_map:
+        if not isinstance(held, str):
+            raise AuthError.of(R.BAD_CLAIM_TYPE)
+        return held
+    values = as_values(held)
+    if not values and not isinstance(held, str | list):
+        raise AuthError.of(R.BAD_CLAIM_TYPE)
+    tenants = {tenant for value, tenant in tenant_map if value in values}
+    if len(tenants) != 1:
+        raise AuthError.of(R.BAD_TENANT)
+    return tenants.pop()
 
 
 def _time_failure(

@@ -54,7 +54,72 @@ SETTINGS: dict[str, str] = {
         "key source: an HS256 secret file, dev mode only (`docbroker token`); never mixed with public keys"
     ),
     "AUTH_ALGORITHMS": "allow-list",
-    "AUTH_TENANT_CLAIM": "claim naming the tenant",
+    "AUTH_TENANT_CLAIM": (
+        "claim naming the tenant: a name (also a URL-named claim) or a dotted path into nested claims "
+        "(`org.tenant`)"
+    ),
+    "AUTH_TENANT_MAP": (
+        "`claim-value=tenant` pairs, by commas: the claim's values (a group list, roles, an org id) give "
+        "the token's tenant through this mapping; none or two different tenants -> 401 `bad_tenant` (see "
+        "[docs/identity.md](docs/identity.md))"
+    ),
+    "OIDC_ISSUER": (
+        "the organisation's OpenID Provider: approvers sign in to `/approvals` with it "
+        "([docs/approvers.md](docs/approvers.md), [docs/identity.md](docs/identity.md)). Discovery from "
+        "`ISSUER/.well-known/openid-configuration`, whose `issuer` must be exactly this. Needs an `https`"
+        " `DOCBROKER_PUBLIC_URL` (or a loopback one): the session cookie is `__Host-` and `Secure`; the "
+        "provider must allow `PUBLIC_URL/approvals/callback` as redirect URI and `PUBLIC_URL/approvals` "
+        "after logout"
+    ),
+    "OIDC_CLIENT_ID": "the broker's client id at the provider",
+    "OIDC_CLIENT_SECRET_FILE": "a file holding the client secret (`client_secret_basic`)",
+    "OIDC_SCOPES": (
+        "scopes asked for; must include `openid`, and whatever makes the provider put the mapped claims "
+        "in the id_token"
+    ),
+    "OIDC_SESSION_LIFETIME": "seconds a sign-in lasts however busy (5-604800)",
+    "OIDC_SESSION_IDLE": "seconds without a request after which the session ends",
+    "OIDC_TENANT_CLAIM": (
+        "the id_token claim whose values give tenants: a name (also a URL-named claim) or a dotted path "
+        "into nested claims (`realm_access.roles`)"
+    ),
+    "OIDC_TENANT_MAP": (
+        "`claim-value=tenant` pairs, by commas (`acme-approvers=acme,0f3c...=globex`): a value gives its "
+        "tenant; an unmapped value, or a tenant the broker does not know, gives nothing"
+    ),
+    "OIDC_APPROVER_CLAIM": (
+        "a claim (name or dotted path) that must also hold `DOCBROKER_OIDC_APPROVER_VALUE` for the person"
+        " to approve at all"
+    ),
+    "OIDC_APPROVER_VALUE": "the approver role's value in `DOCBROKER_OIDC_APPROVER_CLAIM`",
+    "OIDC_MAX_OPEN_SIGNINS": (
+        "sign-ins begun and not yet finished (each kept 10 minutes); past it `/approvals/login` answers "
+        "503 until some finish or expire. Refused sign-ins count against the client's address like failed"
+        " tokens (`DOCBROKER_PREAUTH_*`)"
+    ),
+    "WEBHOOK_URL": (
+        "where a notice of each new pending approval is POSTed (https, or http on loopback): Slack's or "
+        "Teams' incoming-webhook URL, or your own. Never the content or file name: id, tenant, size, "
+        "SHA-256, approval URL. It may hold a token: never logged"
+    ),
+    "WEBHOOK_SECRET_FILE": (
+        "the signing key, `whsec_<base64>` (Standard Webhooks) or raw (16+ bytes): `webhook-signature: "
+        "v1,<base64 HMAC-SHA256 of id.timestamp.body>` with `webhook-id` and `webhook-timestamp`"
+    ),
+    "WEBHOOK_TEMPLATE_FILE": (
+        "a JSON payload whose strings may hold `{approval_id}`, `{tenant}`, `{bytes}`, `{sha256}`, "
+        "`{approve_url}` (any other placeholder is refused at start)"
+    ),
+    "WEBHOOK_QUEUE": (
+        "notices waiting for delivery (1-100000); past it a notice is dropped, counted. A save never "
+        "waits for a delivery"
+    ),
+    "WEBHOOK_RETRIES": (
+        "retries after a non-2xx answer or a network failure (same `webhook-id`); outcomes on `/metrics` "
+        "as `docbroker_webhooks_total{outcome}` (`delivered`, `retried`, `failed`, `dropped`)"
+    ),
+    "WEBHOOK_BACKOFF": "the first retry's delay in seconds (doubled each time, at most 60)",
+    "WEBHOOK_TIMEOUT": "one delivery attempt's timeout, in seconds",
     "AUTH_GROUPS_CLAIM": (
         "claim listing the caller's groups or roles (strings), for policies (docs/policy.md); absent: "
         "none; malformed: the token is refused"

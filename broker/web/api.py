@@ -1,15 +1,20 @@
 """REST for out-of-band approvals: list, show, approve, deny (DESIGN §4).
 
 Only principals with `reports:approve` may use it, and only for their own tenant: another
-tenant's approval id answers 404, exactly like an id that does not exist.
+tenant's approval id answers 404, exactly like an id that does not exist. Without an
+`Authorization` header, an approver signed in on the page (broker/web/signin.py) is served by
+the session cookie instead: for the tenants the provider's claims mapped (a listing names one
+with `?tenant=` when there are several), and every POST must carry the session's CSRF token in
+`X-CSRF-Token` (403 {"error": "csrf"}); an ended or expired session answers 401.
 
-    GET  /v1/approvals?state=pending&limit=50&cursor=OPAQUE
+    GET  /v1/approvals?state=pending&limit=50&cursor=OPAQUE[&tenant=T, signed-in approvers]
          -> {"approvals": [metadata, ...], "next_cursor": "OPAQUE" | null}
          state: pending (default) | approved | denied | consumed | expired | all
          limit: 1..100 (default 50); newest first; follow `next_cursor` until it is null
     GET  /v1/approvals/{id}          -> metadata + {"content": "..."} (the only place with content)
     POST /v1/approvals/{id}/approve  -> metadata
-    POST /v1/approvals/{id}/deny     -> metadata
+    POST /v1/approvals/{id}/deny     -> metadata; optional body {"reason": CODE}, CODE one of
+                                        DENY_REASONS (audited as `decision_reason`; never text)
 
     metadata = {"approval_id", "state", "requester", "filename", "sha256", "bytes",
                 "created_at", "expires_at", "decided_by", "decided_at", "consumed_at"}
@@ -52,7 +57,9 @@ from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.policy import APPROVE, VIEW_APPROVALS, Call, Decider, Decision, Policies, TenantLimiter
-from broker.types import ApprovalState, Outcome, Principal
+from broker.types import ApprovalState, OAuthScope, Outcome, Principal
+from broker.web.sessions import WebSession
+from broker.web.signin import SignIn
 
 log = logging.getLogger("docbroker")
 
@@ -62,6 +69,10 @@ MAX_LIMIT = 100
 _ID_RE = re.compile(r"[0-9a-f]{32}")
 _CURSOR_RE = re.compile(r"[A-Za-z0-9_-]{1,200}")
 _STATES = {s.value: s for s in ApprovalState}
+# Why an approver denied, as a code from this list: audited, counted, never free text (a
+# reason typed by a person could carry the report's content or a name into the audit log).
+DENY_REASONS = frozenset({"wrong_content", "not_expected", "hidden_characters", "wrong_file", "other"})
+MAX_DECISION_BODY = 256
 _DECISION_STATUS = {
     DecisionError.NOT_FOUND: 404,
     DecisionError.NOT_PENDING: 409,
@@ -89,6 +100,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     counted: bool = False  # audited on the interval's counted auth.denied line instead
     policy: Decision | None = None  # a decision's: the determining policy ids and the set's hash
+    issuer: str | None = None  # on decisions: who vouches for the approver's subject
+    decision_reason: str | None = None  # a denial's reason code (DENY_REASONS)
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -111,6 +124,8 @@ class ApprovalsApi:
         audit: Audit,
         audit_ready: Callable[[], None],
         require_distinct_approver: bool,
+        signin: SignIn | None = None,
+        bearer_issuer: str = "",
     ) -> None:
         self._auth = auth
         self._store = store
@@ -120,6 +135,8 @@ class ApprovalsApi:
         self._audit = audit
         self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
         self._require_distinct = require_distinct_approver
+        self._signin = signin  # None: bearer tokens only (no OpenID Provider configured)
+        self._bearer_issuer = bearer_issuer  # DOCBROKER_AUTH_ISSUER: who vouches for a bearer's subject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -140,6 +157,8 @@ class ApprovalsApi:
                     policy_ids=list(reply.policy.policy_ids) or None if reply.policy else None,
                     policy_hash=reply.policy.policy_hash if reply.policy else None,
                     decision=reply.decision,
+                    **({"issuer": reply.issuer} if reply.issuer else {}),
+                    **({"decision_reason": reply.decision_reason} if reply.decision_reason else {}),
                 )
         except AuditSinkError:
             # As /mcp does: refuse, never answer unaudited, never a bare 500.
@@ -150,8 +169,10 @@ class ApprovalsApi:
 
     async def _answer(self, request: Request) -> tuple[Reply, Principal | None]:
         route = _route(request.method, request.scope["path"])
+        authorization = request.headers.getlist("authorization")
+        if not authorization and self._signin is not None and self._signin.has_cookie(request):
+            return await self._with_session(request, route, self._signin)
         try:
-            authorization = request.headers.getlist("authorization")
             principal = await self._auth.approver(authorization, client_address(request.scope))
         except AuthError as exc:
             error = {401: "unauthorized", 429: "too_many_requests"}.get(exc.status, "forbidden")
@@ -159,7 +180,44 @@ class ApprovalsApi:
             reply.headers = self._auth.challenge(exc)
             reply.counted = exc.counted  # the pre-auth limiter's counted line stands for it
             return reply, None
+        return await self._serve(request, route, principal, self._bearer_issuer), principal
 
+    async def _with_session(
+        self, request: Request, route: _Route, signin: SignIn
+    ) -> tuple[Reply, Principal | None]:
+        """A signed-in approver (broker/web/signin.py): the session's person acts for the
+        tenants the provider's claims mapped at sign-in, one per request."""
+        try:
+            session = await signin.session(request)
+        except StoreUnavailable:
+            return Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
+                         "approval_store_unavailable", headers={"retry-after": "5"}), None  # fmt: skip
+        if session is None:  # unknown, ended at logout, idle too long or past its lifetime
+            return _refused(401, "unauthorized", AuditEvent.AUTH_DENIED, "session_invalid"), None
+        tenant = await self._session_tenant(request, route, session)
+        principal = Principal(tenant=tenant or session.tenants[0], subject=session.subject,
+                              scopes=frozenset({OAuthScope.REPORTS_APPROVE}))  # fmt: skip
+        if request.method not in ("GET", "HEAD") and not signin.csrf_ok(request, session):
+            return _refused(403, "csrf", route.event, "csrf_token_invalid"), principal
+        if tenant is None:
+            return _refused(403, "forbidden", route.event, "tenant_not_mapped"), principal
+        return await self._serve(request, route, principal, session.issuer), principal
+
+    async def _session_tenant(self, request: Request, route: _Route, session: WebSession) -> str | None:
+        """The tenant this request is for: the listing's `tenant` (the only one if not named);
+        for one approval, the mapped tenant that holds it (ids are unique across tenants)."""
+        if route.handler is ApprovalsApi._list:
+            named = request.query_params.get("tenant")
+            if named is None:
+                return session.tenants[0] if len(session.tenants) == 1 else None
+            return named if named in session.tenants else None
+        if route.approval_id is not None and len(session.tenants) > 1:
+            for tenant in session.tenants:
+                if await self._store.get(route.approval_id, tenant) is not None:
+                    return tenant
+        return session.tenants[0]  # the record is not found there either: 404, as for anyone
+
+    async def _serve(self, request: Request, route: _Route, principal: Principal, issuer: str) -> Reply:
         # REST calls spend the tenant's own budget, like /mcp calls: an approver's token can
         # not be used to flood the broker (or starve the tenant's other callers) for free.
         tenant = principal.tenant
@@ -167,14 +225,14 @@ class ApprovalsApi:
         if wait:
             reply = _refused(429, "rate_limited", route.event)
             reply.headers = {"retry-after": str(int(wait))}
-            return reply, principal
+            return reply
         if not self._limiter.enter(tenant):
             reply = _refused(429, "concurrency_limited", route.event)
             reply.headers = {"retry-after": "1"}
-            return reply, principal
+            return reply
         try:
             if route.handler is None:
-                return _refused(route.status, route.error, route.event), principal
+                return _refused(route.status, route.error, route.event)
             self._audit_ready()  # nothing is shown or decided while it cannot be recorded
             if route.event is AuditEvent.APPROVAL_VIEWED:
                 # Listing or reading approvals shows reports' contents: the policy decides who may.
@@ -182,20 +240,22 @@ class ApprovalsApi:
                 if not verdict.allowed:
                     refused = _refused(403, "forbidden", route.event, "viewer_not_permitted")
                     refused.policy = verdict
-                    return refused, principal
+                    return refused
                 reply = await route.handler(self, request, principal, route.approval_id)
                 reply.policy = reply.policy or verdict
-                return reply, principal
-            return await route.handler(self, request, principal, route.approval_id), principal
+                return reply
+            reply = await route.handler(self, request, principal, route.approval_id)
+            if reply.event is AuditEvent.APPROVAL_DECIDED:
+                reply.issuer = issuer  # the approver is the pair (issuer, subject)
+            return reply
         except AuditSinkError:
             raise
         except StoreUnavailable:  # fail closed, audited; the client may retry
-            reply = Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
-                          "approval_store_unavailable", headers={"retry-after": "5"})  # fmt: skip
-            return reply, principal
+            return Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
+                         "approval_store_unavailable", headers={"retry-after": "5"})  # fmt: skip
         except Exception as exc:  # one audited answer, never a bare 500 from the router
             log.error("approvals api failed", extra={"error": type(exc).__name__})
-            return Reply(500, {"error": "internal"}, route.event, Outcome.ERROR, "internal_error"), principal
+            return Reply(500, {"error": "internal"}, route.event, Outcome.ERROR, "internal_error")
         finally:
             self._limiter.leave(tenant)
 
@@ -237,7 +297,13 @@ class ApprovalsApi:
         return await self._decide(principal, approval_id, approve=True)
 
     async def _deny(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
-        return await self._decide(principal, approval_id, approve=False)
+        reason = await _deny_reason(request)
+        if reason is None:
+            return _refused(400, "bad_reason", AuditEvent.APPROVAL_DECIDED)
+        reply = await self._decide(principal, approval_id, approve=False)
+        if reply.status == 200 and reason:
+            reply.decision_reason = reason
+        return reply
 
     async def _decide(self, principal: Principal, approval_id: str | None, *, approve: bool) -> Reply:
         event = AuditEvent.APPROVAL_DECIDED
@@ -281,6 +347,24 @@ class ApprovalsApi:
         return Reply(
             200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value, policy=verdict
         )
+
+
+async def _deny_reason(request: Request) -> str | None:
+    """The denial's reason code: "" without a body, None (refused) for anything but
+    {"reason": one of DENY_REASONS} in at most MAX_DECISION_BODY bytes."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_DECISION_BODY:
+            return None
+    if not body.strip():
+        return ""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    reason = value.get("reason") if isinstance(value, dict) and set(value) == {"reason"} else None
+    return reason if isinstance(reason, str) and reason in DENY_REASONS else None
 
 
 Handler = Callable[[ApprovalsApi, Request, Principal, str | None], Awaitable[Reply]]

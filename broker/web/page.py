@@ -1,6 +1,9 @@
-"""The approvals web page: a static page whose script calls the REST API with a bearer token.
+"""The approvals web page: a static page whose script calls the REST API as the approver signed
+in with the OpenID Provider (session cookie; broker/web/signin.py), or with a pasted bearer
+token where no provider is configured.
 
-No cookies, so no CSRF; all text is inserted with `textContent`, and a strict CSP forbids
+With a session, every POST carries the session's CSRF token (`X-CSRF-Token`); with a bearer
+token there are no cookies, so no CSRF. All text is inserted with `textContent`, and a strict CSP forbids
 inline script, so a report's content cannot run in the approver's browser. The script shows
 invisible and control characters as marks by `broker.approvals.visible`'s classification,
 served as `marks.json`, so the page and the in-band question flag the same characters.

@@ -339,3 +339,36 @@ def test_every_rest_request_leaves_one_audit_event_and_forbids_caching(api_broke
     for (method, path, _), response in zip(requests, responses, strict=True):
         for name, value in NO_STORE.items():
             assert response.headers.get(name) == value, (method, path, name)
+
+
+# -- issue 26 item 3: a denial's reason is a code from a fixed list, never text ----------------
+
+
+def test_a_denial_records_only_a_reason_code_from_the_list(api_broker: Broker) -> None:
+    with writer(api_broker, "acme") as mcp, approver(api_broker, "acme") as http:
+        approval_id = wait_out_of_band(mcp)
+        url = f"/v1/approvals/{approval_id}/deny"
+        for body in (
+            {"reason": "the CFO's numbers are 1234"},  # free text: it could carry anything
+            {"reason": ["other"]},
+            {"reason": "other", "note": "x"},
+            {"reason": "other" + " " * 300},
+            [],
+        ):
+            refused = http.post(url, json=body)
+            assert (refused.status_code, refused.json()) == (400, {"error": "bad_reason"}), body
+        assert http.get(f"/v1/approvals/{approval_id}").json()["state"] == "pending"
+        before = last_seq(api_broker)
+        denied = http.post(url, json={"reason": "hidden_characters"})
+        assert denied.status_code == 200 and denied.json()["state"] == "denied"
+    (event,) = [e for e in events_since(api_broker, before) if e["event"] == "approval.decided"]
+    assert (event["decision"], event["decision_reason"], event["subject"]) == (
+        "denied",
+        "hidden_characters",
+        "carol",
+    )
+    assert event["issuer"] == api_broker.env["DOCBROKER_AUTH_ISSUER"]
+    # without a body, as before: denied with no reason recorded
+    with writer(api_broker, "acme") as mcp, approver(api_broker, "acme") as http:
+        second = wait_out_of_band(mcp)
+        assert http.post(f"/v1/approvals/{second}/deny").status_code == 200

@@ -1,0 +1,326 @@
+"""Approvers sign in to /approvals with the organisation's OpenID Provider (DESIGN §12).
+
+    GET  /approvals/session    what the page needs: {"mode": "token"} without a provider;
+                               {"mode": "oidc", "signed_in": false} or, signed in,
+                               {"mode": "oidc", "signed_in": true, "subject", "issuer",
+                                "tenants", "csrf"}
+    GET  /approvals/login?return_to=/approvals[?id=…]   → 302 to the provider
+    GET  /approvals/callback?code&state[&iss]           → 303 back to return_to, signed in
+    POST /approvals/logout     (X-CSRF-Token)  → {"logout_url": the provider's, or null}
+
+Cookies, both `__Host-` (Secure, Path=/, no Domain: no sibling host can set or read them),
+HttpOnly, opaque random values whose digests are the store's keys:
+- `__Host-docbroker-signin` for the sign-in under way: SameSite=Lax, because it must come
+  back on the provider's cross-site redirect to the callback; 10 minutes; single use.
+- `__Host-docbroker-session`: SameSite=Strict. The page is static and its script's fetches
+  are same-site, so Strict costs nothing; the session cookie never rides a cross-site request.
+
+Defences, each tested from the attacker's side (tests/oidc/):
+- state: the callback's `state` must equal the one stored for this browser's sign-in (login
+  CSRF), the sign-in row is taken once (a replayed callback finds nothing), and a provider
+  that names another issuer in `iss` (RFC 9207, mix-up) is refused;
+- nonce and PKCE bind the id_token and the code to this sign-in (broker/web/oidc.py);
+- session fixation: a new session id is made at every sign-in; a cookie the browser brought
+  is never promoted, and is ended;
+- CSRF: every state-changing request with a session must carry the session's CSRF token in
+  `X-CSRF-Token` (compared in constant time), besides SameSite=Strict and the Origin check;
+- return_to: only this page (`/approvals`, optionally `?id=<approval id>`), never a URL;
+- logout ends the session in the store, for every replica: the cookie is dead everywhere.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from broker.approvals.store import StoreUnavailable
+from broker.audit import AuditSinkError
+from broker.audit.schema import AuditEvent
+from broker.auth.claims_map import ClaimMapping
+from broker.auth.preauth import PreAuthLimiter, client_address
+from broker.settings import OidcSettings
+from broker.types import Outcome
+from broker.web.oidc import OidcProvider, SignInFailed
+from broker.web.sessions import Login, WebSession, WebSessions, digest, new_secret
+
+SESSION_COOKIE = "__Host-docbroker-session"
+SIGNIN_COOKIE = "__Host-docbroker-signin"
+CSRF_HEADER = "x-csrf-token"
+SIGNIN_SECONDS = 600
+PAGE = "/approvals"
+_RETURN_TO = re.compile(r"/approvals(\?id=[0-9a-f]{32})?")
+_HEADERS = {
+    "cache-control": "no-store",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+
+Audit = Callable[..., Awaitable[None]]
+
+
+def safe_return_to(value: str | None) -> str:
+    """Where to go after sign-in: this page, or one approval on it; anything else → the page."""
+    return value if value is not None and _RETURN_TO.fullmatch(value) else PAGE
+
+
+SameSite = Literal["lax", "strict"]
+
+
+def _cookie(response: Response, name: str, value: str, *, max_age: int, same_site: SameSite) -> None:
+    response.set_cookie(
+        name, value, max_age=max_age, path="/", secure=True, httponly=True, samesite=same_site
+    )
+
+
+def _drop_cookie(response: Response, name: str, same_site: SameSite) -> None:
+    _cookie(response, name, "", max_age=0, same_site=same_site)
+
+
+def _failure(status: int, reason: str) -> Response:
+    # A short plain page the person can act on; the reason is a fixed code, never provider text.
+    body = f"Sign-in failed ({reason}). Go back to {PAGE} and sign in again.\n"
+    response = Response(body, status, media_type="text/plain; charset=utf-8", headers=_HEADERS)
+    _drop_cookie(response, SIGNIN_COOKIE, "lax")
+    return response
+
+
+class SignIn:
+    def __init__(
+        self,
+        settings: OidcSettings,
+        provider: OidcProvider,
+        sessions: WebSessions,
+        *,
+        known_tenant: Callable[[str], bool],
+        audit: Audit,
+        preauth: PreAuthLimiter,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._provider = provider
+        self._sessions = sessions
+        self._mapping = ClaimMapping(
+            settings.tenant_claim, settings.tenant_map, settings.approver_claim, settings.approver_value
+        )
+        self._known = known_tenant
+        self._audit = audit
+        # Refused sign-ins count against the client's address like failed tokens: past its
+        # burst they are counted on the interval's line, so a flood cannot fill the audit log.
+        self._preauth = preauth
+        self._clock = clock
+
+    @property
+    def issuer(self) -> str:
+        return self._settings.issuer
+
+    # -- for the approvals API -----------------------------------------------------------
+
+    @staticmethod
+    def has_cookie(request: Request) -> bool:
+        return SESSION_COOKIE in request.cookies
+
+    async def session(self, request: Request) -> WebSession | None:
+        """The live session the request's cookie names (its idle time restarted), or None."""
+        secret = request.cookies.get(SESSION_COOKIE)
+        if not secret or len(secret) > 128:
+            return None
+        return await self._sessions.touch(digest(secret), self._clock(), self._settings.session_idle_seconds)
+
+    @staticmethod
+    def csrf_ok(request: Request, session: WebSession) -> bool:
+        sent = request.headers.getlist(CSRF_HEADER)
+        return len(sent) == 1 and hmac.compare_digest(sent[0].encode(), session.csrf.encode())
+
+    # -- the sign-in flow ------------------------------------------------------------------
+
+    async def login(self, request: Request) -> Response:
+        now = self._clock()
+        # Each sign-in under way is a row until its callback or its expiry: a flood of starts
+        # that never finish must not grow the store without bound.
+        if await self._sessions.open_logins(now) >= self._settings.max_open_signins:
+            await self._record(Outcome.DENIED, "too_many_signins", 503, request=request)
+            return _failure(503, "too_many_signins")
+        secret, state, nonce = new_secret(), secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        verifier = secrets.token_urlsafe(48)  # 64 characters: RFC 7636 asks 43 to 128
+        return_to = safe_return_to(request.query_params.get("return_to"))
+        try:
+            url = await self._provider.authorization_url(state=state, nonce=nonce, verifier=verifier)
+            await self._sessions.purge(now)
+            await self._sessions.begin_login(
+                Login(digest(secret), state, nonce, verifier, return_to, now + SIGNIN_SECONDS)
+            )
+        except SignInFailed as exc:
+            await self._record(Outcome.ERROR, exc.reason, 503)
+            return _failure(503, exc.reason)
+        except StoreUnavailable:
+            await self._record(Outcome.ERROR, "approval_store_unavailable", 503)
+            return _failure(503, "sessions_unavailable")
+        response = RedirectResponse(url, 302, headers=_HEADERS)
+        _cookie(response, SIGNIN_COOKIE, secret, max_age=SIGNIN_SECONDS, same_site="lax")
+        return response
+
+    async def callback(self, request: Request) -> Response:
+        query = request.query_params
+        secret = request.cookies.get(SIGNIN_COOKIE)
+        try:
+            login = await self._sessions.take_login(digest(secret), self._clock()) if secret else None
+        except StoreUnavailable:
+            await self._record(Outcome.ERROR, "approval_store_unavailable", 503)
+            return _failure(503, "sessions_unavailable")
+        reason = self._refused(query, login)
+        if reason is not None or login is None:
+            reason = reason or "no_signin"
+            await self._record(Outcome.DENIED, reason, 400, request=request)
+            return _failure(400, reason)
+        try:
+            identity = await self._provider.redeem(
+                code=query["code"], verifier=login.verifier, nonce=login.nonce
+            )
+        except SignInFailed as exc:
+            status = 503 if exc.reason == "provider_unavailable" else 400
+            outcome = Outcome.DENIED if status == 400 else Outcome.ERROR
+            await self._record(outcome, exc.reason, status, request=request)
+            return _failure(status, exc.reason)
+        tenants = self._mapping.approver_tenants(identity.claims, self._known)
+        if not tenants:
+            await self._record(Outcome.DENIED, "no_tenant_mapped", 403, identity.subject, request=request)
+            return _failure(403, "no_tenant_mapped")
+        now = self._clock()
+        session_secret = new_secret()  # always new: a cookie the browser brought is never promoted
+        session = WebSession(
+            id=digest(session_secret),
+            issuer=identity.issuer,
+            subject=identity.subject,
+            tenants=tenants,
+            csrf=secrets.token_urlsafe(32),
+            created_at=now,
+            expires_at=now + self._settings.session_lifetime_seconds,
+            idle_until=now + self._settings.session_idle_seconds,
+        )
+        try:
+            old = request.cookies.get(SESSION_COOKIE)
+            if old and len(old) <= 128:
+                await self._sessions.end(digest(old))  # whoever planted it holds nothing now
+            await self._sessions.create(session)
+        except StoreUnavailable:
+            await self._record(Outcome.ERROR, "approval_store_unavailable", 503, identity.subject)
+            return _failure(503, "sessions_unavailable")
+        await self._record(Outcome.OK, "signed_in", 303, identity.subject)
+        response = RedirectResponse(login.return_to, 303, headers=_HEADERS)
+        _cookie(response, SESSION_COOKIE, session_secret, max_age=self._settings.session_lifetime_seconds,
+                same_site="strict")  # fmt: skip
+        _drop_cookie(response, SIGNIN_COOKIE, "lax")
+        return response
+
+    def _refused(self, query: Any, login: Login | None) -> str | None:
+        """Why the callback's parameters cannot be this browser's sign-in, or None."""
+        if "error" in query:
+            return "provider_refused"  # the person cancelled, or the provider said no
+        if login is None:
+            return "no_signin"  # no sign-in under way here, expired, or already completed
+        if not hmac.compare_digest(query.get("state", "").encode(), login.state.encode()):
+            return "bad_state"
+        if "iss" in query and query["iss"] != self._settings.issuer:
+            return "bad_issuer"  # RFC 9207: the answer comes from another provider (mix-up)
+        if not query.get("code"):
+            return "no_code"
+        return None
+
+    async def logout(self, request: Request) -> Response:
+        session = await self.session(request)
+        if session is None:
+            response = JSONResponse({"error": "unauthorized"}, 401, headers=_HEADERS)
+            _drop_cookie(response, SESSION_COOKIE, "strict")
+            return response
+        if not self.csrf_ok(request, session):
+            await self._record(
+                Outcome.DENIED, "csrf_token_invalid", 403, session.subject, signout=True, request=request
+            )
+            return JSONResponse({"error": "csrf"}, 403, headers=_HEADERS)
+        await self._sessions.end(session.id)
+        await self._record(Outcome.OK, "signed_out", 200, session.subject, signout=True)
+        response = JSONResponse({"logout_url": await self._provider.logout_url()}, headers=_HEADERS)
+        _drop_cookie(response, SESSION_COOKIE, "strict")
+        return response
+
+    async def describe(self, request: Request) -> Response:
+        try:
+            session = await self.session(request)
+        except StoreUnavailable:
+            return JSONResponse({"error": "approvals_unavailable"}, 503, headers=_HEADERS)
+        if session is None:
+            return JSONResponse({"mode": "oidc", "signed_in": False}, headers=_HEADERS)
+        body = {
+            "mode": "oidc",
+            "signed_in": True,
+            "subject": session.subject,
+            "issuer": session.issuer,
+            "tenants": list(session.tenants),
+            "csrf": session.csrf,
+        }
+        return JSONResponse(body, headers=_HEADERS)
+
+    async def _record(
+        self,
+        outcome: Outcome,
+        reason: str,
+        status: int,
+        subject: str | None = None,
+        *,
+        signout: bool = False,
+        request: Request | None = None,
+    ) -> None:
+        if request is not None and outcome is Outcome.DENIED:
+            if not self._preauth.failed(client_address(request.scope), reason):
+                return  # counted on the interval's auth.denied line
+        await self._audit(
+            AuditEvent.WEB_SIGNOUT if signout else AuditEvent.WEB_SIGNIN,
+            request_id=secrets.token_hex(16),
+            subject=subject,
+            issuer=self._settings.issuer,
+            method="approvals",
+            outcome=outcome,
+            reason=reason,
+            status=status,
+        )
+
+
+async def _token_mode(_: Request) -> Response:
+    return JSONResponse({"mode": "token"}, headers=_HEADERS)
+
+
+def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """As the approvals API does: nothing goes on unaudited, and a store or audit log that
+    cannot be reached is one 503, never a bare 500 (a sign-in or sign-out not recorded did not
+    happen: the session row and the audit line go together or the person tries again)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except AuditSinkError:
+            return JSONResponse({"error": "audit_unavailable"}, 503, headers=_HEADERS)
+        except StoreUnavailable:
+            return JSONResponse(
+                {"error": "approvals_unavailable"}, 503, headers={**_HEADERS, "retry-after": "5"}
+            )
+
+    return guarded
+
+
+def routes(signin: SignIn | None) -> list[Route]:
+    if signin is None:
+        return [Route("/approvals/session", _token_mode, methods=["GET"])]
+    return [
+        Route("/approvals/session", _guarded(signin.describe), methods=["GET"]),
+        Route("/approvals/login", _guarded(signin.login), methods=["GET"]),
+        Route("/approvals/callback", _guarded(signin.callback), methods=["GET"]),
+        Route("/approvals/logout", _guarded(signin.logout), methods=["POST"]),
+    ]
