@@ -326,6 +326,12 @@ _ENV = {
     "DOCBROKER_AUTH_JWKS_FILE": "/jwks.json",
     "DOCBROKER_DATA_DIR": "/DATA_DIR",
     "DOCBROKER_POLICIES_DIR": "/POLICIES_DIR",
+    # What is read only when a feature is on: on here, so the recorder sees every read.
+    "DOCBROKER_PUBLIC_URL": "http://127.0.0.1:8080",  # its default; loopback is enough for OIDC
+    "DOCBROKER_OIDC_ISSUER": "https://idp.invalid",
+    "DOCBROKER_OIDC_CLIENT_ID": "docbroker",
+    "DOCBROKER_WEBHOOK_URL": "https://hooks.invalid/x",
+    "DOCBROKER_WEBHOOK_SECRET_FILE": "/webhook.secret",
 }
 
 
