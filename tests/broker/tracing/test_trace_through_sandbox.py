@@ -170,7 +170,8 @@ def test_a_malformed_traceparent_starts_a_new_trace(traced: Broker, receiver: Re
         http.headers["traceparent"] = bad
         response = call_modern(http, "read_document", {"filename": name})
     request_id = next(
-        e["request_id"] for e in reversed(traced.audit_events())
+        e["request_id"]
+        for e in reversed(traced.audit_events())
         if e.get("tenant") == "globex" and e.get("event") == "mcp.request"
     )
     assert tool_status(response)["status"] == "ok"
@@ -183,5 +184,3 @@ def test_a_malformed_traceparent_starts_a_new_trace(traced: Broker, receiver: Re
     (span,) = found()
     assert span.parent_id == "" and span.trace_id != "0" * 32
     assert len(receiver.in_trace(span.trace_id)) >= 1
-
-
