@@ -83,7 +83,8 @@ class SandboxSpans:
         """The records in a sandbox's `answer` (a JSON-RPC response) that may be believed:
         of this trace, each the child of this request's span or of a record before it, inside
         the `window_ns` the broker waited for the answer."""
-        meta = answer.get("result", {}).get("_meta") if isinstance(answer, dict) else None
+        result = answer.get("result") if isinstance(answer, dict) else None
+        meta = result.get("_meta") if isinstance(result, dict) else None
         raw = meta.get(sandbox.SPANS_META) if isinstance(meta, dict) else None
         if raw is None:
             return cls()
@@ -108,9 +109,11 @@ def _record(item: Any, known: set[str], window_ns: int) -> SandboxSpan | None:
         return None
     name, span_id, parent_id = item["name"], item["span_id"], item["parent_id"]
     start, end, status = item["start_ns"], item["end_ns"], item["status"]
+    if not all(isinstance(v, str) for v in (name, span_id, parent_id, status)):
+        return None  # before any lookup: a list or an object is no key of a set
     if name not in _SANDBOX_NAMES or status not in ("ok", "error") or parent_id not in known:
         return None
-    if not isinstance(span_id, str) or not _SPAN_ID.fullmatch(span_id) or span_id in known:
+    if not _SPAN_ID.fullmatch(span_id) or span_id in known:
         return None
     if type(start) is not int or type(end) is not int or not 0 <= start <= end <= window_ns:
         return None

@@ -5,8 +5,8 @@
 The tools answer honestly; `server.spans.records` is replaced, and the lie is chosen by the
 first hex digit of the trace id the broker passes on (the test picks it as the caller's):
 `a` a mix of honest and forged records past the count limit, `b` records of another trace,
-`c` a records field that is no list. The forged records carry the canary `CANARY`, which must
-never reach an exported span.
+`c` a records field that is no list, `d` records whose values are objects and lists. The
+forged records carry the canary `CANARY`, which must never reach an exported span.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def _record(name: str, span_id: str, parent_id: str, end: int = 1000, **more: An
             "status": "ok", **more}  # fmt: skip
 
 
-def forged(started: int, ended: int, ok: bool) -> dict[str, Any] | None:
-    honest = _honest(started, ended, ok)
+def forged(tool_started_ns: int, tool_ended_ns: int, ok: bool) -> dict[str, Any] | None:
+    honest = _honest(tool_started_ns, tool_ended_ns, ok)
     if honest is None:
         return None
     trace_id, first = honest["trace_id"], honest["spans"][0]
@@ -37,6 +37,11 @@ def forged(started: int, ended: int, ok: bool) -> dict[str, Any] | None:
         return {"trace_id": secrets.token_hex(16), "spans": honest["spans"]}
     if trace_id.startswith("c"):
         return {"trace_id": trace_id, "spans": CANARY}
+    if trace_id.startswith("d"):
+        return {"trace_id": trace_id, "spans": [
+            _record(spans.REQUEST_SPAN, secrets.token_hex(8), {CANARY: broker_span}),  # type: ignore[arg-type]
+            {**first, "name": [CANARY]},
+        ]}  # fmt: skip
     other = secrets.token_hex(8)
     records = [
         first,  # honest: kept

@@ -82,3 +82,10 @@ def test_records_that_are_no_list_count_as_one_dropped(forged: Broker, receiver:
     (call,) = spans_of(receiver, trace_id, 1)
     assert call.attributes["docbroker.sandbox_spans_dropped"] == 1
     assert CANARY.encode() not in receiver.raw()
+
+
+def test_records_of_objects_and_lists_fail_nothing_but_themselves(forged: Broker, receiver: Receiver) -> None:
+    trace_id, _ = traced_call(forged, "d")  # the call's answer stands (asserted there)
+    (call,) = spans_of(receiver, trace_id, 1)
+    assert call.attributes["docbroker.sandbox_spans_dropped"] == 2
+    assert CANARY.encode() not in receiver.raw()
