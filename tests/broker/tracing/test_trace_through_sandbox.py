@@ -135,6 +135,7 @@ def test_trace_context_from_the_modern_meta_field(traced: Broker, receiver: Rece
                 "io.modelcontextprotocol/protocolVersion": MODERN,
                 "io.modelcontextprotocol/clientCapabilities": {},
                 "traceparent": traceparent,
+                "io.example/secret": f"{query}-meta",  # other _meta fields are never read
             },
         },
     }
@@ -145,7 +146,7 @@ def test_trace_context_from_the_modern_meta_field(traced: Broker, receiver: Rece
     call = one(spans, "tools/call search_documents")
     assert call.parent_id == parent
     assert one(spans, "sandbox.request").parent_id == call.span_id
-    assert_no_values(receiver, [query])
+    assert_no_values(receiver, [query])  # the meta canary starts with it
 
 
 def test_a_refused_call_is_traced_by_name_without_its_reason_text(traced: Broker, receiver: Receiver) -> None:
@@ -184,3 +185,22 @@ def test_a_malformed_traceparent_starts_a_new_trace(traced: Broker, receiver: Re
     (span,) = found()
     assert span.parent_id == "" and span.trace_id != "0" * 32
     assert len(receiver.in_trace(span.trace_id)) >= 1
+
+
+def test_names_the_client_chose_are_exported_as_other(traced: Broker, receiver: Receiver) -> None:
+    """A tool or argument name no contract declares is the client's free text (a value)."""
+    trace_id, parent, traceparent = new_trace()
+    tool, key, value = (f"canary{what}{secrets.token_hex(6)}" for what in ("tool", "key", "value"))
+    with open_http(traced, traced.token()) as http:
+        http.headers["traceparent"] = traceparent
+        unknown_tool = call_modern(http, tool, {"query": value})
+        http.headers["traceparent"] = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+        unknown_key = call_modern(http, "search_documents", {"query": "a", key: value})
+    assert "result" in rpc_reply(unknown_key) and unknown_tool.status_code in (200, 400, 403)
+    spans = spans_of(receiver, trace_id, 2)
+    assert {s.name for s in spans if s.parent_id != "" and s.kind == SERVER} >= {
+        "tools/call search_documents"
+    }
+    named = [s for s in spans if s.attributes.get("docbroker.tool") == "other"]
+    assert len(named) == 1 and named[0].parent_id == parent and named[0].name == "tools/call"
+    assert_no_values(receiver, [tool, key, value])
