@@ -210,7 +210,7 @@ def build_app(
         engine=engine,
     )
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
-    tracing = Tracing.from_settings(settings.tracing)
+    tracing = Tracing.from_settings(settings.tracing, metrics.sandbox_spans_dropped.inc)
     gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics, tracing)  # fmt: skip
     signin = _signin(settings, store, policies, audit, preauth)

@@ -19,7 +19,7 @@ SDK: OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, OTEL_B
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -169,21 +169,26 @@ def _emit(tracer: trace.Tracer, parent: Span, relayed: SandboxSpans, sent_ns: in
         emitted[record.span_id] = span
 
 
+def _ignore(_: int) -> None:
+    pass
+
+
 class Tracing:
     """The broker's tracer, or nothing at all when tracing is off (no SDK work per request)."""
 
-    def __init__(self, provider: TracerProvider | None) -> None:
+    def __init__(self, provider: TracerProvider | None, on_dropped: Callable[[int], None] = _ignore) -> None:
         self._provider = provider
         self._tracer = provider.get_tracer("docbroker") if provider is not None else None
+        self._on_dropped = on_dropped  # counts the sandbox's records that failed the checks
 
     @classmethod
-    def from_settings(cls, enabled: bool) -> Tracing:
+    def from_settings(cls, enabled: bool, on_dropped: Callable[[int], None]) -> Tracing:
         if not enabled:
             return cls(None)
         # Resource.create() and the exporter read the standard OTEL_* variables themselves.
         provider = TracerProvider(resource=Resource.create({"service.name": "docbroker"}))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        return cls(provider)
+        return cls(provider, on_dropped)
 
     @property
     def enabled(self) -> bool:
@@ -205,6 +210,8 @@ class Tracing:
     def end(self, span: RequestSpan | None, record: Ended) -> None:
         if span is not None and self._tracer is not None:
             span.end(record, self._tracer)
+        if record.sandbox_spans is not None and record.sandbox_spans.dropped:
+            self._on_dropped(record.sandbox_spans.dropped)
 
     def shutdown(self) -> None:
         """Export what is left (the batch processor's queue) before the process ends."""

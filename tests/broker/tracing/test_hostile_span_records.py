@@ -69,6 +69,12 @@ def test_forged_records_are_dropped_and_counted_and_the_honest_ones_kept(
     assert len(spans) == 3
     assert call.start_ns <= request.start_ns <= request.end_ns <= call.end_ns
     assert CANARY.encode() not in receiver.raw()
+    with open_http(forged) as http:
+        page = http.get("/metrics", headers=forged.ops_headers).text
+    counted = [
+        line for line in page.splitlines() if line.startswith("docbroker_sandbox_span_records_dropped_total ")
+    ]
+    assert len(counted) == 1 and float(counted[0].split()[1]) >= 36
 
 
 def test_records_of_another_trace_are_all_dropped(forged: Broker, receiver: Receiver) -> None:
