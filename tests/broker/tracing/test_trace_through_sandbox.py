@@ -12,6 +12,7 @@ import pytest
 from broker.testing import Broker, make_broker
 from tests.broker.support import (
     MODERN,
+    LegacySession,
     call_modern,
     modern_headers,
     open_http,
@@ -204,3 +205,24 @@ def test_names_the_client_chose_are_exported_as_other(traced: Broker, receiver: 
     named = [s for s in spans if s.attributes.get("docbroker.tool") == "other"]
     assert len(named) == 1 and named[0].parent_id == parent and named[0].name == "tools/call"
     assert_no_values(receiver, [tool, key, value])
+
+
+def test_calls_of_one_legacy_session_are_each_their_own_trace(traced: Broker, receiver: Receiver) -> None:
+    """In the 2025-11-25 handshake era the server runs a session's calls in the session's
+    task, started by its `initialize`: each call's records must still be that call's."""
+    name, word = canary_source(traced, "acme")
+    traces = [new_trace() for _ in range(3)]
+    with open_http(traced, traced.token()) as http:
+        http.headers["traceparent"] = traces[0][2]
+        session = LegacySession(http)
+        for _, _, traceparent in traces[1:]:
+            http.headers["traceparent"] = traceparent
+            assert tool_status(session.call("read_document", {"filename": name}))["status"] == "ok"
+    for trace_id, _, _ in traces[1:]:
+        spans = spans_of(receiver, trace_id, 3)
+        call = one(spans, "tools/call read_document")
+        assert call.attributes["docbroker.sandbox_spans_dropped"] == 0
+        request = one(spans, "sandbox.request")
+        assert request.parent_id == call.span_id
+        assert one(spans, "sandbox.tool").parent_id == request.span_id
+    assert_no_values(receiver, [name, word])
