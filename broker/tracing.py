@@ -186,7 +186,10 @@ class Tracing:
         if not enabled:
             return cls(None)
         # Resource.create() and the exporter read the standard OTEL_* variables themselves.
-        provider = TracerProvider(resource=Resource.create({"service.name": "docbroker"}))
+        # Shut down by the app's lifespan (`shutdown`), not by an atexit hook of the SDK's own.
+        provider = TracerProvider(
+            resource=Resource.create({"service.name": "docbroker"}), shutdown_on_exit=False
+        )
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         return cls(provider, on_dropped)
 

@@ -226,3 +226,40 @@ def test_calls_of_one_legacy_session_are_each_their_own_trace(traced: Broker, re
         assert request.parent_id == call.span_id
         assert one(spans, "sandbox.tool").parent_id == request.span_id
     assert_no_values(receiver, [name, word])
+
+
+def test_off_by_default_even_with_an_otlp_endpoint_set(
+    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> None:
+    env = {k: v for k, v in tracing_env(receiver).items() if k != "DOCBROKER_TRACING"}
+    broker = make_broker(tmp_path_factory.mktemp("untraced"), env=env)
+    name, _ = canary_source(broker, "acme")
+    trace_id, _, traceparent = new_trace()
+    broker.start()
+    try:
+        with open_http(broker, broker.token()) as http:
+            http.headers["traceparent"] = traceparent
+            assert tool_status(call_modern(http, "read_document", {"filename": name}))["status"] == "ok"
+    finally:
+        broker.stop()  # a provider would export what it holds at shutdown: after this, nothing can come
+    assert receiver.in_trace(trace_id) == []
+
+
+def test_spans_still_queued_are_exported_at_shutdown(
+    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> None:
+    env = {**tracing_env(receiver), "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # no export before the stop
+    broker = make_broker(tmp_path_factory.mktemp("queued"), env=env)
+    name, _ = canary_source(broker, "acme")
+    trace_id, parent, traceparent = new_trace()
+    broker.start()
+    try:
+        with open_http(broker, broker.token()) as http:
+            http.headers["traceparent"] = traceparent
+            assert tool_status(call_modern(http, "read_document", {"filename": name}))["status"] == "ok"
+        assert receiver.in_trace(trace_id) == []  # held in the queue for ten minutes
+    finally:
+        broker.stop()
+    spans = receiver.in_trace(trace_id)
+    assert one(spans, "tools/call read_document").parent_id == parent
+    assert len(spans) == 3
