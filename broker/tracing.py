@@ -185,11 +185,13 @@ class Tracing:
     def from_settings(cls, enabled: bool, on_dropped: Callable[[int], None]) -> Tracing:
         if not enabled:
             return cls(None)
-        # Resource.create() and the exporter read the standard OTEL_* variables themselves.
+        # Resource.create() and the exporter read the standard OTEL_* variables themselves; the
+        # service is `docbroker` unless OTEL_SERVICE_NAME (or OTEL_RESOURCE_ATTRIBUTES) names it.
+        resource = Resource.create()
+        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": "docbroker"}))
         # Shut down by the app's lifespan (`shutdown`), not by an atexit hook of the SDK's own.
-        provider = TracerProvider(
-            resource=Resource.create({"service.name": "docbroker"}), shutdown_on_exit=False
-        )
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         return cls(provider, on_dropped)
 

@@ -31,6 +31,7 @@ class ReceivedSpan:
     status_message: str
     attributes: dict[str, Any]
     trace_state: str
+    service: str  # the resource's service.name
 
 
 @dataclass
@@ -59,6 +60,7 @@ def _decode(body: bytes) -> list[ReceivedSpan]:
     request.ParseFromString(body)
     out = []
     for resource in request.resource_spans:
+        service = {a.key: _value(a.value) for a in resource.resource.attributes}.get("service.name", "")
         for scope in resource.scope_spans:
             for s in scope.spans:
                 out.append(
@@ -74,6 +76,7 @@ def _decode(body: bytes) -> list[ReceivedSpan]:
                         status_message=s.status.message,
                         attributes={a.key: _value(a.value) for a in s.attributes},
                         trace_state=s.trace_state,
+                        service=service,
                     )
                 )
     return out

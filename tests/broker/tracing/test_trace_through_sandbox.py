@@ -47,7 +47,8 @@ def tracing_env(receiver: Receiver) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Broker]:
-    broker = make_broker(tmp_path_factory.mktemp("traced"), env=tracing_env(receiver))
+    env = {**tracing_env(receiver), "OTEL_SERVICE_NAME": "docbroker-eu1"}
+    broker = make_broker(tmp_path_factory.mktemp("traced"), env=env)
     broker.start()
     try:
         yield broker
@@ -101,6 +102,7 @@ def test_one_call_is_one_trace_through_broker_and_sandbox(traced: Broker, receiv
     call = one(spans, "tools/call read_document")
     request, tool = one(spans, "sandbox.request"), one(spans, "sandbox.tool")
     assert call.parent_id == parent and call.kind == SERVER
+    assert {s.service for s in spans} == {"docbroker-eu1"}  # OTEL_SERVICE_NAME, read by the SDK
     assert request.parent_id == call.span_id and request.kind == SERVER
     assert tool.parent_id == request.span_id and tool.kind == INTERNAL
     assert call.start_ns <= request.start_ns <= tool.start_ns <= tool.end_ns <= request.end_ns <= call.end_ns
@@ -262,4 +264,4 @@ def test_spans_still_queued_are_exported_at_shutdown(
         broker.stop()
     spans = receiver.in_trace(trace_id)
     assert one(spans, "tools/call read_document").parent_id == parent
-    assert len(spans) == 3
+    assert len(spans) == 3 and {s.service for s in spans} == {"docbroker"}  # unless OTEL_SERVICE_NAME
