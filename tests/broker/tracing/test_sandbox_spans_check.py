@@ -30,7 +30,7 @@ def record(**changes: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "hostile",
+    "odd",
     [
         {"jsonrpc": "2.0", "id": 1, "result": "text"},
         {"jsonrpc": "2.0", "id": 1, "result": {"_meta": ["x"]}},
@@ -39,8 +39,8 @@ def record(**changes: Any) -> dict[str, Any]:
         None,
     ],
 )
-def test_no_records_where_the_answer_has_none(hostile: Any) -> None:
-    checked = SandboxSpans.check(hostile, TRACEPARENT, WINDOW)
+def test_no_records_where_the_answer_has_none(odd: Any) -> None:
+    checked = SandboxSpans.check(odd, TRACEPARENT, WINDOW)
     assert checked.spans == [] and checked.dropped == 0
 
 
