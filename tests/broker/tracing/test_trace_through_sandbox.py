@@ -27,11 +27,6 @@ ERROR = 2  # OTLP status code
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     with otlp_receiver() as r:
         yield r
