@@ -55,6 +55,7 @@ from broker.runtime.base import Runtime, SandboxBackend
 from broker.runtime.shared import Replicas
 from broker.settings import Settings, origin_of
 from broker.tenants import Tenants
+from broker.tracing import Tracing
 from broker.types import Endpoint
 from broker.upstream import Upstreams
 from broker.web import page
@@ -209,8 +210,9 @@ def build_app(
         engine=engine,
     )
     sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
+    tracing = Tracing.from_settings(settings.tracing, metrics.sandbox_spans_dropped.inc)
     gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
-                       reports_for, audit, metrics)  # fmt: skip
+                       reports_for, audit, metrics, tracing)  # fmt: skip
     signin = _signin(settings, store, policies, audit, preauth)
     api = ApprovalsApi(
         auth=auth,
@@ -304,6 +306,7 @@ def build_app(
             await runtime.close()
             await upstreams.close()
             await store.close()
+            await asyncio.to_thread(tracing.shutdown)  # the last spans, exported
 
     routes = [
         Route("/mcp", gateway),  # every HTTP method reaches the gateway, so even a 405 is audited
@@ -352,6 +355,7 @@ def _gateway(
     reports_for: Callable[[str], Reports],
     audit: AuditLog,
     metrics: Metrics,
+    tracing: Tracing,
 ) -> McpGateway:
     """The `/mcp` pipeline: gate, relay (with the pinned contracts), one responder per call."""
     breakers = CircuitBreakers(
@@ -384,8 +388,9 @@ def _gateway(
         max_body_bytes=settings.max_body_bytes,
     )
     return McpGateway(
-        gate=gate, relay=relay, approvals=approvals, limiter=limiter, audit=audit, metrics=metrics
-    )
+        gate=gate, relay=relay, approvals=approvals, limiter=limiter, audit=audit, metrics=metrics,
+        tracing=tracing,
+    )  # fmt: skip
 
 
 class BrokerApp:

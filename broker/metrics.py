@@ -56,6 +56,13 @@ class Metrics:
             ("outcome",),
             registry=self.registry,
         )
+        # A sandbox's span records that failed the broker's checks (broker/tracing.py): any rise
+        # is a sandbox saying what the server never writes.
+        self.sandbox_spans_dropped = Counter(
+            "docbroker_sandbox_span_records_dropped",
+            "Span records from sandboxes dropped by the tracing checks (DOCBROKER_TRACING)",
+            registry=self.registry,
+        )
         running = Gauge("docbroker_sandboxes_running", "Tenant sandboxes running", registry=self.registry)
         running.set_function(lambda: float(sandboxes_running()))
         pending = Gauge(

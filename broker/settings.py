@@ -319,6 +319,9 @@ class Settings:
     ops_token_file: Path | None = None
     oidc: OidcSettings | None = None  # approvers sign in with the OpenID Provider (docs/identity.md)
     webhook: WebhookSettings | None = None  # a signed notice of each new pending approval
+    # OpenTelemetry spans of /mcp requests, exported by OTLP/HTTP as the OTEL_* variables say
+    # (broker/tracing.py, docs/tracing.md)
+    tracing: bool = False
 
     @property
     def replica_id(self) -> str:
@@ -444,6 +447,7 @@ class Settings:
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
             policy_reload_seconds=r.number("POLICY_RELOAD", 2.0, low=0, high=3600),
+            tracing=r.flag("TRACING", False),
             master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,

@@ -9,6 +9,7 @@ hands them over as one dict, and the published input schema is the strict model'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from starlette.types import ASGIApp
 
 from server import contracts as c
+from server import spans
 from server.approval import ApprovalVerifier
 from server.bearer import BearerRequired
 from server.contracts import ToolResult
@@ -39,7 +41,7 @@ class _RawArguments(FuncMetadata):
         return {"arguments": arguments_to_validate}
 
 
-def _as_call_result(result: ToolResult[Any]) -> CallToolResult:
+def _as_call_result(result: ToolResult[Any], trace: dict[str, Any] | None = None) -> CallToolResult:
     structured = result.model_dump(mode="json")
     # The data travels once, in `structuredContent`; the text block is a short summary. A
     # full JSON copy would double every read (a 24,000-byte document would exceed the
@@ -48,12 +50,17 @@ def _as_call_result(result: ToolResult[Any]) -> CallToolResult:
         content=[TextContent(type="text", text=f"{result.status}: {result.message}")],
         structured_content=structured,
         is_error=False,
+        # the span records (server/spans.py) when the broker traces this call: names and timings only
+        _meta={spans.SPANS_META: trace} if trace is not None else None,
     )
 
 
 def _tool(name: str, body: Callable[[Mapping[str, Any]], ToolResult[Any]]) -> Tool:
     def run(arguments: dict[str, Any]) -> CallToolResult:
-        return _as_call_result(body(arguments))
+        started = time.perf_counter_ns()
+        result = body(arguments)
+        trace = spans.records(started, time.perf_counter_ns(), result.status == c.Status.OK.value)
+        return _as_call_result(result, trace)
 
     return Tool(
         fn=run,
@@ -103,4 +110,5 @@ def http_app(
         allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
     )
     app: ASGIApp = server.streamable_http_app(transport_security=security, max_request_body_size=256 * 1024)
+    app = spans.TraceContext(app)
     return BearerRequired(app, key=sandbox_key) if sandbox_key is not None else app

@@ -43,6 +43,11 @@ SETTINGS: dict[str, str] = {
         "one in force; one that does not is logged, counted and shown stale on `/readyz`); `0`: only on "
         "SIGHUP ([docs/policy.md](docs/policy.md))"
     ),
+    "TRACING": (
+        "`1`: an OpenTelemetry span per `/mcp` request (names and timings only) with the sandbox's spans "
+        "under it, exported by OTLP/HTTP as the standard `OTEL_*` variables say "
+        "([docs/tracing.md](docs/tracing.md))"
+    ),
     "MASTER_KEY_FILE": "32-byte hex master key (created on first start, mode 0600)",
     "AUTH_ISSUER": "exact `iss`",
     "AUTH_AUDIENCE": "must be in `aud`",

@@ -32,6 +32,7 @@ from broker.gateway.responder import AuditFailed, AuditLike, Responder
 from broker.metrics import Metrics
 from broker.policy import TenantLimiter
 from broker.protocol import jsonrpc as rpc
+from broker.tracing import RequestSpan, Tracing
 from broker.types import Outcome
 from server import contracts as c
 
@@ -55,6 +56,7 @@ class McpGateway:
         limiter: TenantLimiter,
         audit: AuditLike,
         metrics: Metrics,
+        tracing: Tracing,
     ) -> None:
         self._gate = gate
         self._relay = relay
@@ -62,16 +64,21 @@ class McpGateway:
         self._limiter = limiter
         self._audit = audit
         self._metrics = metrics
+        self._tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         record = CallRecord(request_id=secrets.token_hex(16), started=time.perf_counter())
         out = Responder(send, record, self._audit)
+        started_ns, span = time.time_ns(), None
         try:
             try:
                 passed = await self._gate(scope, receive, record)
                 if isinstance(passed, Answered):
                     await out.json(passed.status, passed.body)
                 else:
+                    meta = passed.msg.params.get("_meta") if passed.msg is not None else None
+                    span = self._tracing.start(started_ns, passed.headers, meta)
+                    record.traceparent = span.traceparent if span is not None else None
                     await self._relay(passed, receive, out, record)
             finally:
                 await self._keep_unsent_approval(record)
@@ -101,7 +108,18 @@ class McpGateway:
                 record.outcome.value,
                 time.perf_counter() - record.started,
             )
+            if self._tracing.enabled:
+                self._trace(scope, started_ns, span, record)
             out.close()
+
+    def _trace(self, scope: Scope, started_ns: int, span: RequestSpan | None, record: CallRecord) -> None:
+        """End the request's span; one the gate answered or refused starts here, under the
+        caller's `traceparent` header (its body may never have been read)."""
+        if span is None:
+            given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"traceparent"]
+            headers = {"traceparent": given[0]} if len(given) == 1 else {}
+            span = self._tracing.start(started_ns, headers, None)
+        self._tracing.end(span, record)
 
     async def _keep_unsent_approval(self, record: CallRecord) -> None:
         """A save refused or failed before its bytes reached the sandbox gives its approval

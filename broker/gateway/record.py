@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.approvals.flow import Forward
 from broker.audit.schema import AuditEvent
@@ -16,6 +16,9 @@ from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import audit_method
 from broker.types import Outcome, Principal
 from server import contracts as c
+
+if TYPE_CHECKING:
+    from broker.tracing import SandboxSpans
 
 
 @dataclass
@@ -45,6 +48,11 @@ class CallRecord:
     request_fields: dict[str, Any] | None = None  # describe_request(), once forwarded
     forwarded: bool = False  # the request's bytes went to the sandbox: a write may have happened
     decision: Decision | None = None  # the policy's, for a tools/call: its ids and set's hash
+    # Tracing (broker/tracing.py), when on: the request span's traceparent for the sandbox,
+    # when the request was sent (time.time_ns()), and the sandbox's span records as checked.
+    traceparent: str | None = None
+    sent_ns: int | None = None
+    sandbox_spans: SandboxSpans | None = None
 
     def decided(self, decision: Decision) -> None:
         """The gate's policy stage: the determining policy ids and the set's hash go on the line."""

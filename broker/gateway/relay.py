@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from broker.protocol import jsonrpc as rpc
 from broker.protocol.codec import loads_sandbox
 from broker.protocol.methods import audit_method, sandbox_may_send
 from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
+from broker.tracing import SandboxSpans
 from broker.types import Outcome, RunningSandbox
 from broker.upstream import (
     BodyTooLarge,
@@ -240,6 +242,9 @@ class Relay:
             record.save = None
             raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_claim_lost", retry_after=1)
         headers = forwarding.request_headers(passed.headers.items())
+        if record.traceparent is not None:
+            headers["traceparent"] = record.traceparent  # the broker's span: the sandbox's parent
+            record.sent_ns = time.time_ns()  # before the bytes leave: the sandbox's window starts here
         in_flight = await client.start(passed.http_method, headers, passed.body or None)
         record.sent()  # while the sandbox works
         response = await in_flight.response()
@@ -269,6 +274,7 @@ class Relay:
                 data = event.data
                 parsed = loads_sandbox(data)
                 if request is not None and _answers(parsed, request):
+                    _sandbox_spans(parsed, record)
                     size = len(data or b"")
                     reply = await self._consumer(passed.principal, parsed, size, request, descriptor, record)
                     await out.answer(event.with_data(rpc.encode(reply)))
@@ -326,6 +332,7 @@ class Relay:
             reply = await self._consumer(passed.principal, {}, len(raw), request, descriptor, record)
             record.reason = "upstream_no_answer"
         else:
+            _sandbox_spans(parsed, record)
             reply = await self._consumer(passed.principal, parsed, len(raw), request, descriptor, record)
         await out.json(status, reply, {k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
 
@@ -401,6 +408,13 @@ class _Leg:
 def _answers(parsed: Any, request: rpc.RpcMessage) -> bool:
     """Is this sandbox message the answer to `request` (its id, and no method)?"""
     return isinstance(parsed, dict) and parsed.get("id") == request.id and "method" not in parsed
+
+
+def _sandbox_spans(answer: Any, record: CallRecord) -> None:
+    """When the request is traced: the span records of the sandbox's answer, as checked."""
+    if record.traceparent is not None and record.sent_ns is not None:
+        window = time.time_ns() - record.sent_ns
+        record.sandbox_spans = SandboxSpans.check(answer, record.traceparent, window)
 
 
 def _plain_outcome(status: int) -> tuple[Outcome, str]:

@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "broker.protocol": 1,
     "broker.master_key": 1,  # the master key and every per-tenant key derived from it
     "broker.audit": 2,
+    "broker.tracing": 2,  # OpenTelemetry spans of /mcp requests, made from the gateway's record
     "broker.errors": 3,
     "broker.policy": 3,
     "broker.upstream": 3,
