@@ -50,6 +50,7 @@ from server.contracts import TOOL_NAMES
 
 SCHEMA_FILE = "docbroker.cedarschema"
 POLICY_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what the audit log accepts as an id
+APPROVERS_RE = re.compile(r"[1-9]")  # `@approvers("N")`: distinct approvers a report needs
 ENTITY_CACHE_SIZE = 4096
 DECISION_CACHE_SIZE = 65536
 _TIME_ATTRIBUTES = frozenset({"unix", "hour", "weekday"})
@@ -82,12 +83,20 @@ class Decision:
     # when nothing permitted: Cedar's default deny).
     policy_ids: tuple[str, ...]
     policy_hash: str
+    # `approve`: how many distinct approvers the report needs, the largest `@approvers("N")`
+    # of the permits that allowed (1 when none says): the two-person rule (docs/policy.md).
+    approvers: int = 1
 
 
 class Decider(Protocol):
     """What asks the policy: an engine, or the live set (`broker.policy.live`)."""
 
     def decide(self, call: Call, *, check_request: bool = False) -> Decision: ...
+
+    @property
+    def hash(self) -> str:
+        """The set in force's hash."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,7 @@ class PolicyEngine:
             raise PolicyError(f"{SCHEMA_FILE}: not a valid Cedar schema ({_one_line(str(exc))})") from None
         self._policies: dict[str, dict[str, Any]] = {}
         self.sources: dict[str, str] = {}  # policy id → the file it came from
+        self._approvers: dict[str, int] = {}  # policy id → its `@approvers`, where it has one
         for source in sources:
             self._add(source)
         canonical = json.dumps(
@@ -239,6 +249,14 @@ class PolicyEngine:
                 raise PolicyError(f"{source.name}: policy {pid}: ids starting builtin. or toml. are reserved")
             if pid in self._policies:
                 raise PolicyError(f"{source.name}: policy {pid}: id already used in {self.sources[pid]}")
+            approvers = est.get("annotations", {}).get("approvers")
+            if approvers is not None:
+                # Only a permit can allow an approval, so only a permit can ask for more of them.
+                if est.get("effect") != "permit" or not APPROVERS_RE.fullmatch(str(approvers)):
+                    raise PolicyError(
+                        f'{source.name}: policy {pid}: @approvers("N") takes a digit 1-9, on a permit'
+                    )
+                self._approvers[pid] = int(approvers)
             self._policies[pid] = est
             self.sources[pid] = source.name
 
@@ -350,7 +368,7 @@ class PolicyEngine:
             )
             if result.diagnostics.errors:
                 raise PolicyError(f"request does not conform ({_one_line(result.diagnostics.errors[0])})")
-            return Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+            return self._decision(result.allowed, result.diagnostics.reasons)
         context = self.context(call, piece.reads)
         key = (call.principal, call.tool, context)
         found = self._decisions.get(key)
@@ -359,8 +377,13 @@ class PolicyEngine:
         result = cedarpy.is_authorized(
             self.request(call, context), piece.policies, self._entities_of(call.principal)
         )
-        found = Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+        found = self._decision(result.allowed, result.diagnostics.reasons)
         if len(self._decisions) >= DECISION_CACHE_SIZE:
             del self._decisions[next(iter(self._decisions))]  # the oldest: a bounded table
         self._decisions[key] = found
         return found
+
+    def _decision(self, allowed: bool, reasons: Iterable[str]) -> Decision:
+        ids = tuple(sorted(reasons))
+        approvers = max((self._approvers.get(pid, 1) for pid in ids), default=1) if allowed else 1
+        return Decision(allowed, ids, self.hash, approvers)
