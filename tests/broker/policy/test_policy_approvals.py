@@ -14,6 +14,7 @@ import pytest
 
 from broker.policy import Policies, PolicyEngine
 from broker.testing import ROOT, Broker, make_broker, structured
+from tests.broker.cli.cli_helpers import cli, json_out, one_line_error, token_file
 from tests.broker.support import (
     APPROVER_SCOPE,
     WRITE_SCOPE,
@@ -312,3 +313,22 @@ def test_an_approval_granted_under_another_set_is_decided_again(two_approvers_br
     finally:
         unrelated.unlink()
         assert wait_for(lambda: set_in_force(broker) == granted_under)
+
+
+def test_the_cli_shows_the_count_and_says_a_second_yes_is_counted_once(
+    two_approvers_broker: Broker, tmp_path: Path
+) -> None:
+    broker = two_approvers_broker
+    rita = broker.token("acme", "rita", WRITE_SCOPE)
+    approval_id = save(broker, rita, unique(), "k" * 5000)["data"]["approval_id"]
+    carol = token_file(tmp_path, broker.token("acme", "carol", APPROVER_SCOPE))
+
+    def approvals(*args: str) -> Any:
+        return cli(broker.env, "approvals", *args, "--url", broker.url, "--token-file", str(carol))
+
+    first = json_out(approvals("approve", approval_id, "--json"))
+    assert (first["state"], first["approvals"], first["required"]) == ("pending", 1, 2)
+    again = one_line_error(approvals("approve", approval_id), 1)
+    assert again == (
+        "docbroker approvals approve: your decision on it is already counted: it waits for other approvers"
+    )

@@ -7,6 +7,7 @@ import itertools
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import cedarpy
 import pytest
@@ -165,3 +166,38 @@ def test_the_decision_is_json_of_names_only(tmp_path: Path) -> None:
     engine = load(folder_with(tmp_path, {}))
     decision = engine.decide(Call(Principal("acme", "carol", frozenset()), "read_document", document="x.md"))
     assert json.dumps([decision.allowed, decision.policy_ids]) == '[false, ["builtin.scope.docs_read"]]'
+
+
+APPROVE_RULE = (
+    '@id("two") @approvers("{n}") {effect} (principal, action == Docbroker::Action::"approve", resource)\n'
+    "when {{ context has content_bytes && context.content_bytes > 100 }};\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("n", "effect"), [("0", "permit"), ("10", "permit"), ("two", "permit"), ("2", "forbid")]
+)
+def test_approvers_is_a_digit_on_a_permit(tmp_path: Path, n: str, effect: str) -> None:
+    with pytest.raises(
+        PolicyError, match=r'^bad\.cedar: policy two: @approvers\("N"\) takes a digit 1-9, on a permit$'
+    ):
+        load(folder_with(tmp_path, {"bad.cedar": APPROVE_RULE.format(n=n, effect=effect)}))
+
+
+def test_the_count_is_the_largest_of_the_permits_that_allowed(tmp_path: Path) -> None:
+    three = (
+        '@id("three") @approvers("3") permit (principal in Docbroker::Group::"board", action, resource);\n'
+    )
+    engine = load(folder_with(tmp_path, {"rules.cedar": APPROVE_RULE.format(n=2, effect="permit") + three}))
+    scopes = frozenset({OAuthScope.REPORTS_APPROVE})
+
+    def count(size: int, groups: frozenset[str] = frozenset(), scoped: frozenset[OAuthScope] = scopes) -> Any:
+        decision = engine.decide(
+            Call(Principal("acme", "carol", scoped, groups), "approve", content_bytes=size)
+        )
+        return decision.allowed, decision.approvers
+
+    assert count(100) == (True, 1)  # only the tenant file's permit: one approver
+    assert count(101) == (True, 2)
+    assert count(101, frozenset({"board"})) == (True, 3)
+    assert count(5000, frozenset({"board"}), frozenset()) == (False, 1)  # refused: no count
