@@ -51,6 +51,8 @@ TOO_MANY_MESSAGE = "too many reports are waiting for approval"
 NO_APPROVE_SCOPE_MESSAGE = "answering an approval needs the reports:approve scope"
 SAME_PERSON_MESSAGE = "this report must be approved by someone other than its requester"
 NOT_PERMITTED_MESSAGE = "the policy does not let this approver decide for the tenant"
+MORE_APPROVERS_MESSAGE = "this report needs more than one approver: it waits for them out-of-band"
+POLICY_CHANGED_MESSAGE = "the policy changed since this report was approved and no longer grants it"
 
 # event name, fields (names and ids only)
 
@@ -151,6 +153,9 @@ class ApprovalFlow:
 
         approved = await self._consume(draft)
         if approved is not None:
+            changed = await self._decided_again(draft, approved)
+            if changed is not None:
+                return changed
             await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok", **ids)
             return self._forward(draft, approved)
         if await self._claim_held(draft):
@@ -202,12 +207,10 @@ class ApprovalFlow:
         # tenant does not demand a second person — nor the policy, for this report.
         if msg.protocol_version != MODERN or "elicitation" not in msg.client_capabilities():
             return False
-        if self._distinct_approver(policy):
+        if self._distinct_approver(policy) or not principal.has(OAuthScope.REPORTS_APPROVE):
             return False
-        return (
-            principal.has(OAuthScope.REPORTS_APPROVE)
-            and self._engine.decide(self._own(principal, draft)).allowed
-        )
+        own = self._engine.decide(self._own(principal, draft))
+        return own.allowed and own.approvers == 1  # one answer in-band cannot be two approvers
 
     @staticmethod
     def _own(principal: Principal, draft: Draft) -> Call:
@@ -302,6 +305,9 @@ class ApprovalFlow:
             else:
                 refused = _rejected(NOT_PERMITTED_MESSAGE, "approver_not_permitted")
             return Answer(refused.result, refused.outcome, refused.reason, policy=verdict)
+        if verdict.approvers > 1:  # the set changed since the question: more people must decide
+            refused = _rejected(MORE_APPROVERS_MESSAGE, "more_approvers_required")
+            return Answer(refused.result, refused.outcome, refused.reason, policy=verdict)
         answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
         approve = (
             isinstance(answer, dict)
@@ -347,6 +353,49 @@ class ApprovalFlow:
         if approved is None and await recover_claims(self._store, self._claims, self._audit, draft.tenant):
             approved = await take(claim=self._claims.new())
         return approved
+
+    async def _decided_again(self, draft: Draft, taken: Approval) -> Answer | None:
+        """An approval granted under another policy set than the one in force is decided again
+        before its report is written: each yes, as its approver's `approve` decision now, and
+        the count the permits now ask for. Still granted: None (the write goes on). Not: the
+        consumption is undone, the record reopened with the yeses that still hold to collect
+        decisions again, and the save refused with the policies that decided (the forbids,
+        or the permits asking for more approvers)."""
+        if taken.policy_hash is None or taken.policy_hash == self._engine.hash:
+            return None  # granted under the set in force (or before approvals recorded one)
+        kept: list[str] = []
+        required, refusing, asking = 1, None, None
+        for vote in await self._store.votes(taken.id, draft.tenant):
+            approver = Principal(
+                tenant=draft.tenant,
+                subject=vote.approver,
+                scopes=frozenset(OAuthScope(s) for s in vote.scopes if s in OAuthScope._value2member_map_),
+                groups=frozenset(vote.groups),
+            )
+            asked = Call(
+                approver, APPROVE, content_bytes=draft.size, self_approval=vote.approver == draft.requester
+            )
+            verdict = self._engine.decide(asked)
+            if not verdict.allowed:
+                refusing = refusing or verdict
+                continue
+            kept.append(vote.approver)
+            if asking is None or verdict.approvers > asking.approvers:
+                asking = verdict
+            required = max(required, verdict.approvers)
+        if kept and len(kept) >= required:
+            return None
+        assert taken.consumed_at is not None
+        await self._store.reopen(
+            taken.id,
+            draft.tenant,
+            self._claims.owner,
+            consumed_at=taken.consumed_at,
+            keep=kept,
+            required=required,
+        )
+        refused = _rejected(POLICY_CHANGED_MESSAGE, "approval_policy_changed")
+        return Answer(refused.result, refused.outcome, refused.reason, taken.id, policy=refusing or asking)
 
     async def _claim_held(self, draft: Draft) -> bool:
         return any(not self._claims.lost(held) for held in await self._store.held(draft))

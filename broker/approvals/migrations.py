@@ -60,6 +60,20 @@ _WEB_SESSIONS = (
     "CREATE INDEX web_logins_expiry ON web_logins (expires_at)",
 )
 
+
+def _votes(real: str, flag: str) -> tuple[str, ...]:
+    return (
+        "ALTER TABLE approvals ADD COLUMN approvals INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE approvals ADD COLUMN required INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE approvals ADD COLUMN policy_hash TEXT",
+        f"""CREATE TABLE approval_votes (
+            approval_id TEXT NOT NULL REFERENCES approvals (id) ON DELETE CASCADE,
+            approver TEXT NOT NULL, issuer TEXT NOT NULL, groups TEXT NOT NULL, scopes TEXT NOT NULL,
+            approve {flag} NOT NULL, required INTEGER NOT NULL, policy_hash TEXT NOT NULL,
+            decided_at {real} NOT NULL, PRIMARY KEY (approval_id, approver))""",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -106,6 +120,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         # SHA-256 digests of the cookies, never the cookies. Same SQL in both dialects.
         sqlite=_WEB_SESSIONS,
         postgres=_WEB_SESSIONS,
+    ),
+    Migration(
+        4,
+        "approval_votes",
+        # The two-person rule (docs/policy.md): each approver's decision on a record, one per
+        # approver (the key), with what the policy asked for and the set's hash; the record
+        # counts the yeses, the number needed, and the set it was approved under.
+        sqlite=_votes("REAL", "INTEGER"),
+        postgres=_votes("DOUBLE PRECISION", "BOOLEAN"),
     ),
 )
 LATEST = MIGRATIONS[-1].version

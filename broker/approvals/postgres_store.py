@@ -31,7 +31,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -40,7 +40,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    INSERT_VOTE,
     META_COLUMNS,
+    VOTE_COLUMNS,
     Approval,
     ApprovalDetail,
     Claim,
@@ -51,10 +53,13 @@ from broker.approvals.store import (
     Position,
     StoreUnavailable,
     TooManyPending,
+    Vote,
     approval_from_row,
     refusal,
     select,
     state_filter,
+    vote_from_row,
+    vote_row,
 )
 from broker.settings import DatabaseSettings
 from broker.types import ApprovalState
@@ -68,7 +73,6 @@ _GAUGE_REFRESH_SECONDS = 5.0
 # A replacement connection is retried with backoff for this long; after that the next
 # request tries afresh. So the store is back at most about this long after the server is.
 _RECONNECT_SECONDS = 5.0
-
 
 
 def _returning(statement: str) -> str:
@@ -332,24 +336,82 @@ class PostgresApprovalStore:
         )
 
     async def decide(
-        self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
+        self, approval_id: str, *, tenant: str, vote: Vote, approve: bool, require_distinct: bool
     ) -> Approval | DecisionError:
-        new_state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
-        now = self._clock()
-        row = await self._one(
-            _returning(
-                "UPDATE approvals SET state = %(state)s, decided_by = %(approver)s, decided_at = %(now)s "
-                "WHERE id = %(id)s AND tenant = %(tenant)s AND state = 'pending' AND expires_at > %(now)s "
-                "AND NOT (%(distinct)s AND requester = %(approver)s)"
-            ),
-            {"state": new_state.value, "approver": approver, "now": now, "id": approval_id,
-             "tenant": tenant, "distinct": require_distinct},
-        )  # fmt: skip
-        if row:
-            return approval_from_row(row)
-        # Not decided by us: say why, from the record as it now is (first decision wins).
-        current = await self.get(approval_id, tenant)
-        return refusal(current, approver, require_distinct) or DecisionError.NOT_PENDING
+        async with self._conn() as conn, conn.transaction():
+            # The record's row lock: approvers deciding at once on any replica take turns, so
+            # each counts the votes the previous one committed (two yeses make two, never one).
+            cur = await conn.execute(
+                select(META_COLUMNS, "WHERE id = %s AND tenant = %s FOR UPDATE"), (approval_id, tenant)
+            )
+            row = await cur.fetchone()
+            now = self._clock()
+            current = approval_from_row(row).as_of(now) if row else None
+            refused = refusal(current, vote.approver, require_distinct)
+            if refused is not None:
+                return refused
+            cur = await conn.execute(
+                INSERT_VOTE.format(p="%s") + " ON CONFLICT DO NOTHING RETURNING approver",
+                vote_row(approval_id, vote, approve, now),
+            )
+            if await cur.fetchone() is None:  # the key: one decision per approver
+                return DecisionError.ALREADY_DECIDED
+            cur = await conn.execute(
+                "SELECT COUNT(*), COALESCE(MAX(required), 1) FROM approval_votes "
+                "WHERE approval_id = %s AND approve",
+                (approval_id,),
+            )
+            counted = await cur.fetchone()
+            assert counted is not None
+            yes, required = counted
+            state = "denied" if not approve else "approved" if yes >= required else "pending"
+            cur = await conn.execute(
+                _returning(
+                    "UPDATE approvals SET state = %s, decided_by = %s, decided_at = %s, approvals = %s, "
+                    "required = %s, policy_hash = %s WHERE id = %s AND tenant = %s"
+                ),
+                (state, vote.approver, now, yes, required, vote.policy_hash if state == "approved" else None,
+                 approval_id, tenant),
+            )  # fmt: skip
+            decided = await cur.fetchone()
+            assert decided is not None
+            return approval_from_row(decided)
+
+    async def votes(self, approval_id: str, tenant: str) -> list[Vote]:
+        async with self._conn() as conn:
+            cur = await conn.execute(
+                f"SELECT {VOTE_COLUMNS} FROM approval_votes WHERE approve AND approval_id = "  # noqa: S608
+                "(SELECT id FROM approvals WHERE id = %s AND tenant = %s) ORDER BY decided_at",
+                (approval_id, tenant),
+            )
+            rows = await cur.fetchall()
+        return [vote_from_row(r) for r in rows]
+
+    async def reopen(
+        self,
+        approval_id: str,
+        tenant: str,
+        owner: str,
+        *,
+        consumed_at: float,
+        keep: Sequence[str],
+        required: int,
+    ) -> bool:
+        async with self._conn() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE approvals SET state = 'pending', consumed_at = NULL, claimed_by = NULL, "
+                "claim_until = NULL, decided_by = NULL, decided_at = NULL, policy_hash = NULL, "
+                "approvals = %s, required = %s WHERE id = %s AND tenant = %s AND state = 'consumed' "
+                "AND claimed_by = %s AND consumed_at = %s RETURNING id",
+                (len(keep), required, approval_id, tenant, owner, consumed_at),
+            )
+            if await cur.fetchone() is None:
+                return False
+            await conn.execute(
+                "DELETE FROM approval_votes WHERE approval_id = %s AND approver <> ALL(%s)",
+                (approval_id, list(keep)),
+            )
+        return True
 
     async def consume(
         self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
@@ -450,5 +512,3 @@ class PostgresApprovalStore:
             total += deleted
             if deleted < _PURGE_BATCH:
                 return total
-
-

@@ -16,14 +16,16 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    INSERT_VOTE,
     META_COLUMNS,
+    VOTE_COLUMNS,
     Approval,
     ApprovalDetail,
     Claim,
@@ -33,10 +35,13 @@ from broker.approvals.store import (
     Page,
     Position,
     TooManyPending,
+    Vote,
     approval_from_row,
     refusal,
     select,
     state_filter,
+    vote_from_row,
+    vote_row,
 )
 from broker.types import ApprovalState
 
@@ -53,7 +58,10 @@ class SqliteApprovalStore:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a decision that was shown as made must persist
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "PRAGMA foreign_keys=ON"
+        )  # a purged record takes its votes with it  # a decision that was shown as made must persist
         try:
             # This file is the one broker's own: it upgrades it; a schema from a newer broker
             # is refused (SchemaMismatch), never written to.
@@ -115,9 +123,24 @@ class SqliteApprovalStore:
         return await self._run(self._request, draft, ttl, max_pending)
 
     async def decide(
-        self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
+        self, approval_id: str, *, tenant: str, vote: Vote, approve: bool, require_distinct: bool
     ) -> Approval | DecisionError:
-        return await self._run(self._decide, approval_id, tenant, approver, approve, require_distinct)
+        return await self._run(self._decide, approval_id, tenant, vote, approve, require_distinct)
+
+    async def votes(self, approval_id: str, tenant: str) -> list[Vote]:
+        return await self._run(self._votes, approval_id, tenant)
+
+    async def reopen(
+        self,
+        approval_id: str,
+        tenant: str,
+        owner: str,
+        *,
+        consumed_at: float,
+        keep: Sequence[str],
+        required: int,
+    ) -> bool:
+        return await self._run(self._reopen, approval_id, tenant, owner, consumed_at, keep, required)
 
     async def consume(
         self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
@@ -239,24 +262,67 @@ class SqliteApprovalStore:
         )  # fmt: skip
 
     def _decide(
-        self, approval_id: str, tenant: str, approver: str, approve: bool, require_distinct: bool
+        self, approval_id: str, tenant: str, vote: Vote, approve: bool, require_distinct: bool
     ) -> Approval | DecisionError:
-        current = self._get(approval_id, tenant)
-        refused = refusal(current, approver, require_distinct)
-        if refused is not None:
-            return refused
-        new_state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
-        now = self._clock()
-        cur = self._db.execute(
-            "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ? "
-            "WHERE id = ? AND tenant = ? AND state = 'pending' AND expires_at > ?",
-            (new_state.value, approver, now, approval_id, tenant, now),
-        )
-        if cur.rowcount != 1:
-            return DecisionError.NOT_PENDING
+        with self._transaction():
+            current = self._get(approval_id, tenant)
+            refused = refusal(current, vote.approver, require_distinct)
+            if refused is not None:
+                return refused
+            now = self._clock()
+            try:
+                self._db.execute(INSERT_VOTE.format(p="?"), vote_row(approval_id, vote, approve, now))
+            except sqlite3.IntegrityError:  # the key: one decision per approver
+                return DecisionError.ALREADY_DECIDED
+            yes, required = self._db.execute(
+                "SELECT COUNT(*), COALESCE(MAX(required), 1) FROM approval_votes "
+                "WHERE approval_id = ? AND approve",
+                (approval_id,),
+            ).fetchone()
+            state = "denied" if not approve else "approved" if yes >= required else "pending"
+            self._db.execute(
+                "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, approvals = ?, "
+                "required = ?, policy_hash = ? WHERE id = ? AND tenant = ? AND state = 'pending'",
+                (state, vote.approver, now, yes, required, vote.policy_hash if state == "approved" else None,
+                 approval_id, tenant),
+            )  # fmt: skip
         decided = self._get(approval_id, tenant)
         assert decided is not None
         return decided
+
+    def _votes(self, approval_id: str, tenant: str) -> list[Vote]:
+        rows = self._db.execute(
+            f"SELECT {VOTE_COLUMNS} FROM approval_votes WHERE approve AND approval_id = "  # noqa: S608
+            "(SELECT id FROM approvals WHERE id = ? AND tenant = ?) ORDER BY decided_at",
+            (approval_id, tenant),
+        ).fetchall()
+        return [vote_from_row(tuple(r)) for r in rows]
+
+    def _reopen(
+        self,
+        approval_id: str,
+        tenant: str,
+        owner: str,
+        consumed_at: float,
+        keep: Sequence[str],
+        required: int,
+    ) -> bool:
+        with self._transaction():
+            cur = self._db.execute(
+                "UPDATE approvals SET state = 'pending', consumed_at = NULL, claimed_by = NULL, "
+                "claim_until = NULL, decided_by = NULL, decided_at = NULL, policy_hash = NULL, "
+                "approvals = ?, required = ? WHERE id = ? AND tenant = ? AND state = 'consumed' "
+                "AND claimed_by = ? AND consumed_at = ?",
+                (len(keep), required, approval_id, tenant, owner, consumed_at),
+            )
+            if cur.rowcount != 1:
+                return False
+            kept = ",".join("?" * len(keep))
+            self._db.execute(
+                f"DELETE FROM approval_votes WHERE approval_id = ? AND approver NOT IN ({kept})",  # noqa: S608
+                (approval_id, *keep),
+            )
+        return True
 
     def _consume(
         self, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
@@ -355,5 +421,3 @@ class SqliteApprovalStore:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-
-

@@ -22,6 +22,7 @@ consumed again by the same process for another request).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -37,6 +38,7 @@ class DecisionError(StrEnum):
     NOT_PENDING = "not_pending"
     EXPIRED = "expired"
     SAME_PERSON = "approver_is_requester"
+    ALREADY_DECIDED = "already_decided"  # this approver's decision on it is already counted
 
 
 class TooManyPending(Exception):
@@ -89,6 +91,11 @@ class Approval:
     decided_by: str | None
     decided_at: float | None
     consumed_at: float | None
+    # The two-person rule: distinct approvers who said yes, how many the policy asks for, and
+    # the hash of the policy set the record was approved under (None until approved).
+    approvals: int = 0
+    required: int = 1
+    policy_hash: str | None = None
 
     def public(self) -> dict[str, object]:
         """What the REST API and the approvals page show (to approvers of the same tenant)."""
@@ -104,6 +111,8 @@ class Approval:
             "decided_by": self.decided_by,
             "decided_at": self.decided_at,
             "consumed_at": self.consumed_at,
+            "approvals": self.approvals,
+            "required": self.required,
         }
 
     def as_of(self, now: float) -> Approval:
@@ -144,7 +153,7 @@ class Page:
 # decisions never read a report's text.
 META_COLUMNS = (
     "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
-    "decided_by, decided_at, consumed_at"
+    "decided_by, decided_at, consumed_at, approvals, required, policy_hash"
 )
 
 
@@ -193,7 +202,41 @@ def approval_from_row(row: Sequence[Any]) -> Approval:
         decided_by=row[9],
         decided_at=row[10],
         consumed_at=row[11],
+        approvals=row[12],
+        required=row[13],
+        policy_hash=row[14],
     )
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One approver's decision on a record, as the policy decided it: enough to decide it again
+    when the set changes before the report is written (names and the set's hash, no values)."""
+
+    approver: str  # the subject, in the record's tenant
+    issuer: str  # who vouches for it
+    groups: tuple[str, ...]
+    scopes: tuple[str, ...]
+    required: int  # the distinct approvers the policy asked for, at this decision
+    policy_hash: str
+
+
+def vote_row(approval_id: str, vote: Vote, approve: bool, now: float) -> tuple[Any, ...]:
+    """The `approval_votes` row of a vote (both stores; groups and scopes as JSON lists)."""
+    return (approval_id, vote.approver, vote.issuer, json.dumps(list(vote.groups)),
+            json.dumps(list(vote.scopes)), approve, vote.required, vote.policy_hash, now)  # fmt: skip
+
+
+def vote_from_row(row: Sequence[Any]) -> Vote:
+    """A vote from (approver, issuer, groups, scopes, required, policy_hash)."""
+    return Vote(row[0], row[1], tuple(json.loads(row[2])), tuple(json.loads(row[3])), row[4], row[5])
+
+
+VOTE_COLUMNS = "approver, issuer, groups, scopes, required, policy_hash"
+INSERT_VOTE = (
+    "INSERT INTO approval_votes (approval_id, approver, issuer, groups, scopes, approve, required, "
+    "policy_hash, decided_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
+)
 
 
 @dataclass(frozen=True)
@@ -239,8 +282,32 @@ class ApprovalStore(Protocol):
         ...
 
     async def decide(
-        self, approval_id: str, *, tenant: str, approver: str, approve: bool, require_distinct: bool
-    ) -> Approval | DecisionError: ...
+        self, approval_id: str, *, tenant: str, vote: Vote, approve: bool, require_distinct: bool
+    ) -> Approval | DecisionError:
+        """Record one approver's decision, in one transaction (on every replica, one at a time
+        per record): a "no" denies; a "yes" counts, and the record is approved when the distinct
+        approvers who said yes reach the most any of their decisions asked for. An approver's
+        second decision on it is ALREADY_DECIDED."""
+        ...
+
+    async def votes(self, approval_id: str, tenant: str) -> list[Vote]:
+        """The approvers who said yes to a record, in the order they did."""
+        ...
+
+    async def reopen(
+        self,
+        approval_id: str,
+        tenant: str,
+        owner: str,
+        *,
+        consumed_at: float,
+        keep: Sequence[str],
+        required: int,
+    ) -> bool:
+        """A consumption whose approval the policy in force no longer grants (the set changed
+        since): back to pending with only the votes of `keep`, needing `required`, to collect
+        decisions again. Conditional as `release` is; False if that consumption is gone."""
+        ...
 
     async def consume(
         self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim

@@ -33,6 +33,7 @@ MAX_TOKEN_BYTES = 16 * 1024
 ERRORS = {
     "not_found": "no such approval for this token's tenant",
     "not_pending": "already decided",
+    "already_decided": "your decision on it is already counted: it waits for other approvers",
     "expired": "expired",
     "approver_is_requester": "the requester may not approve their own report (policy)",
     "unauthorized": "the token was refused",

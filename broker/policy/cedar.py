@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import cedarpy
 
 from broker.policy.compile import (
+    ACTION_SCOPE,
     ACTIONS,
     APPROVAL_ACTIONS,
     APPROVE,
@@ -45,17 +46,22 @@ from broker.policy.compile import (
     tenant_policies,
 )
 from broker.policy.tenants import Policies, PolicyError
-from broker.types import Principal
+from broker.types import OAuthScope, Principal
 from server.contracts import TOOL_NAMES
 
 SCHEMA_FILE = "docbroker.cedarschema"
 POLICY_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what the audit log accepts as an id
+APPROVERS_RE = re.compile(r"[1-9]")  # `@approvers("N")`: distinct approvers a report needs
 ENTITY_CACHE_SIZE = 4096
 DECISION_CACHE_SIZE = 65536
 _TIME_ATTRIBUTES = frozenset({"unix", "hour", "weekday"})
 _NS = "Docbroker"
 _TENANT, _USER, _GROUP, _TOOL = f"{_NS}::Tenant", f"{_NS}::User", f"{_NS}::Group", f"{_NS}::Tool"
 _APPROVALS = f"{_NS}::Approvals"
+_OWN_TENANT = "builtin.own_tenant"
+# One encoder: json.dumps with any argument builds a new one per call (a decision's context
+# is encoded on every call, bench/policy_decision.py).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 _CALL_ONLY = frozenset({"protocol", "request_bytes", "document"})  # not in an approval's context
 _ACTION = f"{_NS}::Action"
 
@@ -82,12 +88,20 @@ class Decision:
     # when nothing permitted: Cedar's default deny).
     policy_ids: tuple[str, ...]
     policy_hash: str
+    # `approve`: how many distinct approvers the report needs, the largest `@approvers("N")`
+    # of the permits that allowed (1 when none says): the two-person rule (docs/policy.md).
+    approvers: int = 1
 
 
 class Decider(Protocol):
     """What asks the policy: an engine, or the live set (`broker.policy.live`)."""
 
     def decide(self, call: Call, *, check_request: bool = False) -> Decision: ...
+
+    @property
+    def hash(self) -> str:
+        """The set in force's hash."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -122,10 +136,28 @@ def _context_reads(node: Any, reads: set[str]) -> bool:
 
 @dataclass(frozen=True)
 class _Slice:
-    """One tenant's part of the set, and the context attributes it reads (None: any)."""
+    """One tenant's part of the set, and the context attributes it reads (None: any).
+
+    `lean`: the same without the built-in forbids that cannot apply to a caller holding
+    `scope` (the tool's `builtin.scope.*`, satisfied only without it) nor to any request the
+    engine builds (`builtin.own_tenant`: the resource is always the caller's tenant's). For
+    such a caller it decides exactly as `policies` — a forbid that is not satisfied neither
+    denies nor is named — with one policy or two fewer evaluated and, unless another policy
+    reads them, no scopes in the context (the dearest attribute to build and to pass)."""
 
     policies: cedarpy.PolicySet
     reads: frozenset[str] | None
+    lean: cedarpy.PolicySet
+    lean_reads: frozenset[str] | None
+    scope: OAuthScope | None
+
+
+def _policy_set(policies: dict[str, dict[str, Any]]) -> tuple[cedarpy.PolicySet, frozenset[str] | None]:
+    """A Cedar policy set of these policies, and the context attributes they read (None: any)."""
+    doc = {"staticPolicies": policies, "templates": {}, "templateLinks": []}
+    reads: set[str] = set()
+    bounded = all(_context_reads(est.get("conditions", []), reads) for est in policies.values())
+    return cedarpy.PolicySet.from_json_str(json.dumps(doc)), frozenset(reads) if bounded else None
 
 
 def _for_tool(scope: dict[str, Any], tool: str) -> bool:
@@ -166,6 +198,7 @@ class PolicyEngine:
             raise PolicyError(f"{SCHEMA_FILE}: not a valid Cedar schema ({_one_line(str(exc))})") from None
         self._policies: dict[str, dict[str, Any]] = {}
         self.sources: dict[str, str] = {}  # policy id → the file it came from
+        self._approvers: dict[str, int] = {}  # policy id → its `@approvers`, where it has one
         for source in sources:
             self._add(source)
         canonical = json.dumps(
@@ -239,6 +272,14 @@ class PolicyEngine:
                 raise PolicyError(f"{source.name}: policy {pid}: ids starting builtin. or toml. are reserved")
             if pid in self._policies:
                 raise PolicyError(f"{source.name}: policy {pid}: id already used in {self.sources[pid]}")
+            approvers = est.get("annotations", {}).get("approvers")
+            if approvers is not None:
+                # Only a permit can allow an approval, so only a permit can ask for more of them.
+                if est.get("effect") != "permit" or not APPROVERS_RE.fullmatch(str(approvers)):
+                    raise PolicyError(
+                        f'{source.name}: policy {pid}: @approvers("N") takes a digit 1-9, on a permit'
+                    )
+                self._approvers[pid] = int(approvers)
             self._policies[pid] = est
             self.sources[pid] = source.name
 
@@ -247,12 +288,10 @@ class PolicyEngine:
         if found is None:
             candidates = {**self._global, **self._scoped.get(tenant, {})}
             policies = {pid: est for pid, est in candidates.items() if _for_tool(est["action"], tool)}
-            doc = {"staticPolicies": policies, "templates": {}, "templateLinks": []}
-            reads: set[str] = set()
-            bounded = all(_context_reads(est.get("conditions", []), reads) for est in policies.values())
-            found = self._slices[(tenant, tool)] = _Slice(
-                cedarpy.PolicySet.from_json_str(json.dumps(doc)), frozenset(reads) if bounded else None
-            )
+            scope = ACTION_SCOPE.get(tool)
+            unneeded = {_OWN_TENANT, f"builtin.scope.{scope.value.replace(':', '_')}" if scope else ""}
+            lean = {pid: est for pid, est in policies.items() if pid not in unneeded}
+            found = self._slices[(tenant, tool)] = _Slice(*_policy_set(policies), *_policy_set(lean), scope)
         return found
 
     def _entities_of(self, principal: Principal) -> cedarpy.Entities:
@@ -314,13 +353,17 @@ class PolicyEngine:
             # Only the parts read: a set that reads the hour keeps its decisions for an hour.
             at = time.time() if call.at is None else call.at
             moment = time.gmtime(at)
-            moments = {"unix": int(at), "hour": moment.tm_hour, "weekday": moment.tm_wday}
-            context.update((k, v) for k, v in moments.items() if reads is None or k in reads)
+            if reads is None or "unix" in reads:
+                context["unix"] = int(at)
+            if reads is None or "hour" in reads:
+                context["hour"] = moment.tm_hour
+            if reads is None or "weekday" in reads:
+                context["weekday"] = moment.tm_wday
         if call.document is not None and (reads is None or "document" in reads):
             context["document"] = call.document
         if call.content_bytes is not None and (reads is None or "content_bytes" in reads):
             context["content_bytes"] = call.content_bytes
-        return json.dumps(context, separators=(",", ":"))
+        return _COMPACT.encode(context)
 
     def request(self, call: Call, context: str | None = None) -> dict[str, Any]:
         """The Cedar request of a call (principal, action, resource, context: all of it unless
@@ -350,17 +393,24 @@ class PolicyEngine:
             )
             if result.diagnostics.errors:
                 raise PolicyError(f"request does not conform ({_one_line(result.diagnostics.errors[0])})")
-            return Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
-        context = self.context(call, piece.reads)
+            return self._decision(result.allowed, result.diagnostics.reasons)
+        # The principal (its scopes) chooses the lean slice or the whole: it is in the key.
+        lean = piece.scope is None or piece.scope in call.principal.scopes
+        policies, reads = (piece.lean, piece.lean_reads) if lean else (piece.policies, piece.reads)
+        context = self.context(call, reads)
         key = (call.principal, call.tool, context)
         found = self._decisions.get(key)
         if found is not None:
             return found
-        result = cedarpy.is_authorized(
-            self.request(call, context), piece.policies, self._entities_of(call.principal)
-        )
-        found = Decision(result.allowed, tuple(sorted(result.diagnostics.reasons)), self.hash)
+        entities = self._entities_of(call.principal)
+        result = cedarpy.is_authorized(self.request(call, context), policies, entities)
+        found = self._decision(result.allowed, result.diagnostics.reasons)
         if len(self._decisions) >= DECISION_CACHE_SIZE:
             del self._decisions[next(iter(self._decisions))]  # the oldest: a bounded table
         self._decisions[key] = found
         return found
+
+    def _decision(self, allowed: bool, reasons: Iterable[str]) -> Decision:
+        ids = tuple(sorted(reasons))
+        approvers = max((self._approvers.get(pid, 1) for pid in ids), default=1) if allowed else 1
+        return Decision(allowed, ids, self.hash, approvers)

@@ -26,7 +26,7 @@ APPROVE = "approve"  # the action of an approver's decision
 VIEW_APPROVALS = "view_approvals"  # listing the tenant's approvals, reading one
 APPROVAL_ACTIONS = (APPROVE, VIEW_APPROVALS)
 ACTIONS = (*TOOL_NAMES, *APPROVAL_ACTIONS)
-_ACTION_SCOPE = {
+ACTION_SCOPE = {  # the scope each action's `builtin.scope.*` forbid demands
     **REQUIRED_SCOPE,
     APPROVE: OAuthScope.REPORTS_APPROVE,
     VIEW_APPROVALS: OAuthScope.REPORTS_APPROVE,
@@ -40,7 +40,7 @@ def _action(tool: str) -> str:
 def builtin_policies() -> str:
     rules: list[str] = []
     for scope in OAuthScope:
-        tools = [t for t in ACTIONS if _ACTION_SCOPE.get(t) == scope]
+        tools = [t for t in ACTIONS if ACTION_SCOPE.get(t) == scope]
         if not tools:
             continue
         actions = ", ".join(_action(t) for t in tools)

@@ -15,6 +15,7 @@ A TOML file: `[defaults]` for every case, one `[[case]]` per request, and option
     document = "hr-salaries.md"
     expect = "deny"
     policies = ["examples.contractors.no_hr_read"]   # optional: the determining policy ids
+    approvers = 2      # optional, for `approve`: the distinct approvers the decision asks for
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from broker.types import OAuthScope, Principal
 
 _KEYS = {
     "name", "tenant", "subject", "groups", "scopes", "tool", "document", "content_bytes",
-    "request_bytes", "protocol", "at", "expect", "policies", "self_approval",
+    "request_bytes", "protocol", "at", "expect", "policies", "self_approval", "approvers",
 }  # fmt: skip
 _SCOPES = {s.value: s for s in OAuthScope}
 
@@ -41,6 +42,7 @@ class Case:
     call: Call
     allow: bool
     policies: tuple[str, ...] | None  # None: not checked
+    approvers: int | None = None  # `approve`: the distinct approvers the decision asks for; None: not checked
 
 
 @dataclass(frozen=True)
@@ -133,5 +135,7 @@ def load_table(path: Path) -> Table:
             merged["policies"] = policies
             policies = tuple(sorted(_strings(merged, "policies", where)))
             merged.pop("policies")
-        cases.append(Case(name, call_of(merged, where), expect == "allow", policies))
+        approvers = _int(merged, "approvers", where)
+        merged.pop("approvers", None)
+        cases.append(Case(name, call_of(merged, where), expect == "allow", policies, approvers))
     return Table(cases, extra, _strings(doc, "tenants", path.name))

@@ -59,13 +59,16 @@ def run_table(folder: Path, table_file: Path, out: TextIO) -> int:
         return 1
     failed = 0
     for case, decision in results:
-        ok = decision.allowed == case.allow and (
-            case.policies is None or case.policies == decision.policy_ids
+        ok = (
+            decision.allowed == case.allow
+            and (case.policies is None or case.policies == decision.policy_ids)
+            and (case.approvers is None or case.approvers == decision.approvers)
         )
         if not ok:
             failed += 1
             got = "allow" if decision.allowed else "deny"
-            out.write(f"FAIL {case.name}: got {got} by {list(decision.policy_ids)}\n")
+            ids = list(decision.policy_ids)
+            out.write(f"FAIL {case.name}: got {got} by {ids}, approvers {decision.approvers}\n")
     out.write(f"{len(results) - failed} passed, {failed} failed ({table_file.name}, set {engine.hash})\n")
     return 1 if failed else 0
 
@@ -78,12 +81,14 @@ def explain(folder: Path, extra: list[Path], request: dict[str, Any], out: TextI
     except PolicyError as exc:
         out.write(f"invalid: {exc}\n")
         return 1
-    verdict = {
+    verdict: dict[str, Any] = {
         "decision": "allow" if decision.allowed else "deny",
         "determined_by": [{"id": pid, "file": engine.sources[pid]} for pid in decision.policy_ids],
         "default_deny": not decision.allowed and not decision.policy_ids,
         "policy_set": decision.policy_hash,
     }
+    if decision.allowed and request.get("tool") == "approve":
+        verdict["approvers"] = decision.approvers  # distinct approvers the report needs
     out.write(json.dumps(verdict, indent=2) + "\n")
     return 0
 

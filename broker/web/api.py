@@ -50,7 +50,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from broker.approvals.store import ApprovalStore, DecisionError, Position, StoreUnavailable
+from broker.approvals.store import ApprovalStore, DecisionError, Position, StoreUnavailable, Vote
 from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
@@ -78,6 +78,7 @@ _DECISION_STATUS = {
     DecisionError.NOT_PENDING: 409,
     DecisionError.EXPIRED: 410,
     DecisionError.SAME_PERSON: 403,
+    DecisionError.ALREADY_DECIDED: 409,
 }
 # Report contents (and the metadata of other people's drafts) must not stay in a browser's
 # or a proxy's cache, nor be sniffed into something other than JSON.
@@ -244,6 +245,7 @@ class ApprovalsApi:
                 reply = await route.handler(self, request, principal, route.approval_id)
                 reply.policy = reply.policy or verdict
                 return reply
+            request.state.issuer = issuer  # a decision's vote records who vouches for the approver
             reply = await route.handler(self, request, principal, route.approval_id)
             if reply.event is AuditEvent.APPROVAL_DECIDED:
                 reply.issuer = issuer  # the approver is the pair (issuer, subject)
@@ -294,18 +296,20 @@ class ApprovalsApi:
         return Reply(200, record.public(), event, Outcome.OK, "shown", approval_id=record.approval.id)
 
     async def _approve(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
-        return await self._decide(principal, approval_id, approve=True)
+        return await self._decide(principal, request.state.issuer, approval_id, approve=True)
 
     async def _deny(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
         reason = await _deny_reason(request)
         if reason is None:
             return _refused(400, "bad_reason", AuditEvent.APPROVAL_DECIDED)
-        reply = await self._decide(principal, approval_id, approve=False)
+        reply = await self._decide(principal, request.state.issuer, approval_id, approve=False)
         if reply.status == 200 and reason:
             reply.decision_reason = reason
         return reply
 
-    async def _decide(self, principal: Principal, approval_id: str | None, *, approve: bool) -> Reply:
+    async def _decide(
+        self, principal: Principal, issuer: str, approval_id: str | None, *, approve: bool
+    ) -> Reply:
         event = AuditEvent.APPROVAL_DECIDED
         if approval_id is None:
             return _refused(404, "not_found", event, "malformed_id")
@@ -331,10 +335,14 @@ class ApprovalsApi:
             refused.policy, refused.approval_id = verdict, current.id
             return refused
         policy = self._policies.get(principal.tenant)
+        # The vote keeps what deciding again takes (the set may change before the write):
+        # the approver's groups and scopes, and how many approvers this decision asked for.
+        groups, scopes = tuple(sorted(principal.groups)), tuple(sorted(s.value for s in principal.scopes))
+        vote = Vote(principal.subject, issuer, groups, scopes, verdict.approvers, verdict.policy_hash)
         outcome = await self._store.decide(
             approval_id,
             tenant=principal.tenant,
-            approver=principal.subject,
+            vote=vote,
             approve=approve,
             require_distinct=self._require_distinct or policy.require_distinct_approver,
         )
@@ -344,8 +352,10 @@ class ApprovalsApi:
                 reply.approval_id = approval_id  # the tenant's own record: not a probe's guess
             return reply
         decision = ApprovalState.APPROVED if approve else ApprovalState.DENIED
+        # A yes that leaves the record pending is counted: it waits for more approvers.
+        reason = "decided" if outcome.state is not ApprovalState.PENDING else "more_approvers_required"
         return Reply(
-            200, outcome.public(), event, Outcome.OK, "decided", outcome.id, decision.value, policy=verdict
+            200, outcome.public(), event, Outcome.OK, reason, outcome.id, decision.value, policy=verdict
         )
 
 

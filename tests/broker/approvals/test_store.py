@@ -31,6 +31,7 @@ from broker.approvals.store import (
     SchemaMismatch,
     StoreUnavailable,
     TooManyPending,
+    Vote,
 )
 from broker.settings import DatabaseSettings
 from broker.types import ApprovalState
@@ -126,10 +127,17 @@ def draft(
     return Draft(tenant, who, filename, content, hashlib.sha256(data).hexdigest(), len(data))
 
 
+HASH = "a" * 64
+
+
+def vote(who: str, required: int = 1, policy_hash: str = HASH) -> Vote:
+    return Vote(who, "https://idp.example", ("legal",), ("reports:approve",), required, policy_hash)
+
+
 async def approved(store: ApprovalStore, d: Draft) -> str:
     record, _ = await store.request(d, ttl=TTL, max_pending=100)
     decided = await store.decide(
-        record.id, tenant=d.tenant, approver="bob", approve=True, require_distinct=False
+        record.id, tenant=d.tenant, vote=vote("bob"), approve=True, require_distinct=False
     )
     assert not isinstance(decided, DecisionError)
     return record.id
@@ -175,7 +183,7 @@ async def test_expired_records_read_as_expired_and_cannot_be_decided(
     current = await store.get(record.id, "acme")
     assert current is not None and current.state is ApprovalState.EXPIRED
     outcome = await store.decide(
-        record.id, tenant="acme", approver="bob", approve=True, require_distinct=False
+        record.id, tenant="acme", vote=vote("bob"), approve=True, require_distinct=False
     )
     assert outcome is DecisionError.EXPIRED
     # and an expired record no longer counts against the cap, nor blocks a new request
@@ -185,15 +193,21 @@ async def test_expired_records_read_as_expired_and_cannot_be_decided(
 
 async def test_decision_errors(store: ApprovalStore) -> None:
     record, _ = await store.request(draft(), ttl=TTL, max_pending=10)
-    same = await store.decide(record.id, tenant="acme", approver="alice", approve=True, require_distinct=True)
+    same = await store.decide(
+        record.id, tenant="acme", vote=vote("alice"), approve=True, require_distinct=True
+    )
     assert same is DecisionError.SAME_PERSON
     foreign = await store.decide(
-        record.id, tenant="globex", approver="bob", approve=True, require_distinct=False
+        record.id, tenant="globex", vote=vote("bob"), approve=True, require_distinct=False
     )
     assert foreign is DecisionError.NOT_FOUND
-    ok = await store.decide(record.id, tenant="acme", approver="alice", approve=False, require_distinct=False)
+    ok = await store.decide(
+        record.id, tenant="acme", vote=vote("alice"), approve=False, require_distinct=False
+    )
     assert not isinstance(ok, DecisionError) and ok.state is ApprovalState.DENIED and ok.decided_by == "alice"
-    again = await store.decide(record.id, tenant="acme", approver="bob", approve=True, require_distinct=False)
+    again = await store.decide(
+        record.id, tenant="acme", vote=vote("bob"), approve=True, require_distinct=False
+    )
     assert again is DecisionError.NOT_PENDING
     # a "no" stands for that exact report until its expiry
     refused = await store.denied(draft())
@@ -311,7 +325,7 @@ async def test_listing_is_filtered_by_state_and_paged_by_keyset(store: ApprovalS
         record, _ = await store.request(draft(f"r{i}.md"), ttl=TTL, max_pending=10)
         ids.append(record.id)
     await store.request(draft("theirs.md", tenant="globex"), ttl=TTL, max_pending=10)
-    await store.decide(ids[1], tenant="acme", approver="bob", approve=True, require_distinct=False)
+    await store.decide(ids[1], tenant="acme", vote=vote("bob"), approve=True, require_distinct=False)
     seen: list[str] = []
     after = None
     while True:
@@ -332,7 +346,7 @@ async def test_pending_count_is_every_tenants_open_records(open_store: Opener) -
     await store.request(draft("a.md"), ttl=TTL, max_pending=10)
     await store.request(draft("b.md", tenant="globex"), ttl=TTL, max_pending=10)
     decided, _ = await store.request(draft("c.md"), ttl=TTL, max_pending=10)
-    await store.decide(decided.id, tenant="acme", approver="bob", approve=True, require_distinct=False)
+    await store.decide(decided.id, tenant="acme", vote=vote("bob"), approve=True, require_distinct=False)
     # a new instance (another replica) counts what the first wrote
     assert (await open_store()).pending_count() == 2
 
@@ -356,7 +370,7 @@ async def test_decisions_are_first_wins_across_instances(open_store: Opener) -> 
     open_store.widen_races()
     results = await asyncio.gather(
         *(
-            s.decide(record.id, tenant="acme", approver=f"u{i}", approve=i % 2 == 0, require_distinct=False)
+            s.decide(record.id, tenant="acme", vote=vote(f"u{i}"), approve=i % 2 == 0, require_distinct=False)
             for i in range(10)
             for s in (one, two)
         )
@@ -366,6 +380,85 @@ async def test_decisions_are_first_wins_across_instances(open_store: Opener) -> 
     assert all(r is DecisionError.NOT_PENDING for r in results if isinstance(r, DecisionError))
     final = await two.get(record.id, "acme")
     assert final is not None and (final.state, final.decided_by) == (won[0].state, won[0].decided_by)
+
+
+async def test_two_person_rule_counts_distinct_approvers_and_one_no_denies(store: ApprovalStore) -> None:
+    record, _ = await store.request(draft(), ttl=TTL, max_pending=10)
+    first = await store.decide(
+        record.id, tenant="acme", vote=vote("bob", 2), approve=True, require_distinct=False
+    )
+    assert not isinstance(first, DecisionError)
+    assert (first.state, first.approvals, first.required, first.policy_hash) == (
+        ApprovalState.PENDING,
+        1,
+        2,
+        None,
+    )
+    assert await consume(store, draft()) is None  # one yes of two: nothing to write yet
+    again = await store.decide(
+        record.id, tenant="acme", vote=vote("bob", 2), approve=True, require_distinct=False
+    )
+    assert again is DecisionError.ALREADY_DECIDED  # the same approver twice is one approver
+    second = await store.decide(
+        record.id, tenant="acme", vote=vote("carol"), approve=True, require_distinct=False
+    )
+    assert not isinstance(second, DecisionError)
+    # The most any yes asked for stands: carol's decision asking one does not lower it.
+    assert (second.state, second.approvals, second.required) == (ApprovalState.APPROVED, 2, 2)
+    assert second.policy_hash == HASH and second.public()["approvals"] == 2
+    assert [v.approver for v in await store.votes(record.id, "acme")] == ["bob", "carol"]
+    assert await store.votes(record.id, "globex") == []
+    taken = await consume(store, draft())
+    assert taken is not None and taken.id == record.id
+
+    other, _ = await store.request(draft("q4.md"), ttl=TTL, max_pending=10)
+    await store.decide(other.id, tenant="acme", vote=vote("bob", 2), approve=True, require_distinct=False)
+    no = await store.decide(
+        other.id, tenant="acme", vote=vote("dan", 2), approve=False, require_distinct=False
+    )
+    assert not isinstance(no, DecisionError) and no.state is ApprovalState.DENIED
+
+
+async def test_a_reopened_consumption_keeps_only_the_votes_that_still_hold(store: ApprovalStore) -> None:
+    record, _ = await store.request(draft(), ttl=TTL, max_pending=10)
+    for who in ("bob", "carol"):
+        await store.decide(record.id, tenant="acme", vote=vote(who, 2), approve=True, require_distinct=False)
+    taken = await consume(store, draft())
+    assert taken is not None and taken.consumed_at is not None
+    assert not await store.reopen(record.id, "acme", "someone-else", consumed_at=taken.consumed_at,
+                                  keep=["carol"], required=2)  # fmt: skip
+    assert await store.reopen(
+        record.id, "acme", ME, consumed_at=taken.consumed_at, keep=["carol"], required=2
+    )
+    now = await store.get(record.id, "acme")
+    assert now is not None and (now.state, now.approvals, now.required, now.policy_hash) == (
+        ApprovalState.PENDING, 1, 2, None,
+    )  # fmt: skip
+    assert [v.approver for v in await store.votes(record.id, "acme")] == ["carol"]
+    # bob's vote went: he may decide again under the set in force.
+    back = await store.decide(
+        record.id, tenant="acme", vote=vote("bob", 2), approve=True, require_distinct=False
+    )
+    assert not isinstance(back, DecisionError) and back.state is ApprovalState.APPROVED
+
+
+async def test_two_approvers_at_once_on_two_instances_make_two(open_store: Opener) -> None:
+    """Two approvers decide at the same moment on two replicas: each counts the other's yes
+    (the record's row lock), so the record is approved with both, never left at one."""
+    one, two = await open_store(), await open_store()
+    for round_ in range(5):
+        record, _ = await one.request(draft(f"r{round_}.md"), ttl=TTL, max_pending=10)
+        if round_ == 0:
+            open_store.widen_races()
+        results = await asyncio.gather(
+            one.decide(record.id, tenant="acme", vote=vote("bob", 2), approve=True, require_distinct=False),
+            two.decide(record.id, tenant="acme", vote=vote("carol", 2), approve=True, require_distinct=False),
+        )
+        assert sorted((r.state.value, r.approvals) for r in results if not isinstance(r, DecisionError)) == [
+            ("approved", 2), ("pending", 1),
+        ]  # fmt: skip
+        final = await two.get(record.id, "acme")
+        assert final is not None and (final.state, final.approvals) == (ApprovalState.APPROVED, 2)
 
 
 async def test_pending_cap_holds_across_instances_for_both_kinds(open_store: Opener) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from broker.policy import Policies, PolicyEngine
 from broker.testing import ROOT, Broker, make_broker, structured
+from tests.broker.cli.cli_helpers import cli, json_out, one_line_error, token_file
 from tests.broker.support import (
     APPROVER_SCOPE,
     WRITE_SCOPE,
@@ -181,13 +182,14 @@ def test_who_may_view_approvals_is_decided_too(broker: Broker) -> None:
     assert {e["policy_hash"] for e in viewed} == {now}
 
 
-SECOND_PERSON = ROOT / "policies" / "examples" / "big-reports-second-person.cedar"
+TWO_APPROVERS = ROOT / "policies" / "examples" / "big-reports-two-approvers.cedar"
+COUNT_ID, SELF_ID = "examples.big_reports.two_approvers", "examples.big_reports.second_person"
 
 
 @pytest.fixture(scope="module")
-def second_person_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = make_broker(tmp_path_factory.mktemp("cedar-second-person"))
-    shutil.copy(SECOND_PERSON, Path(b.env["DOCBROKER_POLICIES_DIR"]) / SECOND_PERSON.name)
+def two_approvers_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = make_broker(tmp_path_factory.mktemp("cedar-two-approvers"), env={"DOCBROKER_POLICY_RELOAD": "0.2"})
+    shutil.copy(TWO_APPROVERS, Path(b.env["DOCBROKER_POLICIES_DIR"]) / TWO_APPROVERS.name)
     b.start()
     try:
         yield b
@@ -195,31 +197,138 @@ def second_person_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[B
         b.stop()
 
 
-async def test_big_reports_need_a_second_person(second_person_broker: Broker) -> None:
-    broker = second_person_broker
+def save(broker: Broker, token: str, name: str, content: str) -> dict[str, Any]:
+    with open_http(broker, token) as http:
+        return tool_status(call_modern(http, "save_report", {"filename": name, "content": content}))
+
+
+def approve(broker: Broker, who: str, approval_id: str) -> Any:
+    with open_http(broker, broker.token("acme", who, APPROVER_SCOPE)) as http:
+        return http.post(f"/v1/approvals/{approval_id}/approve")
+
+
+async def test_big_reports_need_two_distinct_approvers(two_approvers_broker: Broker) -> None:
+    broker = two_approvers_broker
     rita = broker.token("acme", "rita", f"{WRITE_SCOPE} {APPROVER_SCOPE}")
     small, big = unique(), unique()
     async with open_mcp(broker, rita, "auto", elicitation_callback=approve_in_band()) as client:
         mine = structured(await client.call_tool("save_report", {"filename": small, "content": "s" * 4096}))
-        assert mine["status"] == "ok"  # approved in-band by its requester
+        assert mine["status"] == "ok"  # approved in-band by its requester, alone
         waiting = structured(await client.call_tool("save_report", {"filename": big, "content": "b" * 4097}))
-    assert waiting["status"] == "waiting_approval"  # not offered in-band: rita may not approve it
+    assert waiting["status"] == "waiting_approval"  # not offered in-band: it needs two others
     approval_id = waiting["data"]["approval_id"]
 
-    with open_http(broker, rita) as http:
-        own = http.post(f"/v1/approvals/{approval_id}/approve")
+    own = approve(broker, "rita", approval_id)
     assert (own.status_code, own.json()) == (403, {"error": "approver_is_requester"})
-    with open_http(broker, broker.token("acme", "carol", APPROVER_SCOPE)) as http:
-        assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
-    async with open_mcp(broker, rita, "auto", elicitation_callback=approve_in_band()) as client:
-        saved = structured(await client.call_tool("save_report", {"filename": big, "content": "b" * 4097}))
-    assert saved["status"] == "ok"
+    first = approve(broker, "carol", approval_id)
+    assert first.status_code == 200
+    assert {k: first.json()[k] for k in ("state", "approvals", "required")} == {
+        "state": "pending", "approvals": 1, "required": 2,
+    }  # fmt: skip
+    still = save(broker, rita, big, "b" * 4097)  # one yes of two: the save still waits
+    assert still["status"] == "waiting_approval" and still["data"]["approval_id"] == approval_id
+    again = approve(broker, "carol", approval_id)
+    assert (again.status_code, again.json()) == (409, {"error": "already_decided"})
+    assert not (broker.reports("acme") / big).exists()
+    second = approve(broker, "dave", approval_id)
+    assert second.status_code == 200
+    assert (second.json()["state"], second.json()["approvals"]) == ("approved", 2)
+    assert save(broker, rita, big, "b" * 4097)["status"] == "ok"
     assert (broker.reports("acme") / big).stat().st_size == 4097
 
-    decided = [e for e in broker.audit_events() if e["event"] == "approval.decided"]
-    refused = [e for e in decided if e.get("approval_id") == approval_id and e["subject"] == "rita"]
-    assert len(refused) == 1 and refused[0]["reason"] == "approver_is_requester"
-    assert refused[0]["policy_ids"] == ["examples.big_reports.second_person"]
-    assert refused[0]["policy_hash"] == set_hash(broker)
-    carol = [e for e in decided if e.get("approval_id") == approval_id and e["subject"] == "carol"]
-    assert carol[0]["decision"] == "approved" and carol[0]["policy_ids"] == ["toml.tenants.acme"]
+    lines = decided_lines(broker, approval_id)
+    by = {(e["subject"], e.get("reason"), e["outcome"]): e for e in lines}
+    assert set(by) == {
+        ("rita", "approver_is_requester", "denied"),
+        ("carol", "more_approvers_required", "ok"),
+        ("carol", "already_decided", "rejected"),
+        ("dave", "decided", "ok"),
+    }
+    assert by["rita", "approver_is_requester", "denied"]["policy_ids"] == [SELF_ID]
+    for who, reason in (("carol", "more_approvers_required"), ("dave", "decided")):
+        line = by[who, reason, "ok"]
+        assert line["decision"] == "approved" and line["policy_ids"] == [COUNT_ID, "toml.tenants.acme"]
+        assert line["issuer"] and line["policy_hash"] == set_hash(broker)
+
+
+async def test_one_no_denies_a_report_needing_two(two_approvers_broker: Broker) -> None:
+    broker = two_approvers_broker
+    rita = broker.token("acme", "rita", WRITE_SCOPE)
+    name = unique()
+    approval_id = save(broker, rita, name, "n" * 5000)["data"]["approval_id"]
+    assert approve(broker, "carol", approval_id).json()["state"] == "pending"
+    with open_http(broker, broker.token("acme", "dave", APPROVER_SCOPE)) as http:
+        denied = http.post(f"/v1/approvals/{approval_id}/deny")
+    assert denied.status_code == 200 and denied.json()["state"] == "denied"
+    assert save(broker, rita, name, "n" * 5000)["status"] == "rejected"
+
+
+def test_an_approval_granted_under_another_set_is_decided_again(two_approvers_broker: Broker) -> None:
+    """Approved by carol and dave; then a rule forbids dave to approve. The save is decided
+    again under the set in force: refused, naming the forbid, and the record reopened with
+    carol's yes only; a third approver completes it under the new set and the save goes on.
+    A change that still grants an approval (an unrelated rule) lets its save go on."""
+    broker = two_approvers_broker
+    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"])
+    rita = broker.token("acme", "rita", WRITE_SCOPE)
+    name, other = unique(), unique()
+    approval_id = save(broker, rita, name, "c" * 5000)["data"]["approval_id"]
+    other_id = save(broker, rita, other, "o" * 5000)["data"]["approval_id"]
+    for who in ("carol", "dave"):
+        assert approve(broker, who, approval_id).status_code == 200
+        assert approve(broker, who, other_id).status_code == 200
+    granted_under = set_in_force(broker)
+    rule = folder / "no-dave.cedar"
+    rule.write_text(
+        '@id("acme.dave_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/dave", '
+        'action == Docbroker::Action::"approve", resource);\n'
+    )
+    try:
+        assert wait_for(lambda: set_in_force(broker) != granted_under)
+        refused = save(broker, rita, name, "c" * 5000)
+        assert refused["status"] == "rejected" and not (broker.reports("acme") / name).exists()
+        line = [
+            e for e in broker.audit_events()
+            if e["event"] == "mcp.request" and e.get("reason") == "approval_policy_changed"
+        ]  # fmt: skip
+        assert len(line) == 1 and line[0]["policy_ids"] == ["acme.dave_no_longer_approves"]
+        assert line[0]["policy_hash"] == set_in_force(broker) != granted_under
+        with open_http(broker, broker.token("acme", "carol", APPROVER_SCOPE)) as http:
+            record = http.get(f"/v1/approvals/{approval_id}").json()
+        assert (record["state"], record["approvals"], record["required"]) == ("pending", 1, 2)
+        assert save(broker, rita, name, "c" * 5000)["status"] == "waiting_approval"
+        assert approve(broker, "erin", approval_id).json()["state"] == "approved"
+        assert save(broker, rita, name, "c" * 5000)["status"] == "ok"
+    finally:
+        rule.unlink()
+        assert wait_for(lambda: set_in_force(broker) == granted_under)
+    unrelated = folder / "unrelated.cedar"
+    unrelated.write_text(
+        '@id("acme.no_saves_at_all_for_globex")\nforbid (principal in Docbroker::Tenant::"globex", '
+        'action == Docbroker::Action::"save_report", resource);\n'
+    )
+    try:
+        assert wait_for(lambda: set_in_force(broker) != granted_under)
+        assert save(broker, rita, other, "o" * 5000)["status"] == "ok"  # carol and dave still hold
+    finally:
+        unrelated.unlink()
+        assert wait_for(lambda: set_in_force(broker) == granted_under)
+
+
+def test_the_cli_shows_the_count_and_says_a_second_yes_is_counted_once(
+    two_approvers_broker: Broker, tmp_path: Path
+) -> None:
+    broker = two_approvers_broker
+    rita = broker.token("acme", "rita", WRITE_SCOPE)
+    approval_id = save(broker, rita, unique(), "k" * 5000)["data"]["approval_id"]
+    carol = token_file(tmp_path, broker.token("acme", "carol", APPROVER_SCOPE))
+
+    def approvals(*args: str) -> Any:
+        return cli(broker.env, "approvals", *args, "--url", broker.url, "--token-file", str(carol))
+
+    first = json_out(approvals("approve", approval_id, "--json"))
+    assert (first["state"], first["approvals"], first["required"]) == ("pending", 1, 2)
+    again = one_line_error(approvals("approve", approval_id), 1)
+    assert again == (
+        "docbroker approvals approve: your decision on it is already counted: it waits for other approvers"
+    )

@@ -7,14 +7,15 @@ import itertools
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import cedarpy
 import pytest
 
 from broker.policy import Call, Policies, PolicyEngine, PolicyError
+from broker.policy.compile import ACTIONS
 from broker.testing import ROOT
 from broker.types import OAuthScope, Principal
-from server.contracts import TOOL_NAMES
 
 
 def folder_with(tmp_path: Path, cedar: dict[str, str], tenants: dict[str, str] | None = None) -> Path:
@@ -102,7 +103,19 @@ SCOPED = """
 @id("read.or.search") forbid (principal in Docbroker::Group::"contractors",
   action in [Docbroker::Action::"read_document", Docbroker::Action::"search_documents"], resource)
   when { context.request_bytes > 800 && context.unix > 1000 };
+@id("big.two") @approvers("2") permit (principal, action == Docbroker::Action::"approve", resource)
+  when { context has content_bytes && context.content_bytes > 500 };
+@id("legal.not.own") forbid (principal in Docbroker::Group::"legal",
+  action == Docbroker::Action::"approve", resource) when { context.self_approval };
+@id("contractors.view") forbid (principal in Docbroker::Group::"contractors",
+  action == Docbroker::Action::"view_approvals", resource) unless { context.scopes.contains("docs:read") };
 """
+
+
+# No scope, one (the lean slice for some tools, the whole for others), every scope.
+SCOPINGS: tuple[frozenset[OAuthScope], ...] = (
+    frozenset(), frozenset({OAuthScope.DOCS_READ}), frozenset(OAuthScope),
+)  # fmt: skip
 
 
 def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
@@ -121,11 +134,13 @@ def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
     checked = 0
     groupings: tuple[frozenset[str], ...] = (frozenset(), frozenset({"legal"}), frozenset({"contractors"}))
     for tenant, subject, groups, scopes, tool, document, size, at in itertools.product(
-        ("acme", "globex", "initech"), ("carol", "dave"), groupings, (frozenset(), frozenset(OAuthScope)),
-        TOOL_NAMES, (None, "hr-a.md", "b.md"), (10, 900), (0, 13 * 3600, 6 * 86400),
+        ("acme", "globex", "initech"), ("carol", "dave"), groupings, SCOPINGS,
+        ACTIONS, (None, "hr-a.md", "b.md"), (10, 900), (0, 13 * 3600, 6 * 86400),
     ):  # fmt: skip
         caller = Principal(tenant, subject, scopes, groups)
-        call = Call(caller, tool, request_bytes=size, document=document, at=at)
+        # Approving: its requester's own report when the document is named, and its size.
+        call = Call(caller, tool, request_bytes=size, document=document, at=at,
+                    content_bytes=size, self_approval=document is not None)  # fmt: skip
         got = engine.decide(call, check_request=True)
         fast, again = engine.decide(call), engine.decide(call)
         assert got == fast == again, (call, got, fast)
@@ -137,7 +152,7 @@ def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
         ids = tuple(sorted(named[r] for r in result.diagnostics.reasons))
         assert (got.allowed, got.policy_ids) == (result.allowed, ids), (call, got)
         checked += 1
-    assert checked > 1000
+    assert checked > 4000
 
 
 def test_unknown_tools_are_refused_unasked(tmp_path: Path) -> None:
@@ -151,3 +166,38 @@ def test_the_decision_is_json_of_names_only(tmp_path: Path) -> None:
     engine = load(folder_with(tmp_path, {}))
     decision = engine.decide(Call(Principal("acme", "carol", frozenset()), "read_document", document="x.md"))
     assert json.dumps([decision.allowed, decision.policy_ids]) == '[false, ["builtin.scope.docs_read"]]'
+
+
+APPROVE_RULE = (
+    '@id("two") @approvers("{n}") {effect} (principal, action == Docbroker::Action::"approve", resource)\n'
+    "when {{ context has content_bytes && context.content_bytes > 100 }};\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("n", "effect"), [("0", "permit"), ("10", "permit"), ("two", "permit"), ("2", "forbid")]
+)
+def test_approvers_is_a_digit_on_a_permit(tmp_path: Path, n: str, effect: str) -> None:
+    with pytest.raises(
+        PolicyError, match=r'^bad\.cedar: policy two: @approvers\("N"\) takes a digit 1-9, on a permit$'
+    ):
+        load(folder_with(tmp_path, {"bad.cedar": APPROVE_RULE.format(n=n, effect=effect)}))
+
+
+def test_the_count_is_the_largest_of_the_permits_that_allowed(tmp_path: Path) -> None:
+    three = (
+        '@id("three") @approvers("3") permit (principal in Docbroker::Group::"board", action, resource);\n'
+    )
+    engine = load(folder_with(tmp_path, {"rules.cedar": APPROVE_RULE.format(n=2, effect="permit") + three}))
+    scopes = frozenset({OAuthScope.REPORTS_APPROVE})
+
+    def count(size: int, groups: frozenset[str] = frozenset(), scoped: frozenset[OAuthScope] = scopes) -> Any:
+        decision = engine.decide(
+            Call(Principal("acme", "carol", scoped, groups), "approve", content_bytes=size)
+        )
+        return decision.allowed, decision.approvers
+
+    assert count(100) == (True, 1)  # only the tenant file's permit: one approver
+    assert count(101) == (True, 2)
+    assert count(101, frozenset({"board"})) == (True, 3)
+    assert count(5000, frozenset({"board"}), frozenset()) == (False, 1)  # refused: no count
