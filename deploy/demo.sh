@@ -84,7 +84,7 @@ cat <<MSG
                  $SIGN_IN
   Audit log    : $DATA/audit.jsonl
 
-  Client config (Claude Code; `docbroker client-config --client NAME` also writes vscode,
+  Client config (Claude Code; \`docbroker client-config --client NAME\` also writes vscode,
   cursor, claude-desktop, python and typescript ones):
     export DOCBROKER_TOKEN=$TOKEN
     $CLIENT_LINE

@@ -58,6 +58,8 @@ def demo(tmp_path: Path) -> Iterator[tuple[dict[str, str], int]]:
                 break
         text = "\n".join(lines)
         assert "Approvals" in text, text
+        # The message is a heredoc: an unescaped backtick in it runs a command instead of printing it.
+        assert "command not found" not in text and "docbroker client-config --client NAME" in text, text
         for i, line in enumerate(lines):
             if line.strip().startswith("Dev token"):
                 printed["token"] = line.split(":", 1)[1].strip()
