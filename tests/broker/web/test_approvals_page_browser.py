@@ -12,15 +12,12 @@ fails, it does not skip.
 
 from __future__ import annotations
 
-import shutil
 import unicodedata
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -29,8 +26,6 @@ from tests.broker.support import APPROVER_SCOPE, open_mcp, unique
 
 pytestmark = pytest.mark.anyio
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 DISGUISED = "Transfer to account 1234\u202e9876\u202c today\u200b\x1b[0m"
 FLAGGED_CATEGORIES = {"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"}
 
@@ -55,32 +50,6 @@ for (let node = walker.nextNode(); node; node = walker.nextNode()) {
 }
 return null;
 """
-
-
-@pytest.fixture
-def chromium(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), "install Debian's chromium and chromium-driver"
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    profile = tmp_path / "chromium-profile"
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--window-size=1200,900",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 async def pending_approval(broker: Broker, name: str, content: str) -> str:
