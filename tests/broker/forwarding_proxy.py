@@ -4,7 +4,11 @@
 It listens on `host`, connects to the upstream *from* `host` (so the broker sees every client
 at the proxy's address, as behind an ingress), and appends its peer's address to whatever
 `X-Forwarded-For` the client sent. One request per client connection, answered verbatim
-(`Connection: close` both ways): enough for JSON requests and answers.
+(`Connection: close` both ways): enough for JSON requests and answers, and for a browser.
+
+With `authorization`, it is also an authenticating proxy: it sets that `Authorization` on a
+request that comes without one and keeps the one a client sent (as proxies that "set the header
+if absent" do), so a page that sent an empty one would be refused, not rescued.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ _MAX_HEAD = 256 * 1024
 
 
 class ForwardingProxy:
-    def __init__(self, host: str, upstream: tuple[str, int]) -> None:
+    def __init__(self, host: str, upstream: tuple[str, int], *, authorization: str | None = None) -> None:
         self.host = host
         self.port = 0
         self.upstream = upstream
+        self._authorization = authorization.encode("latin-1") if authorization is not None else None
         self.forwarded = 0  # requests passed on (a test can see the proxy was on the path)
+        self.injected = 0  # of those, how many got the proxy's Authorization
+        self.client_authorized = 0  # how many came with an Authorization of their own (kept)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -57,7 +64,7 @@ class ForwardingProxy:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             request_line, *fields = head[:-4].split(b"\r\n")
-            forwarded, kept, length = [], [], 0
+            forwarded, kept, length, authorized = [], [], 0, False
             for field in fields:
                 name, _, value = field.partition(b":")
                 key = name.strip().lower()
@@ -67,8 +74,14 @@ class ForwardingProxy:
                     kept.append(field)
                 if key == b"content-length":
                     length = int(value)
+                authorized = authorized or key == b"authorization"
             forwarded.append(peer.encode())
             kept += [b"x-forwarded-for: " + b", ".join(forwarded), b"connection: close"]
+            if authorized:
+                self.client_authorized += 1
+            elif self._authorization is not None:
+                kept.append(b"authorization: " + self._authorization)
+                self.injected += 1
             body = await reader.readexactly(length)
             up_reader, up_writer = await asyncio.open_connection(*self.upstream, local_addr=(self.host, 0))
             up_writer.write(b"\r\n".join([request_line, *kept]) + b"\r\n\r\n" + body)
