@@ -24,6 +24,7 @@ from broker.cli.base import (
     print_fields,
     print_json,
     print_table,
+    progress,
 )
 from broker.settings import Settings
 
@@ -35,7 +36,9 @@ RESTART = "restart the broker(s) to apply: policies are read when a broker start
 
 
 def register(sub: Subparsers) -> None:
-    tenant = sub.add_parser("tenant", help="tenants: add, list, show, remove; their Kubernetes manifest")
+    tenant = sub.add_parser(
+        "tenant", help="tenants: add, list, show, remove; their Kubernetes manifest and sources"
+    )
     commands = tenant.add_subparsers(dest="tenant_command", required=True, metavar="COMMAND")
 
     add = commands.add_parser("add", help="provision a tenant: folders, secret, policy file")
@@ -70,6 +73,18 @@ def register(sub: Subparsers) -> None:
     manifest.add_argument("--sources-size", default="1Gi", help="the sources PVC's size")
     manifest.add_argument("--reports-size", default="1Gi", help="the reports PVC's size")
     manifest.set_defaults(func=cmd_manifest)
+
+    sources = commands.add_parser("sources", help="the tenant's documents on Kubernetes: push a folder")
+    sources_commands = sources.add_subparsers(dest="sources_command", required=True, metavar="COMMAND")
+    push = sources_commands.add_parser(
+        "push",
+        help="replace the tenant's sources PVC with a folder's documents (a short-lived restricted Pod)",
+    )
+    push.add_argument("push_tenant", metavar="TENANT")
+    push.add_argument("folder", metavar="DIR", type=Path, help="a flat folder of .md documents")
+    push.add_argument("--timeout", type=float, default=120.0, help="seconds for the Pod to start; to write")
+    json_flag(push)
+    push.set_defaults(func=cmd_sources_push)
 
 
 def _name(name: str) -> str:
@@ -234,3 +249,40 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     from broker.runtime.kubernetes.manifest import run_manifest
 
     return run_manifest(args, out=sys.stdout)
+
+
+def cmd_sources_push(args: argparse.Namespace) -> int:
+    """Checks the folder, then the settings, then the cluster: a folder that breaks a rule is
+    refused before anything is created on it."""
+    from broker.runtime.kubernetes.client import ClusterUnavailable, api_client
+    from broker.runtime.kubernetes.push import PushFailed, PushRefused, collect, push
+    from broker.settings import SettingsError, kubernetes_from_env
+
+    name = _name(args.push_tenant)
+    if not args.timeout > 0:
+        raise UsageError("--timeout must be positive")
+    try:
+        sources = collect(args.folder)
+    except PushRefused as exc:
+        raise UsageError(f"refused: {exc}") from None
+    try:
+        kube, instance = kubernetes_from_env()
+    except SettingsError as exc:
+        raise UsageError(f"configuration error: {exc}") from None
+    try:
+        api = api_client(kube.kubeconfig)
+    except ClusterUnavailable as exc:
+        raise CliError(str(exc)) from None
+    try:
+        with progress(f"pushing {len(sources)} document(s)"):
+            answer = push(api, kube, name, sources, instance=instance, timeout=args.timeout)
+    except PushFailed as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        api.close()
+    result = {"tenant": name, "documents": answer["files"], "removed": answer["removed"]}
+    if args.json:
+        print_json(result)
+    else:
+        print_fields(list(result.items()))
+    return 0

@@ -1,0 +1,208 @@
+"""`docbroker tenant sources push TENANT DIR` on the live lab cluster (issue 29 item 2).
+
+The command runs as an operator would run it (a subprocess with the admin's kubeconfig: the
+broker's ServiceAccount has no pods/exec). What a real tenant Pod then serves is read through
+MCP (read_document, search_documents) with the Kubernetes backend, as the broker would; a
+second push with another set replaces the first while that Pod runs; folders that break a rule
+are refused in one line before anything is created on the cluster; no push Pod outlives a push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from broker.runtime.kubernetes import KubernetesBackend, names
+from broker.runtime.kubernetes.push import PUSH_COMPONENT, push_pod
+from broker.runtime.podsecurity import check_pod_spec
+from broker.settings import KubernetesSettings
+from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, Lab, unique_tenant
+from broker.types import SandboxSpec
+from server.contracts import MAX_DOCUMENT_BYTES, MAX_SCAN_ENTRIES
+
+pytestmark = pytest.mark.kubernetes
+ROOT = Path(__file__).resolve().parents[2]
+NS = names.TENANTS_NAMESPACE
+
+
+@pytest.fixture(scope="module")
+def lab() -> Lab:
+    return Lab.open()
+
+
+@pytest.fixture
+def tenant(lab: Lab) -> Iterator[str]:
+    name = unique_tenant("p")
+    lab.tenant(name)  # its sources PVC holds notes.md
+    yield name
+    lab.drop_tenant(name)
+
+
+def run_push(
+    lab: Lab, tenant: str, folder: Path, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),
+        "DOCBROKER_KUBECONFIG": str(kubeconfig or lab.kubeconfig),
+        "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE,
+        "DOCBROKER_KUBE_IMAGE_PULL_POLICY": "Never",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "broker", "tenant", "sources", "push", tenant, str(folder), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def push_pods(lab: Lab, tenant: str) -> list[str]:
+    selector = f"{names.COMPONENT}={PUSH_COMPONENT},{names.TENANT}={tenant}"
+    return [p.metadata.name for p in lab.core.list_namespaced_pod(NS, label_selector=selector).items]
+
+
+def folder(base: Path, files: dict[str, str]) -> Path:
+    base.mkdir()
+    for name, text in files.items():
+        (base / name).write_text(text)
+    return base
+
+
+async def served(
+    lab: Lab, backend: KubernetesBackend, tenant: str, reads: list[str], query: str
+) -> dict[str, Any]:
+    info = await backend.create(
+        SandboxSpec(
+            tenant=tenant, docs_root="/nonexistent", secret_file="/nonexistent", run_dir="/nonexistent"
+        )
+    )
+    assert info.endpoint is not None and info.endpoint.token is not None
+    headers = {"Authorization": f"Bearer {info.endpoint.token}"}
+    async with httpx2.AsyncClient(timeout=20, headers=headers) as http:
+        async with Client(streamable_http_client(info.endpoint.url, http_client=http)) as client:
+            result: dict[str, Any] = {}
+            for name in reads:
+                read = await client.call_tool("read_document", {"filename": name})
+                result[name] = read.structured_content
+            search = await client.call_tool("search_documents", {"query": query})
+            result["search"] = search.structured_content
+    return result
+
+
+def test_push_replaces_the_sources_a_tenant_pod_serves(lab: Lab, tenant: str, tmp_path: Path) -> None:
+    first = folder(tmp_path / "one", {"alpha.md": "# Alpha\npushed-one marker\n", "beta.md": "# Beta\nb\n"})
+    done = run_push(lab, tenant, first)
+    assert done.returncode == 0, done.stderr
+    assert '"documents": 2' in done.stdout and '"removed": 1' in done.stdout  # notes.md went
+    assert push_pods(lab, tenant) == []
+
+    async def run() -> tuple[dict[str, Any], dict[str, Any]]:
+        backend = await KubernetesBackend.connect(lab.settings(), MASTER, replica_id="r1", start_timeout=60.0)
+        try:
+            before = await served(lab, backend, tenant, ["alpha.md", "beta.md", "notes.md"], "pushed-one")
+            # The second push while the tenant Pod runs and serves the volume read-only.
+            second = folder(tmp_path / "two", {"gamma.md": "# Gamma\npushed-two marker\n"})
+            again = await asyncio.to_thread(run_push, lab, tenant, second)
+            assert again.returncode == 0, again.stderr
+            assert '"documents": 1' in again.stdout and '"removed": 2' in again.stdout
+            after = await served(lab, backend, tenant, ["gamma.md", "alpha.md", "beta.md"], "pushed-two")
+            return before, after
+        finally:
+            await backend.close()
+
+    before, after = asyncio.run(run())
+    assert before["alpha.md"]["status"] == "ok" and "pushed-one marker" in str(before["alpha.md"])
+    assert before["beta.md"]["status"] == "ok"
+    assert before["notes.md"]["status"] != "ok" and "not found" in str(before["notes.md"])
+    assert "alpha.md" in str(before["search"])
+    assert after["gamma.md"]["status"] == "ok" and "pushed-two marker" in str(after["gamma.md"])
+    assert "not found" in str(after["alpha.md"]) and "not found" in str(after["beta.md"])
+    assert "gamma.md" in str(after["search"])
+    assert push_pods(lab, tenant) == []
+    # Nothing of the staging folder is left on the volume.
+    assert sorted(os.listdir(lab.folder / "k8sbackend-volumes" / tenant / "sources")) == ["gamma.md"]
+
+
+def _bad_folders(tmp_path: Path) -> dict[str, Path]:
+    bad: dict[str, Path] = {}
+    bad["name"] = folder(tmp_path / "name", {"ok.md": "x", "bad name.md": "x"})
+    bad["extension"] = folder(tmp_path / "extension", {"notes.txt": "x"})
+    link = folder(tmp_path / "link", {"ok.md": "x"})
+    (link / "evil.md").symlink_to("/etc/passwd")
+    bad["symlink"] = link
+    fifo = folder(tmp_path / "fifo", {})
+    os.mkfifo(fifo / "pipe.md")
+    bad["fifo"] = fifo
+    sub = folder(tmp_path / "sub", {})
+    (sub / "nested.md").mkdir()
+    bad["folder"] = sub
+    bad["size"] = folder(tmp_path / "size", {"big.md": "x" * (MAX_DOCUMENT_BYTES + 1)})
+    bad["count"] = folder(tmp_path / "count", {f"d{i}.md": "x" for i in range(MAX_SCAN_ENTRIES + 1)})
+    utf = folder(tmp_path / "utf8", {})
+    (utf / "latin.md").write_bytes(b"caf\xe9\n")
+    bad["utf8"] = utf
+    bad["missing"] = tmp_path / "missing"
+    return bad
+
+
+def test_a_folder_that_breaks_a_rule_is_refused_before_the_cluster(
+    lab: Lab, tenant: str, tmp_path: Path
+) -> None:
+    bad = _bad_folders(tmp_path)
+    for what, path in bad.items():
+        done = run_push(lab, tenant, path)
+        assert done.returncode == 2, (what, done.returncode, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "refused" in lines[0] and "Traceback" not in done.stderr, (
+            what,
+            done.stderr,
+        )
+        assert "evil" not in lines[0] and "bad name" not in lines[0]  # rules, never names
+        assert done.stdout == ""
+        assert push_pods(lab, tenant) == []
+    # Before the cluster, not merely before a Pod: an unusable kubeconfig is never reached.
+    nowhere = run_push(lab, tenant, bad["symlink"], kubeconfig=tmp_path / "none")
+    assert nowhere.returncode == 2 and "refused" in nowhere.stderr
+    # The sources are as they were.
+    assert sorted(os.listdir(lab.folder / "k8sbackend-volumes" / tenant / "sources")) == ["notes.md"]
+
+
+def test_a_push_to_a_tenant_without_a_sources_pvc_fails_in_one_line(lab: Lab, tmp_path: Path) -> None:
+    done = run_push(lab, unique_tenant("p"), folder(tmp_path / "one", {"a.md": "x"}))
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "no sources PVC" in done.stderr
+
+
+def test_a_push_that_fails_in_the_pod_fails_in_one_line_and_removes_the_pod(
+    lab: Lab, tenant: str, tmp_path: Path
+) -> None:
+    # A folder on the volume where a document must go: the receiver's rename fails (EISDIR).
+    blocker = lab.folder / "k8sbackend-volumes" / tenant / "sources" / "alpha.md"
+    (blocker / "inside").mkdir(parents=True)
+    done = run_push(lab, tenant, folder(tmp_path / "one", {"alpha.md": "x"}))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and "receiver failed" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert push_pods(lab, tenant) == []  # deleted by the same `finally` as Ctrl-C's
+    assert "notes.md" in os.listdir(blocker.parent)  # nothing was removed before the failure
+
+
+def test_the_push_pod_is_restricted() -> None:
+    settings = KubernetesSettings(namespace=NS)
+    pod = push_pod(settings, "acme", instance="default", suffix="abc123")
+    assert check_pod_spec(pod["spec"], metadata=pod["metadata"], tenant=True) == []
+    assert pod["metadata"]["labels"][names.COMPONENT] != "sandbox"  # never adopted as a tenant Pod
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == names.sources_claim("acme")
