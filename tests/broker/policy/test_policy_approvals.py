@@ -12,9 +12,9 @@ from typing import Any
 import mcp_types
 import pytest
 
-from broker.policy import Policies, PolicyEngine
 from broker.testing import ROOT, Broker, make_broker, structured
 from tests.broker.cli.cli_helpers import cli, json_out, one_line_error, token_file
+from tests.broker.policy.policy_support import broker_with, set_hash
 from tests.broker.support import (
     APPROVER_SCOPE,
     WRITE_SCOPE,
@@ -35,18 +35,10 @@ FORBID_ID = "examples.acme.legal_approves"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = make_broker(tmp_path_factory.mktemp("cedar-approvals"), env={"DOCBROKER_POLICY_RELOAD": "0.2"})
-    shutil.copy(EXAMPLE, Path(b.env["DOCBROKER_POLICIES_DIR"]) / EXAMPLE.name)
-    b.start()
-    try:
+    with broker_with(
+        tmp_path_factory.mktemp("cedar-approvals"), EXAMPLE, env={"DOCBROKER_POLICY_RELOAD": "0.2"}
+    ) as b:
         yield b
-    finally:
-        b.stop()
-
-
-def set_hash(broker: Broker) -> str:
-    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"])
-    return PolicyEngine.load(folder, Policies.load(folder)).hash
 
 
 def decided_lines(broker: Broker, approval_id: str) -> list[dict[str, object]]:

@@ -9,7 +9,6 @@ A broker of its own: the shared one runs without any .cedar file.
 from __future__ import annotations
 
 import secrets
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 
 from broker.policy import Policies, PolicyEngine
 from broker.testing import ROOT, Broker, make_broker
+from tests.broker.policy.policy_support import broker_with, set_hash
 from tests.broker.support import READ_SCOPE, call_modern, open_http, rpc_reply, tool_status
 
 EXAMPLE = ROOT / "policies" / "examples" / "contractors-no-hr.cedar"
@@ -27,18 +27,8 @@ FORBID_ID = "examples.contractors.no_hr_documents"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = make_broker(tmp_path_factory.mktemp("cedar-broker"))
-    shutil.copy(EXAMPLE, Path(b.env["DOCBROKER_POLICIES_DIR"]) / EXAMPLE.name)
-    b.start()
-    try:
+    with broker_with(tmp_path_factory.mktemp("cedar-broker"), EXAMPLE) as b:
         yield b
-    finally:
-        b.stop()
-
-
-def policy_hash(broker: Broker) -> str:
-    folder = Path(broker.env["DOCBROKER_POLICIES_DIR"])
-    return PolicyEngine.load(folder, Policies.load(folder)).hash
 
 
 def lines_of(broker: Broker, request_ids: set[str]) -> list[dict[str, object]]:
@@ -64,7 +54,7 @@ def test_contractors_search_but_do_not_read_hr_documents(broker: Broker) -> None
         read = tool_status(call_modern(http, "read_document", {"filename": f"{canary}.md"}))
         assert read["status"] == "ok" and "confidential" in read["data"]["content"]
 
-    expected_hash = policy_hash(broker)
+    expected_hash = set_hash(broker)
     events = [e for e in broker.audit_events() if e.get("tool") in ("search_documents", "read_document")]
     denied = [e for e in events if e["event"] == "policy.denied" and e.get("subject") == "carol"]
     assert len(denied) == 1, denied
@@ -158,7 +148,7 @@ def test_decision_lines_name_policies_and_never_a_request_value(broker: Broker) 
         ["toml.tenants.acme"], ["toml.tenants.acme"], [FORBID_ID], [FORBID_ID], ["builtin.scope.docs_read"],
     ]  # fmt: skip
     for event in mine:
-        assert set(event["policy_ids"]) <= engine_ids and event["policy_hash"] == policy_hash(broker)
+        assert set(event["policy_ids"]) <= engine_ids and event["policy_hash"] == set_hash(broker)
     audit, logs = broker.audit_file.read_text(), broker.logs()
     leaked = {w for w, v in values.items() if v in audit or v in logs}
     assert leaked == set()
