@@ -13,17 +13,24 @@ Speed (bench/policy_decision.py): Cedar evaluates every policy of the set it is 
 set is sliced per tenant and tool — a policy whose scope names a tenant (`principal in
 Docbroker::Tenant::"acme"`, `resource in …`) can match only that tenant's requests (a user and
 a tool are in their own tenant and no other entity is), one whose action names other tools
-none of this tool's calls, and leaving them out of a slice changes no decision. The entities
-of a caller (its tenant, groups, user and the tenant's tools) are built once per principal and
-kept in a bounded table. The context holds only the attributes some policy of the slice reads
-(an attribute no policy reads cannot change a decision), and a decision is remembered by
-exactly those inputs — principal, tool and that context — so a repeated decision is a lookup;
-a set that reads the request's size or the time in seconds makes most decisions new, and each
-of them is evaluated.
+none of this tool's calls — and each slice is narrowed per caller to the policies whose
+principal and resource constraints the caller's own entities can satisfy (`principal in
+Docbroker::Group::"contractors"` only for a member): leaving out a policy whose scope cannot
+match changes no decision. The entities of a caller (its tenant, groups, user and the
+tenant's tools) are built once per principal and kept in a bounded table. The context holds
+only the attributes some policy of the caller's set reads (an attribute no policy reads
+cannot change a decision), and a decision is remembered by exactly those inputs — principal,
+tool and that context — so a repeated decision is a lookup. A number the policies only
+compare with constants (`context.request_bytes > 900000`, `context.hour < 6`) is remembered
+by where it falls among those constants, not by its value: every value between two of them
+compares alike, so requests of varying sizes share their decisions. A new decision is
+evaluated by Cedar; its cost is mostly the binding's own (a request into Rust and its answer
+back: bench/policy_decision.py measures it beside an empty set).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import re
@@ -54,6 +61,7 @@ POLICY_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what the audit log accep
 APPROVERS_RE = re.compile(r"[1-9]")  # `@approvers("N")`: distinct approvers a report needs
 ENTITY_CACHE_SIZE = 4096
 DECISION_CACHE_SIZE = 65536
+NARROWED_CACHE_SIZE = 16384
 _TIME_ATTRIBUTES = frozenset({"unix", "hour", "weekday"})
 _NS = "Docbroker"
 _TENANT, _USER, _GROUP, _TOOL = f"{_NS}::Tenant", f"{_NS}::User", f"{_NS}::Group", f"{_NS}::Tool"
@@ -64,6 +72,7 @@ _OWN_TENANT = "builtin.own_tenant"
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _CALL_ONLY = frozenset({"protocol", "request_bytes", "document"})  # not in an approval's context
 _ACTION = f"{_NS}::Action"
+_COMPARISONS = frozenset({"<", "<=", ">", ">=", "==", "!="})
 
 
 @dataclass(frozen=True)
@@ -134,9 +143,13 @@ def _context_reads(node: Any, reads: set[str]) -> bool:
     return True
 
 
+Ests = dict[str, dict[str, Any]]  # policy id → its Cedar JSON (EST)
+_Uid = tuple[str, str]  # (entity type, id)
+
+
 @dataclass(frozen=True)
 class _Slice:
-    """One tenant's part of the set, and the context attributes it reads (None: any).
+    """One tenant's part of the set for one tool.
 
     `lean`: the same without the built-in forbids that cannot apply to a caller holding
     `scope` (the tool's `builtin.scope.*`, satisfied only without it) nor to any request the
@@ -145,19 +158,98 @@ class _Slice:
     denies nor is named — with one policy or two fewer evaluated and, unless another policy
     reads them, no scopes in the context (the dearest attribute to build and to pass)."""
 
-    policies: cedarpy.PolicySet
-    reads: frozenset[str] | None
-    lean: cedarpy.PolicySet
-    lean_reads: frozenset[str] | None
+    policies: Ests
+    lean: Ests
     scope: OAuthScope | None
 
 
-def _policy_set(policies: dict[str, dict[str, Any]]) -> tuple[cedarpy.PolicySet, frozenset[str] | None]:
-    """A Cedar policy set of these policies, and the context attributes they read (None: any)."""
+@dataclass(frozen=True)
+class _Compiled:
+    """A Cedar policy set, the context attributes its policies read (None: any), and for the
+    numbers among them that the policies only compare with constants, those constants."""
+
+    policies: cedarpy.PolicySet
+    reads: frozenset[str] | None
+    cuts: dict[str, tuple[int, ...]]
+
+
+def _context_attr(node: Any) -> str | None:
+    """`x` when the expression is `context.x`."""
+    inner = node.get(".") if isinstance(node, dict) else None
+    if isinstance(inner, dict) and inner.get("left") == {"Var": "context"}:
+        return str(inner.get("attr"))
+    return None
+
+
+def _compared(node: Any, cuts: dict[str, set[int]], loose: set[str]) -> None:
+    """Collect, per context attribute, the whole numbers it is compared with (`context.x > 5`),
+    and in `loose` the attributes used any other way (`context.x + 1`, `context.x == context.y`)."""
+    if isinstance(node, list):
+        for item in node:
+            _compared(item, cuts, loose)
+        return
+    if not isinstance(node, dict):
+        return
+    attr = _context_attr(node)
+    if attr is not None:
+        loose.add(attr)
+        return
+    for op, operands in node.items():
+        if op in _COMPARISONS and isinstance(operands, dict):
+            left, right = operands.get("left"), operands.get("right")
+            for side, other in ((left, right), (right, left)):
+                attr = _context_attr(side)
+                constant = other.get("Value") if isinstance(other, dict) else None
+                if attr is not None and type(constant) is int:
+                    cuts.setdefault(attr, set()).add(constant)
+                    _compared(other, cuts, loose)
+                    break
+            else:
+                _compared(operands, cuts, loose)
+        else:
+            _compared(operands, cuts, loose)
+
+
+def _bucket(value: Any, cuts: tuple[int, ...] | None) -> Any:
+    """What of a context value a decision can depend on: for a number the policies only
+    compare with constants, where it falls among them — every value strictly between two
+    constants compares alike — and otherwise the value itself (lists made hashable)."""
+    if cuts is not None and type(value) is int:
+        return (bisect.bisect_left(cuts, value), value in cuts)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _compile(policies: Ests) -> _Compiled:
     doc = {"staticPolicies": policies, "templates": {}, "templateLinks": []}
     reads: set[str] = set()
-    bounded = all(_context_reads(est.get("conditions", []), reads) for est in policies.values())
-    return cedarpy.PolicySet.from_json_str(json.dumps(doc)), frozenset(reads) if bounded else None
+    conditions = [est.get("conditions", []) for est in policies.values()]
+    bounded = all(_context_reads(condition, reads) for condition in conditions)
+    cuts: dict[str, set[int]] = {}
+    loose: set[str] = set()
+    _compared(conditions, cuts, loose)
+    exact = {attr: tuple(sorted(values)) for attr, values in cuts.items() if attr not in loose}
+    policy_set = cedarpy.PolicySet.from_json_str(json.dumps(doc))
+    return _Compiled(policy_set, frozenset(reads), exact) if bounded else _Compiled(policy_set, None, {})
+
+
+def _can_match(scope: dict[str, Any], uid: _Uid, ancestors: frozenset[_Uid]) -> bool:
+    """Whether a principal or resource constraint can hold for the entity `uid`, whose
+    ancestors in the entities the engine builds are `ancestors` (when unsure: yes)."""
+    op = scope.get("op")
+    if op == "All":
+        return True
+    if op == "is":
+        if scope.get("entity_type") != uid[0]:
+            return False
+        within = scope.get("in")
+        if within is None:
+            return True
+        op, scope = "in", within
+    entity = scope.get("entity")
+    if op not in ("==", "in") or not isinstance(entity, dict):
+        return True  # a template slot, or a form this engine does not know: keep it
+    named = (entity.get("type"), entity.get("id"))
+    return named == uid or (op == "in" and named in ancestors)
 
 
 def _for_tool(scope: dict[str, Any], tool: str) -> bool:
@@ -218,8 +310,12 @@ class PolicyEngine:
                 self._scoped.setdefault(str(tenants.pop()), {})[pid] = est
             # Two different tenants: the policy can match no request; it is kept in the hash only.
         self._slices: dict[tuple[str, str], _Slice] = {}
+        # A caller's narrowed slice, and the compiled sets by their policy ids (callers alike
+        # share one): both bounded, like every table a caller can grow.
+        self._narrowed: OrderedDict[tuple[Principal, str, bool], _Compiled] = OrderedDict()
+        self._compiled: dict[frozenset[str], _Compiled] = {}
         self._entities: OrderedDict[Principal, cedarpy.Entities] = OrderedDict()
-        self._decisions: dict[tuple[Principal, str, str], Decision] = {}
+        self._decisions: dict[tuple[Principal, str, tuple[tuple[str, Any], ...]], Decision] = {}
 
     @classmethod
     def load(cls, folder: Path, tenants: Policies, extra: Iterable[Path] = ()) -> PolicyEngine:
@@ -291,7 +387,45 @@ class PolicyEngine:
             scope = ACTION_SCOPE.get(tool)
             unneeded = {_OWN_TENANT, f"builtin.scope.{scope.value.replace(':', '_')}" if scope else ""}
             lean = {pid: est for pid, est in policies.items() if pid not in unneeded}
-            found = self._slices[(tenant, tool)] = _Slice(*_policy_set(policies), *_policy_set(lean), scope)
+            found = self._slices[(tenant, tool)] = _Slice(policies, lean, scope)
+        return found
+
+    def _compiled_set(self, policies: Ests) -> _Compiled:
+        key = frozenset(policies)
+        found = self._compiled.get(key)
+        if found is None:
+            if len(self._compiled) >= NARROWED_CACHE_SIZE:
+                self._compiled.clear()  # rebuilt on demand: a set is a few policies
+            found = self._compiled[key] = _compile(policies)
+        return found
+
+    def _for_caller(self, call: Call, piece: _Slice, lean: bool) -> _Compiled:
+        """The slice cut to the policies whose principal and resource constraints this
+        caller's request can satisfy."""
+        key = (call.principal, call.tool, lean)
+        found = self._narrowed.get(key)
+        if found is not None:
+            self._narrowed.move_to_end(key)
+            return found
+        principal = call.principal
+        tenant = (_TENANT, principal.tenant)
+        user = (_USER, f"{principal.tenant}/{principal.subject}")
+        user_ancestors = frozenset({tenant, *((_GROUP, g) for g in principal.groups)})
+        resource = (
+            (_APPROVALS, f"{principal.tenant}/approvals")
+            if call.tool in APPROVAL_ACTIONS
+            else (_TOOL, f"{principal.tenant}/{call.tool}")
+        )
+        candidates = piece.lean if lean else piece.policies
+        kept = {
+            pid: est
+            for pid, est in candidates.items()
+            if _can_match(est["principal"], user, user_ancestors)
+            and _can_match(est["resource"], resource, frozenset({tenant}))
+        }
+        found = self._narrowed[key] = self._compiled_set(kept)
+        if len(self._narrowed) > NARROWED_CACHE_SIZE:
+            self._narrowed.popitem(last=False)
         return found
 
     def _entities_of(self, principal: Principal) -> cedarpy.Entities:
@@ -334,6 +468,11 @@ class PolicyEngine:
     @staticmethod
     def context(call: Call, reads: frozenset[str] | None = None) -> str:
         """The call's context as Cedar JSON: every attribute, or only those in `reads`."""
+        return _COMPACT.encode(PolicyEngine.context_values(call, reads))
+
+    @staticmethod
+    def context_values(call: Call, reads: frozenset[str] | None = None) -> dict[str, Any]:
+        """The call's context: every attribute, or only those in `reads`."""
         approving = call.tool == APPROVE
         if call.tool in APPROVAL_ACTIONS:  # no request of its own; viewing: no report either
             every = (
@@ -363,7 +502,7 @@ class PolicyEngine:
             context["document"] = call.document
         if call.content_bytes is not None and (reads is None or "content_bytes" in reads):
             context["content_bytes"] = call.content_bytes
-        return _COMPACT.encode(context)
+        return context
 
     def request(self, call: Call, context: str | None = None) -> dict[str, Any]:
         """The Cedar request of a call (principal, action, resource, context: all of it unless
@@ -388,22 +527,25 @@ class PolicyEngine:
             return Decision(False, (), self.hash)
         piece = self._slice(call.principal.tenant, call.tool)
         if check_request:
-            result = cedarpy.is_authorized(
-                self.request(call), piece.policies, self._entities_of(call.principal), self._schema
-            )
+            whole = self._compiled_set(piece.policies).policies
+            entities = self._entities_of(call.principal)
+            result = cedarpy.is_authorized(self.request(call), whole, entities, self._schema)
             if result.diagnostics.errors:
                 raise PolicyError(f"request does not conform ({_one_line(result.diagnostics.errors[0])})")
             return self._decision(result.allowed, result.diagnostics.reasons)
         # The principal (its scopes) chooses the lean slice or the whole: it is in the key.
         lean = piece.scope is None or piece.scope in call.principal.scopes
-        policies, reads = (piece.lean, piece.lean_reads) if lean else (piece.policies, piece.reads)
-        context = self.context(call, reads)
-        key = (call.principal, call.tool, context)
+        narrowed = self._for_caller(call, piece, lean)
+        context = self.context_values(call, narrowed.reads)
+        cuts = narrowed.cuts
+        inputs = tuple((name, _bucket(value, cuts.get(name))) for name, value in context.items())
+        key = (call.principal, call.tool, inputs)
         found = self._decisions.get(key)
         if found is not None:
             return found
         entities = self._entities_of(call.principal)
-        result = cedarpy.is_authorized(self.request(call, context), policies, entities)
+        request = self.request(call, _COMPACT.encode(context))
+        result = cedarpy.is_authorized(request, narrowed.policies, entities)
         found = self._decision(result.allowed, result.diagnostics.reasons)
         if len(self._decisions) >= DECISION_CACHE_SIZE:
             del self._decisions[next(iter(self._decisions))]  # the oldest: a bounded table
