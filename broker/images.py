@@ -128,40 +128,51 @@ def build_wheelhouse(*, with_broker: bool, progress: Progress, python: str = sys
             old.unlink()
         build_docbroker_wheel(WHEELHOUSE, progress, python=python)
         requirements.append(LOCKED["broker"])
-    target = _target_flags()
     for req in requirements:
-        download = [
-            python,
-            "-m",
-            "pip",
-            "download",
-            "--disable-pip-version-check",
-            "-q",
-            "--require-hashes",
-            "--dest",
-            str(WHEELHOUSE),
-            "--find-links",
-            str(WHEELHOUSE),
-            *target,
-            "-r",
-            str(req),
-        ]
         # Offline first: a wheelhouse that already satisfies the requirements needs no index.
-        offline = subprocess.run([*download, "--no-index"], capture_output=True, text=True)
-        if offline.returncode == 0:
+        if _check_wheelhouse(req, python):
             progress(f"wheelhouse: {req.name} satisfied offline")
             continue
-        # A file that is there but is not what was locked is never quietly replaced: someone
-        # (or something) put it there, and the operator must look.
-        mismatch = hash_mismatch(offline.stdout.splitlines() + offline.stderr.splitlines())
-        if mismatch is not None:
-            raise ImageBuildError(
-                f"wheelhouse: {mismatch} in {WHEELHOUSE.relative_to(REPO_ROOT)} does not match the "
-                f"lock's hash (requirements/{req.name}); remove the file and build again"
-            )
         progress(f"wheelhouse: downloading wheels for {req.name}")
-        _stream_command(download, progress, step="wheelhouse")
+        # Into a fresh folder from the index alone, then only the files the wheelhouse lacks are
+        # moved in: a file already there is never replaced (pip would silently delete one whose
+        # hash is wrong), so the check below still sees it.
+        with tempfile.TemporaryDirectory(prefix="docbroker-wheels-") as fresh:
+            _stream_command(_pip_download(python, req, Path(fresh)), progress, step="wheelhouse")
+            for wheel in Path(fresh).glob("*.whl"):
+                if not (WHEELHOUSE / wheel.name).exists():
+                    shutil.move(wheel, WHEELHOUSE / wheel.name)
+        if not _check_wheelhouse(req, python):
+            raise ImageBuildError(f"wheelhouse: {req.name} is still not satisfied after the download")
     return WHEELHOUSE
+
+
+def _pip_download(python: str, req: Path, dest: Path, *, find_links: bool = False) -> list[str]:
+    source = ["--no-index", "--find-links", str(WHEELHOUSE)] if find_links else []
+    return [
+        python, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--require-hashes",
+        "--dest", str(dest), *source, *_target_flags(), "-r", str(req),
+    ]  # fmt: skip
+
+
+def _check_wheelhouse(req: Path, python: str) -> bool:
+    """Whether the wheelhouse holds all of `req`, each file with its locked hash (offline).
+
+    False when something is missing; ImageBuildError, naming it, when a file's hash is wrong."""
+    with tempfile.TemporaryDirectory(prefix="docbroker-wheels-check-") as scratch:
+        # A scratch destination: pip reads the wheelhouse and never deletes from it.
+        check = _pip_download(python, req, Path(scratch), find_links=True)
+        result = subprocess.run(check, capture_output=True, text=True)
+    if result.returncode == 0:
+        return True
+    mismatch = hash_mismatch(result.stdout.splitlines() + result.stderr.splitlines())
+    if mismatch is not None:
+        # Someone (or something) put that file there: the operator must look, not a retry.
+        raise ImageBuildError(
+            f"wheelhouse: {mismatch} in {WHEELHOUSE.relative_to(REPO_ROOT)} does not match the "
+            f"lock's hash (requirements/{req.name}); remove the file and build again"
+        )
+    return False
 
 
 def hash_mismatch(lines: Iterable[str]) -> str | None:
