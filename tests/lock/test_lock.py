@@ -49,12 +49,15 @@ def _uv(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_lock_answers_pyproject(tmp_path: Path) -> None:
-    result = _uv("lock", "--check", "--python", "/usr/bin/python3", tmp_path=tmp_path)
+    result = _uv(
+        "lock", "--check", "--preview-features", "package-conflicts", "--python", "/usr/bin/python3",
+        tmp_path=tmp_path,
+    )  # fmt: skip
     assert result.returncode == 0, f"uv.lock is stale: run ./dev lock\n{result.stderr}"
 
 
 def test_the_exports_are_what_the_lock_gives(tmp_path: Path) -> None:
-    assert {p.name for p in EXPORTS} == {"dev.txt", "broker.txt", "server.txt"}
+    assert {p.name for p in EXPORTS} == {"dev.txt", "broker.txt", "server.txt", "checkov.txt"}
     for export in EXPORTS:
         lines = export.read_text().splitlines()
         assert lines[0] == HEADER, f"{export.name} was not written by uv export (./dev lock)"
@@ -80,13 +83,25 @@ def _pip_installs(text: str) -> list[str]:
     return [line for line in lines if "pip install" in line and not line.startswith("#")]
 
 
-@pytest.mark.parametrize("path", ["dev", "deploy/server.Dockerfile", "deploy/broker.Dockerfile"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "dev",
+        "deploy/server.Dockerfile",
+        "deploy/broker.Dockerfile",
+        "deploy/demo.sh",
+        "tests/k8s_manifests/install-checkov.sh",
+    ],
+)
 def test_every_pip_install_checks_hashes(path: str) -> None:
     installs = _pip_installs((ROOT / path).read_text())
     assert installs, f"{path}: no pip install found"
     for line in installs:
         # the one exception: the project itself, editable, after the locked set (./dev setup)
-        own = "--no-deps" in line and '-e "$ROOT"' in line and "--no-build-isolation" in line
+        own = "--no-deps" in line and (
+            ('-e "$ROOT"' in line and "--no-build-isolation" in line)  # ./dev setup
+            or '"$WHEEL"' in line  # demo.sh: the wheel of the image build
+        )
         assert own or "--require-hashes" in line, f"{path}: a pip install without --require-hashes: {line}"
 
 
