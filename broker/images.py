@@ -4,7 +4,9 @@
 
 Offline by design: the base image comes from Debian packages (`deploy/base-image.sh`), every
 Python dependency from a wheelhouse that pip fills on the host (`deploy/wheelhouse`), and the
-Dockerfiles never reach the network. Users with a registry pass `base="python:3.11-slim"`.
+Dockerfiles never reach the network. Both pip steps, on the host and in the image, install only
+wheels whose sha256 is the lock's (`requirements/*.txt`, exported from uv.lock by `./dev lock`;
+docs/supply-chain.md). Users with a registry pass `base="python:3.11-slim"`.
 
 The build context is a temporary folder holding only what a Dockerfile copies, so a build
 sends a few MB to the daemon, never the repository, a data dir or a venv.
