@@ -4,7 +4,9 @@
 
 Offline by design: the base image comes from Debian packages (`deploy/base-image.sh`), every
 Python dependency from a wheelhouse that pip fills on the host (`deploy/wheelhouse`), and the
-Dockerfiles never reach the network. Users with a registry pass `base="python:3.11-slim"`.
+Dockerfiles never reach the network. Both pip steps, on the host and in the image, install only
+wheels whose sha256 is the lock's (`requirements/*.txt`, exported from uv.lock by `./dev lock`;
+docs/supply-chain.md). Users with a registry pass `base="python:3.11-slim"`.
 
 The build context is a temporary folder holding only what a Dockerfile copies, so a build
 sends a few MB to the daemon, never the repository, a data dir or a venv.
@@ -17,8 +19,10 @@ Exceptions:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +36,8 @@ DEPLOY_DIR = REPO_ROOT / "deploy"
 WHEELHOUSE = DEPLOY_DIR / "wheelhouse"
 DEFAULT_BASE = "docbroker-base:bookworm"
 IMAGE_TAGS = {"server": "docbroker-server:latest", "broker": "docbroker-broker:latest"}
+# What each image installs: hashed exports of uv.lock (`./dev lock`), the only lists of pins.
+LOCKED = {name: REPO_ROOT / "requirements" / f"{name}.txt" for name in IMAGE_TAGS}
 # The Python of the default base (Debian bookworm). Wheels are fetched for it, not for the
 # host's interpreter, so a host with another Python still fills a usable wheelhouse.
 TARGET_PYTHON = "3.11"
@@ -111,41 +117,84 @@ def ensure_base(client: Any, image: str, progress: Progress, *, base_url: str | 
 
 
 def build_wheelhouse(*, with_broker: bool, progress: Progress, python: str = sys.executable) -> Path:
-    """Fill deploy/wheelhouse with binary wheels for the image's Python (offline when it can)."""
+    """Fill deploy/wheelhouse with binary wheels for the image's Python (offline when it can).
+
+    Every wheel is checked against the lock's hashes (`requirements/*.txt`, exported from
+    uv.lock by `./dev lock`): a wheelhouse file that differs from what was locked stops the
+    build here, before any image is made from it."""
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    requirements = [str(DEPLOY_DIR / "server-requirements.txt")]
+    requirements = [LOCKED["server"]]
     if with_broker:
         # The docbroker wheel itself changes with the code: rebuild it every time.
         for old in WHEELHOUSE.glob("docbroker-*.whl"):
             old.unlink()
         build_docbroker_wheel(WHEELHOUSE, progress, python=python)
-        requirements.append(str(REPO_ROOT))
-    target = _target_flags()
+        requirements.append(LOCKED["broker"])
     for req in requirements:
-        spec = ["-r", req] if req.endswith(".txt") else [req]
-        if req == str(REPO_ROOT):
-            spec = [str(next(WHEELHOUSE.glob("docbroker-*.whl")))]
-        download = [
-            python,
-            "-m",
-            "pip",
-            "download",
-            "--disable-pip-version-check",
-            "-q",
-            "--dest",
-            str(WHEELHOUSE),
-            "--find-links",
-            str(WHEELHOUSE),
-            *target,
-            *spec,
-        ]
         # Offline first: a wheelhouse that already satisfies the requirements needs no index.
-        if subprocess.run([*download, "--no-index"], capture_output=True).returncode == 0:
-            progress(f"wheelhouse: {Path(req).name} satisfied offline")
+        if _check_wheelhouse(req, python):
+            progress(f"wheelhouse: {req.name} satisfied offline")
             continue
-        progress(f"wheelhouse: downloading wheels for {Path(req).name}")
-        _stream_command(download, progress, step="wheelhouse")
+        progress(f"wheelhouse: downloading wheels for {req.name}")
+        # Into a fresh folder from the index alone, then only the files the wheelhouse lacks are
+        # moved in: a file already there is never replaced (pip would silently delete one whose
+        # hash is wrong), so the check below still sees it.
+        with tempfile.TemporaryDirectory(prefix="docbroker-wheels-") as fresh:
+            _stream_command(_pip_download(python, req, Path(fresh)), progress, step="wheelhouse")
+            for wheel in Path(fresh).glob("*.whl"):
+                if not (WHEELHOUSE / wheel.name).exists():
+                    shutil.move(wheel, WHEELHOUSE / wheel.name)
+        if not _check_wheelhouse(req, python):
+            raise ImageBuildError(f"wheelhouse: {req.name} is still not satisfied after the download")
     return WHEELHOUSE
+
+
+def _pip_download(python: str, req: Path, dest: Path, *, find_links: bool = False) -> list[str]:
+    source = ["--no-index", "--find-links", str(WHEELHOUSE)] if find_links else []
+    return [
+        python, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--require-hashes",
+        "--dest", str(dest), *source, *_target_flags(), "-r", str(req),
+    ]  # fmt: skip
+
+
+def _check_wheelhouse(req: Path, python: str) -> bool:
+    """Whether the wheelhouse holds all of `req`, each file with its locked hash (offline).
+
+    False when something is missing; ImageBuildError, naming it, when a file's hash is wrong."""
+    with tempfile.TemporaryDirectory(prefix="docbroker-wheels-check-") as scratch:
+        # A scratch destination: pip reads the wheelhouse and never deletes from it.
+        check = _pip_download(python, req, Path(scratch), find_links=True)
+        result = subprocess.run(check, capture_output=True, text=True)
+    if result.returncode == 0:
+        return True
+    mismatch = hash_mismatch(result.stdout.splitlines() + result.stderr.splitlines())
+    if mismatch is not None:
+        # Someone (or something) put that file there: the operator must look, not a retry.
+        raise ImageBuildError(
+            f"wheelhouse: {mismatch} in {WHEELHOUSE.relative_to(REPO_ROOT)} does not match the "
+            f"lock's hash (requirements/{req.name}); remove the file and build again"
+        )
+    return False
+
+
+def hash_mismatch(lines: Iterable[str]) -> str | None:
+    """The requirement (`name==version`) pip reported as not matching its locked hash, if any.
+
+    pip's report: a line "THESE PACKAGES DO NOT MATCH THE HASHES ...", then per package
+    "    name==version from file:///...whl:" and the expected and actual digests."""
+    seen = False
+    for line in lines:
+        if "DO NOT MATCH THE HASHES" in line:
+            seen = True
+            continue
+        if seen:
+            match = _PIP_MISMATCH.match(line)
+            if match:
+                return match.group(1)
+    return "a wheel" if seen else None
+
+
+_PIP_MISMATCH = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+) from ")
 
 
 # What the wheel is built from. Not the checkout itself: pip builds in the tree, and setuptools
@@ -155,7 +204,10 @@ WHEEL_SOURCES = ("pyproject.toml", "README.md", "broker", "server")
 
 
 def build_docbroker_wheel(dest: Path, progress: Progress, *, python: str = sys.executable) -> Path:
-    """The docbroker wheel, built from a clean copy of the sources, into `dest`."""
+    """The docbroker wheel, built from a clean copy of the sources, into `dest`.
+
+    Without build isolation: the build backend is the setuptools that `python` has from the lock
+    (`./dev setup`), not one pip would fetch, unhashed, for an isolated build."""
     with tempfile.TemporaryDirectory(prefix="docbroker-wheel-") as tmp:
         source = Path(tmp) / "src"
         source.mkdir()
@@ -168,8 +220,8 @@ def build_docbroker_wheel(dest: Path, progress: Progress, *, python: str = sys.e
         progress("wheelhouse: building the docbroker wheel")
         built = Path(tmp) / "wheel"
         _stream_command(
-            [python, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
-             "--wheel-dir", str(built), str(source)],
+            [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+             "--disable-pip-version-check", "-q", "--wheel-dir", str(built), str(source)],
             progress,
             step="docbroker wheel",
         )  # fmt: skip
@@ -222,8 +274,16 @@ def _make_context(context: Path, name: str) -> None:
     for wheel in WHEELHOUSE.glob("*.whl"):
         _link_or_copy(wheel, wheels / wheel.name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    # requirements.txt: the image's locked set, installed with --require-hashes. The broker's
+    # own wheel is built here, not locked: its hash is taken now, from the wheel being sent.
+    locked = LOCKED[name].read_text()
+    if name == "broker":
+        (wheel,) = WHEELHOUSE.glob("docbroker-*.whl")
+        version = wheel.name.split("-")[1]
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        locked += f"docbroker=={version} --hash=sha256:{digest}\n"
+    (context / "requirements.txt").write_text(locked)
     if name == "server":
-        shutil.copy2(DEPLOY_DIR / "server-requirements.txt", context / "server-requirements.txt")
         shutil.copy2(DEPLOY_DIR / "umask.pth", context / "umask.pth")
         shutil.copy2(DEPLOY_DIR / "bytecode.py", context / "bytecode.py")
         shutil.copytree(REPO_ROOT / "server", context / "server", ignore=ignore)
@@ -239,14 +299,22 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str) -> None:
+    lines: list[str] = []
     for chunk in stream:
         if "error" in chunk or "errorDetail" in chunk:
             detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
             progress(f"{tag}: {detail.strip()}")
+            mismatch = hash_mismatch(lines)
+            if mismatch is not None:
+                raise ImageBuildError(
+                    f"building {tag} failed: {mismatch} in the build's wheelhouse does not match "
+                    "the lock's hash"
+                )
             raise ImageBuildError(f"building {tag} failed")
         text = chunk.get("stream", "")
         for line in text.splitlines():
             if line.strip():
+                lines.append(line)
                 progress(line.rstrip())
 
 

@@ -21,7 +21,13 @@ if [ -n "${DOCKER_HOST_ROOTLESS:-}" ] && id docbroker >/dev/null 2>&1; then
     echo "==> installing docbroker for the docbroker user in $APP/venv" >&2
     /usr/bin/python3 -m venv "$APP/venv"
   fi
-  "$APP/venv/bin/python" -m pip install -q --disable-pip-version-check "$ROOT"
+  # The broker's locked set, hash-checked, then docbroker itself from the wheel that setup's
+  # image build made (built with the dev venv's locked setuptools; nothing fetched for it).
+  "$APP/venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes \
+    -r "$ROOT/requirements/broker.txt"
+  WHEEL=$(ls "$ROOT"/deploy/wheelhouse/docbroker-*.whl 2>/dev/null | head -n 1)
+  [ -n "$WHEEL" ] || { echo "demo: no docbroker wheel in deploy/wheelhouse: run ./dev setup" >&2; exit 1; }
+  "$APP/venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$WHEEL"
   chmod -R a+rX "$APP"
   VENV=$APP/venv
   rm -rf "$DATA/policies" && cp -r "$ROOT/policies" "$DATA/policies" && chown -R docbroker: "$DATA/policies"

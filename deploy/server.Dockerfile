@@ -4,17 +4,19 @@
 #   docker build -f server.Dockerfile --build-arg BASE=python:3.11-slim CONTEXT
 #
 # The build context is a small temporary folder made by broker/images.py: this file,
-# prune.py, bytecode.py, server-requirements.txt, wheelhouse/ and server/. Nothing is fetched from the
-# network during the build (containers on these hosts cannot reach PyPI; air-gapped users
-# neither): every dependency comes from the wheelhouse built on the host.
+# prune.py, bytecode.py, requirements.txt (requirements/server.txt: the lock's `server` group,
+# hashed), wheelhouse/ and server/. Nothing is fetched from the network during the build
+# (containers on these hosts cannot reach PyPI; air-gapped users neither): every dependency
+# comes from the wheelhouse built on the host, and pip installs a wheel only if its sha256 is
+# the one in the lock (--require-hashes): a swapped or altered wheel fails the build.
 ARG BASE=docbroker-base:bookworm
 
 FROM ${BASE} AS build
 COPY wheelhouse/ /wheelhouse/
-COPY server-requirements.txt prune.py umask.pth /build/
+COPY requirements.txt prune.py umask.pth /build/
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/python -m pip install --no-index --find-links /wheelhouse --no-compile \
-        --disable-pip-version-check -q -r /build/server-requirements.txt \
+ && /opt/venv/bin/python -m pip install --require-hashes --no-index --find-links /wheelhouse \
+        --no-compile --disable-pip-version-check -q -r /build/requirements.txt \
  && /opt/venv/bin/python /build/prune.py venv /opt/venv
 COPY server/ /build/server/
 # The server package goes into the venv's site-packages: `python -m server` then works from

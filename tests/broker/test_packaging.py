@@ -4,8 +4,8 @@ broker image, which installs that wheel (deploy/broker.Dockerfile).
 `broker/testing/` mints tokens with a signing key of its own and starts lab and replica
 subprocesses: in a production venv it is code nobody reviewed as product, on the import
 path of every broker. The wheel is built the way `docbroker image build` builds it
-(`broker.images.build_docbroker_wheel`, pip with build isolation), from a clean copy of the
-sources, so nothing an earlier build left in `build/` can ride along.
+(`broker.images.build_docbroker_wheel`, pip with the locked setuptools, no build isolation),
+from a clean copy of the sources, so nothing an earlier build left in `build/` can ride along.
 """
 
 from __future__ import annotations
