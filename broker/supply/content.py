@@ -16,7 +16,7 @@ mode or owner changes it.
 How: the image is created as a container that never starts (`docker create`; no process, no
 network) and its merged file tree streamed out with `docker export`: one pass that hashes
 every file and keeps the few small files the SBOM is made from (each distribution's
-`*.dist-info/METADATA` and `RECORD`, `var/lib/dpkg/status`, `os-release`). The entries the
+`site-packages/*.dist-info/METADATA` and `RECORD`, `var/lib/dpkg/status`, `os-release`). The entries the
 engine itself adds to every container (`.dockerenv`, `/etc/hosts`, `/etc/hostname`,
 `/etc/resolv.conf`, `/dev`) are left out: they are the engine's, not the image's.
 """
@@ -44,7 +44,9 @@ CONFIG_FIELDS: Final = ("Entrypoint", "Cmd", "Env", "User", "WorkingDir", "Expos
                         "Labels", "StopSignal")  # fmt: skip
 DPKG_STATUS: Final = "var/lib/dpkg/status"
 OS_RELEASE: Final = ("usr/lib/os-release", "etc/os-release")
-_DIST_INFO = re.compile(r"(?:.*/)?(?:site|dist)-packages/[^/]+\.dist-info/(METADATA|RECORD)")
+# Installed by pip (site-packages). Debian's own Python modules (dist-packages) are Debian
+# packages, named by dpkg's status; their .dist-info often has no RECORD.
+_DIST_INFO = re.compile(r"(?:.*/)?site-packages/[^/]+\.dist-info/(METADATA|RECORD)")
 _KEPT_LIMIT: Final = 16 * 1024 * 1024  # a METADATA, a RECORD or the dpkg status above it: refused
 _CHUNK: Final = 1024 * 1024
 

@@ -7,7 +7,7 @@ What it names, all read from the image's file tree (broker/supply/content.py), n
 build's intentions:
 
 - the image (metadata.component, type container): its id and content digest;
-- every Python distribution installed in it (each `*.dist-info`): name, version, purl
+- every Python distribution pip installed in it (each `site-packages/*.dist-info`): name, version, purl
   `pkg:pypi/…`, the SHA-256 of the wheel it was installed from when the build's wheelhouse
   holds exactly one such wheel, and the SHA-256 of its RECORD (`docbroker:record-sha256`),
   the installer's list of every file with its hash: checkable against the image, any time;

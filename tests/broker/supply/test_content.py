@@ -35,6 +35,13 @@ def tree(
         (f"{site}/demo/data.bin", "link", f"{site}/demo/__init__.py", {}),
         (f"{site}/Demo_Pkg-1.2.3.dist-info/METADATA", "file", METADATA, {}),
         (f"{site}/Demo_Pkg-1.2.3.dist-info/RECORD", "file", b"demo/__init__.py,sha256=x,12\n", {}),
+        # Debian's own module: a Debian package (dpkg's status), not a pip distribution
+        (
+            "usr/lib/python3/dist-packages/debmod-1.0.dist-info/METADATA",
+            "file",
+            b"Name: debmod\nVersion: 1\n",
+            {},
+        ),
         ("var/lib/dpkg/status", "file", STATUS, {}),
         ("usr/lib/os-release", "file", b'ID=debian\nVERSION_ID="12"\n', {}),
         ("etc/os-release", "symlink", "../usr/lib/os-release", {}),
