@@ -571,6 +571,11 @@ def docker_host_from_env(env: Mapping[str, str] = os.environ) -> str | None:
     return _Reader(env).optional("DOCKER_HOST")
 
 
+def docker_image_from_env(env: Mapping[str, str] = os.environ) -> str:
+    """DOCBROKER_DOCKER_IMAGE alone: the image `docbroker image verify` checks by default."""
+    return _Reader(env).text("DOCKER_IMAGE", "docbroker-server:latest")
+
+
 def image_supply_from_env(env: Mapping[str, str] = os.environ) -> ImageSupplySettings:
     """DOCBROKER_IMAGE_RECORDS and DOCBROKER_IMAGE_TRUST_KEYS (`docbroker image build|verify`)."""
     r = _Reader(env)

@@ -48,7 +48,8 @@ def register(sub: Subparsers) -> None:
         "subject = the id), its SBOM (the one signed, and the image's packages) and its content "
         "digest. One line; exit 0 when verified, 1 when not.",
     )
-    verify.add_argument("image", nargs="?", default="docbroker-server:latest", metavar="IMAGE")
+    image_help = "an image name or id (default: DOCBROKER_DOCKER_IMAGE, the broker's sandbox image)"
+    verify.add_argument("image", nargs="?", default=None, metavar="IMAGE", help=image_help)
     key_help = "a trusted release public key (repeatable; default DOCBROKER_IMAGE_TRUST_KEYS)"
     verify.add_argument("--key", type=Path, action="append", default=[], metavar="PUB", help=key_help)
     verify.set_defaults(func=cmd_image_verify)
@@ -103,13 +104,19 @@ def cmd_image_keygen(args: argparse.Namespace) -> int:
 
 def cmd_image_verify(args: argparse.Namespace) -> int:
     from broker.images import ImageError, docker_client
-    from broker.settings import SettingsError, docker_host_from_env, image_supply_from_env
+    from broker.settings import (
+        SettingsError,
+        docker_host_from_env,
+        docker_image_from_env,
+        image_supply_from_env,
+    )
     from broker.supply.provenance import ProvenanceError, load_trust_keys
     from broker.supply.records import VerifyError, verify_image
 
     try:
         base_url = docker_host_from_env()
         supply = image_supply_from_env()
+        image = args.image or docker_image_from_env()
     except SettingsError as exc:
         raise UsageError(f"configuration error: {exc}") from None
     try:
@@ -122,7 +129,7 @@ def cmd_image_verify(args: argparse.Namespace) -> int:
     try:
         client = docker_client(base_url)
         try:
-            verdict = verify_image(client, args.image, keys, supply.records_dir, lambda _line: None)
+            verdict = verify_image(client, image, keys, supply.records_dir, lambda _line: None)
         finally:
             client.close()
     except (ImageError, VerifyError) as exc:

@@ -60,12 +60,13 @@ class Built:
         return self.key.with_name(self.key.name + ".pub")
 
 
-def cli(host: str, records: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(host: str, records: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": str(ROOT),
         "DOCBROKER_DOCKER_HOST": host,
         "DOCBROKER_IMAGE_RECORDS": str(records),
+        **extra,
     }
     return subprocess.run([sys.executable, "-m", "broker", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=880)  # fmt: skip
@@ -183,7 +184,8 @@ def test_the_build_records_a_signed_provenance_that_verifies(built: Built) -> No
         f"{SERVER}: {built.image_id} content {predicate['content_digest']}, signed by key"
         in built.build_stderr
     )
-    done = verify(built, built.records)
+    # no IMAGE: the broker's own, DOCBROKER_DOCKER_IMAGE (by default docbroker-server:latest)
+    done = cli(built.host, built.records, "image", "verify", "--key", str(built.pub))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"verified: {built.image_id} signed by key ")
     assert len(done.stdout.strip().splitlines()) == 1
@@ -312,6 +314,10 @@ def test_a_signed_content_digest_that_is_not_the_image_s_fails(built: Built, tmp
 def test_an_unknown_image_or_no_key_is_one_clear_line(built: Built, tmp_path: Path) -> None:
     refused(
         verify(built, built.records, "docbroker-server:no-such-tag"), "the image is not in the daemon's store"
+    )
+    elsewhere = {"DOCBROKER_DOCKER_IMAGE": "docbroker-server:no-such-tag"}  # what the broker would run
+    refused(
+        cli(built.host, built.records, "image", "verify", "--key", str(built.pub), **elsewhere), "not in the"
     )
     done = cli(built.host, built.records, "image", "verify", SERVER)
     assert done.returncode == 2 and "no trust key" in done.stderr and "Traceback" not in done.stderr
