@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ class ImageError(Exception):
     """Images cannot be built or found."""
 
 
+@dataclass(frozen=True)
+class BuiltImage:
+    tag: str
+    image_id: str  # "sha256:…", as the daemon reported it for this build
+
+
 class ImageBuildError(ImageError):
     """A build step failed; the message says which step, the progress stream shows why."""
 
@@ -59,11 +66,11 @@ def build_images(
     base_url: str | None = None,
     no_cache: bool = False,
     tags: dict[str, str] | None = None,
-) -> dict[str, str]:
+) -> dict[str, BuiltImage]:
     """Build the named images ("server", "broker") into the daemon at `base_url` (or DOCKER_HOST).
 
     `no_cache`: every step runs again (a build from a clean state); `tags`: other tags than
-    IMAGE_TAGS for some images (tests). Returns each built image's tag."""
+    IMAGE_TAGS for some images (tests). Returns each built image: its tag and its id."""
     unknown = sorted(set(which) - set(IMAGE_TAGS))
     if unknown or not which:
         names = ", ".join(unknown) or "(none)"
@@ -79,8 +86,9 @@ def build_images(
         built = {}
         for name in which:
             tag = (tags or {}).get(name, IMAGE_TAGS[name])
-            _build_one(client, name, tag, base_image, progress, no_cache=no_cache)
-            built[name] = tag
+            built[name] = BuiltImage(
+                tag, _build_one(client, name, tag, base_image, progress, no_cache=no_cache)
+            )
         return built
     finally:
         client.close()
@@ -206,7 +214,7 @@ def _target_flags() -> list[str]:
 # --- the images --------------------------------------------------------------------------------
 
 
-def _build_one(client: Any, name: str, tag: str, base: str, progress: Progress, *, no_cache: bool) -> None:
+def _build_one(client: Any, name: str, tag: str, base: str, progress: Progress, *, no_cache: bool) -> str:
     with tempfile.TemporaryDirectory(prefix=f"docbroker-{name}-ctx-") as tmp:
         context = Path(tmp)
         _make_context(context, name)
@@ -224,9 +232,12 @@ def _build_one(client: Any, name: str, tag: str, base: str, progress: Progress, 
             decode=True,
             labels={"io.docbroker.image": name},
         )
-        _follow_build(stream, progress, tag)
-    image = client.images.get(tag)
+        built_id = _follow_build(stream, progress, tag)
+    # By the id the daemon reported for this build, not by the tag: someone may retag meanwhile,
+    # and what is recorded and signed next must be the image that was built.
+    image = client.images.get(built_id or tag)
     progress(f"{tag}: built, {image.attrs.get('Size', 0) / 1e6:.1f} MB")
+    return str(image.id)
 
 
 def _make_context(context: Path, name: str) -> None:
@@ -253,8 +264,13 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str) -> None:
+def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str) -> str | None:
+    """Progress lines from the build's stream; the built image's id, when the daemon says it."""
+    built_id = None
     for chunk in stream:
+        aux = chunk.get("aux")
+        if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
+            built_id = aux["ID"]
         if "error" in chunk or "errorDetail" in chunk:
             detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
             progress(f"{tag}: {detail.strip()}")
@@ -263,6 +279,7 @@ def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str
         for line in text.splitlines():
             if line.strip():
                 progress(line.rstrip())
+    return built_id
 
 
 def _stream_command(

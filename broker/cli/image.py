@@ -79,10 +79,10 @@ def cmd_image_build(args: argparse.Namespace) -> int:
         note(f"images built in {time.monotonic() - started:.0f} s")
         client = docker_client(base_url)
         try:
-            for tag in built.values():
-                recorded = record_image(client, tag, key, records_dir, note)
+            for image in built.values():
+                recorded = record_image(client, image.image_id, key, records_dir, note, name=image.tag)
                 signed = f"signed by key {recorded.key_id[:16]}" if key else "not signed (no --sign-key)"
-                note(f"{tag}: {recorded.image_digest} content {recorded.content_digest}, {signed}")
+                note(f"{image.tag}: {recorded.image_digest} content {recorded.content_digest}, {signed}")
         finally:
             client.close()
     except (ImageError, RecordError) as exc:

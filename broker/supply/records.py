@@ -98,15 +98,17 @@ def record_image(
     records_dir: Path,
     progress: Progress,
     *,
+    name: str | None = None,
     lock: Path | None = None,
     revision: str | None = None,
 ) -> Recorded:
-    """Scan `image`, write its SBOM and, with a key, its signed provenance into `records_dir`."""
+    """Scan `image` (best: the id the build reported), write its SBOM and, with a key, its signed
+    provenance into `records_dir`; `name` (e.g. the tag) names it in both (default `image`)."""
     try:
         scan = scan_image(client, image, progress)
     except ScanError as exc:
         raise RecordError(str(exc)) from None
-    sbom = make_sbom(scan, image_name=image, wheel_hashes=wheel_hashes(WHEELHOUSE))
+    sbom = make_sbom(scan, image_name=name or image, wheel_hashes=wheel_hashes(WHEELHOUSE))
     paths = record_paths(records_dir, scan.image_id)
     records_dir.mkdir(parents=True, exist_ok=True)
     # The SBOM first: a provenance on disk always has its SBOM beside it.
@@ -120,7 +122,7 @@ def record_image(
         raise RecordError(f"the lock file cannot be read ({exc.strerror})") from None
     envelope = sign_statement(
         key,
-        image_name=image,
+        image_name=name or image,
         image_digest=scan.image_id,
         sbom_sha256=hashlib.sha256(sbom).hexdigest(),
         lock_sha256=lock_sha256,
