@@ -48,6 +48,7 @@ OS_RELEASE: Final = ("usr/lib/os-release", "etc/os-release")
 # packages, named by dpkg's status; their .dist-info often has no RECORD.
 _DIST_INFO = re.compile(r"(?:.*/)?site-packages/[^/]+\.dist-info/(METADATA|RECORD)")
 _KEPT_LIMIT: Final = 16 * 1024 * 1024  # a METADATA, a RECORD or the dpkg status above it: refused
+_KEPT_TOTAL: Final = 256 * 1024 * 1024  # all of them together (an image of a million dist-infos)
 _CHUNK: Final = 1024 * 1024
 
 
@@ -134,7 +135,7 @@ def _scan_tree(
     lines: dict[str, bytes] = {}
     hashes: dict[str, tuple[str, int]] = {}  # regular files: path → (sha256, size), for hard links
     kept: dict[str, bytes] = {}
-    total = 0
+    total = kept_bytes = 0
     started = last = time.monotonic()
     progress("image scan: reading the file tree (docker export)")
     try:
@@ -149,6 +150,9 @@ def _scan_tree(
                 digest, size, data = _hash_member(archive, member, keep)
                 if data is not None:
                     kept[path] = data
+                    kept_bytes += len(data)
+                    if kept_bytes > _KEPT_TOTAL:
+                        raise ScanError("the image's package metadata files are too large together")
                 hashes[path] = (digest, size)
                 kind = "file"
                 total += size
