@@ -110,7 +110,6 @@ def record_image(
         raise RecordError(str(exc)) from None
     sbom = make_sbom(scan, image_name=name or image, wheel_hashes=wheel_hashes(WHEELHOUSE))
     paths = record_paths(records_dir, scan.image_id)
-    records_dir.mkdir(parents=True, exist_ok=True)
     # The SBOM first: a provenance on disk always has its SBOM beside it.
     _write_atomic(paths.sbom, sbom)
     if key is None:
@@ -179,6 +178,14 @@ def _read_record(path: Path, limit: int, what: str) -> bytes:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    try:
+        _replace(path, data)
+    except OSError as exc:
+        raise RecordError(f"the records folder cannot be written ({exc.strerror})") from None
+
+
+def _replace(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -324,3 +324,17 @@ def test_an_unknown_image_or_no_key_is_one_clear_line(built: Built, tmp_path: Pa
     (tmp_path / "bad.pub").write_text("not a key")
     done = verify(built, built.records, SERVER, tmp_path / "bad.pub")
     assert done.returncode == 2 and done.stderr.strip().endswith("trust key bad.pub: not a PEM public key")
+
+
+def test_records_that_cannot_be_written_are_one_clear_error(built: Built, tmp_path: Path) -> None:
+    import docker
+
+    from broker.supply.records import RecordError, record_image
+
+    (tmp_path / "file").write_text("a file where the records folder should be")
+    client = docker.DockerClient(base_url=built.host)
+    try:
+        with pytest.raises(RecordError, match=r"^the records folder cannot be written \(Not a directory\)$"):
+            record_image(client, built.image_id, None, tmp_path / "file" / "records", lambda _line: None)
+    finally:
+        client.close()
