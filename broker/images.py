@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY_DIR = REPO_ROOT / "deploy"
 WHEELHOUSE = DEPLOY_DIR / "wheelhouse"
 DEFAULT_BASE = "docbroker-base:bookworm"
+# What deploy/base-image.sh leaves in the base (its LAYOUT, the image's label): a base made by
+# an older script is rebuilt. 2: dpkg's status file is kept, the Debian packages of the SBOM.
+BASE_LAYOUT = "2"
+BASE_LAYOUT_LABEL = "io.docbroker.base-layout"
 IMAGE_TAGS = {"server": "docbroker-server:latest", "broker": "docbroker-broker:latest"}
 # What each image installs: hashed exports of uv.lock (`./dev lock`), the only lists of pins.
 LOCKED = {name: REPO_ROOT / "requirements" / f"{name}.txt" for name in IMAGE_TAGS}
@@ -49,6 +54,12 @@ class ImageError(Exception):
     """Images cannot be built or found."""
 
 
+@dataclass(frozen=True)
+class BuiltImage:
+    tag: str
+    image_id: str  # "sha256:…", as the daemon reported it for this build
+
+
 class ImageBuildError(ImageError):
     """A build step failed; the message says which step, the progress stream shows why."""
 
@@ -59,22 +70,32 @@ def build_images(
     progress: Progress,
     *,
     base_url: str | None = None,
-) -> None:
-    """Build the named images ("server", "broker") into the daemon at `base_url` (or DOCKER_HOST)."""
+    no_cache: bool = False,
+    tags: dict[str, str] | None = None,
+) -> dict[str, BuiltImage]:
+    """Build the named images ("server", "broker") into the daemon at `base_url` (or DOCKER_HOST).
+
+    `no_cache`: every step runs again (a build from a clean state); `tags`: other tags than
+    IMAGE_TAGS for some images (tests). Returns each built image: its tag and its id."""
     unknown = sorted(set(which) - set(IMAGE_TAGS))
     if unknown or not which:
         names = ", ".join(unknown) or "(none)"
         raise ImageError(f"unknown image(s): {names}; choose from {', '.join(IMAGE_TAGS)}")
     if not (DEPLOY_DIR / "server.Dockerfile").is_file():
         raise ImageError("deploy/ is not next to this package: build images from a docbroker source checkout")
-    client = _client(base_url)
+    client = docker_client(base_url)
     try:
         base_image = base or DEFAULT_BASE
         if base is None:
             ensure_base(client, base_image, progress, base_url=base_url)
         build_wheelhouse(with_broker="broker" in which, progress=progress)
+        built = {}
         for name in which:
-            _build_one(client, name, base_image, progress)
+            tag = (tags or {}).get(name, IMAGE_TAGS[name])
+            built[name] = BuiltImage(
+                tag, _build_one(client, name, tag, base_image, progress, no_cache=no_cache)
+            )
+        return built
     finally:
         client.close()
 
@@ -83,7 +104,7 @@ def image_present(image: str, *, base_url: str | None = None) -> bool:
     """For `doctor`: is the image in the daemon's store?"""
     import docker.errors
 
-    client = _client(base_url)
+    client = docker_client(base_url)
     try:
         client.images.get(image)
         return True
@@ -100,14 +121,16 @@ def ensure_base(client: Any, image: str, progress: Progress, *, base_url: str | 
     """Build the debootstrap base unless the daemon already has it (about a minute, needs root)."""
     import docker.errors
 
-    try:
-        client.images.get(image)
-        progress(f"base image {image}: present")
-        return
-    except docker.errors.ImageNotFound:
-        pass
-    progress(f"base image {image}: building with debootstrap")
     env = dict(os.environ)
+    try:
+        labels = client.images.get(image).labels or {}
+        if labels.get(BASE_LAYOUT_LABEL) == BASE_LAYOUT:
+            progress(f"base image {image}: present")
+            return
+        progress(f"base image {image}: made by an older deploy/base-image.sh (no package list): rebuilding")
+        env["FORCE"] = "1"
+    except docker.errors.ImageNotFound:
+        progress(f"base image {image}: building with debootstrap")
     if base_url:
         env["DOCKER_HOST"] = base_url
     _stream_command(["sh", str(DEPLOY_DIR / "base-image.sh"), image], progress, env=env, step="base image")
@@ -243,8 +266,7 @@ def _target_flags() -> list[str]:
 # --- the images --------------------------------------------------------------------------------
 
 
-def _build_one(client: Any, name: str, base: str, progress: Progress) -> None:
-    tag = IMAGE_TAGS[name]
+def _build_one(client: Any, name: str, tag: str, base: str, progress: Progress, *, no_cache: bool) -> str:
     with tempfile.TemporaryDirectory(prefix=f"docbroker-{name}-ctx-") as tmp:
         context = Path(tmp)
         _make_context(context, name)
@@ -257,13 +279,17 @@ def _build_one(client: Any, name: str, base: str, progress: Progress) -> None:
             buildargs={"BASE": base},
             rm=True,
             forcerm=True,
+            nocache=no_cache,
             pull=False,
             decode=True,
             labels={"io.docbroker.image": name},
         )
-        _follow_build(stream, progress, tag)
-    image = client.images.get(tag)
+        built_id = _follow_build(stream, progress, tag)
+    # By the id the daemon reported for this build, not by the tag: someone may retag meanwhile,
+    # and what is recorded and signed next must be the image that was built.
+    image = client.images.get(built_id or tag)
     progress(f"{tag}: built, {image.attrs.get('Size', 0) / 1e6:.1f} MB")
+    return str(image.id)
 
 
 def _make_context(context: Path, name: str) -> None:
@@ -298,9 +324,14 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str) -> None:
+def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str) -> str | None:
+    """Progress lines from the build's stream; the built image's id, when the daemon says it."""
     lines: list[str] = []
+    built_id = None
     for chunk in stream:
+        aux = chunk.get("aux")
+        if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
+            built_id = aux["ID"]
         if "error" in chunk or "errorDetail" in chunk:
             detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
             progress(f"{tag}: {detail.strip()}")
@@ -316,6 +347,7 @@ def _follow_build(stream: Iterable[dict[str, Any]], progress: Progress, tag: str
             if line.strip():
                 lines.append(line)
                 progress(line.rstrip())
+    return built_id
 
 
 def _stream_command(
@@ -329,7 +361,7 @@ def _stream_command(
         raise ImageBuildError(f"{step} failed (exit {proc.returncode})")
 
 
-def _client(base_url: str | None) -> Any:
+def docker_client(base_url: str | None) -> Any:
     import docker
     import docker.errors
 

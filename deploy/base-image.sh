@@ -9,6 +9,8 @@
 # What is removed, and why:
 #   - apt, dpkg, debconf, perl: no package manager is usable inside a sandbox at run time, so a
 #     compromised server cannot install tools (the root fs is read-only too: defence in depth);
+#     dpkg's status file alone stays (var/lib/dpkg/status, where scanners look): it is the
+#     list of Debian packages the image's SBOM names (docs/supply-chain.md);
 #   - docs, man pages, locales, apt lists and caches, logs: bytes the server never reads;
 #   - stdlib test suites, idle, tkinter, lib2to3, turtle demos: never imported by the server.
 # The shell (dash) stays in the base because `RUN` steps of the Dockerfiles need it; the server
@@ -18,6 +20,9 @@
 set -eu
 
 IMAGE="${1:-docbroker-base:bookworm}"
+# What this script leaves in the base; broker/images.py (BASE_LAYOUT) rebuilds an older one.
+# 2: dpkg's status file is kept for the SBOM.
+LAYOUT=2
 SUITE="${SUITE:-bookworm}"
 DOCKER="${DOCKER:-docker}"
 
@@ -53,7 +58,7 @@ rm -rf \
     usr/share/zsh usr/share/perl5 usr/share/debconf usr/share/bug usr/share/menu \
     usr/lib/*-linux-gnu/perl-base usr/lib/*-linux-gnu/perl usr/bin/perl* \
     usr/lib/locale/* usr/lib/*-linux-gnu/gconv \
-    var/cache/* var/lib/apt var/lib/dpkg var/cache/debconf var/log/* \
+    var/cache/* var/lib/apt var/cache/debconf var/log/* \
     etc/apt etc/dpkg usr/share/dpkg usr/lib/dpkg usr/lib/apt \
     usr/bin/apt* usr/bin/dpkg* usr/sbin/dpkg* usr/bin/debconf* usr/sbin/update-* \
     usr/bin/su usr/bin/passwd usr/bin/chsh usr/bin/chfn usr/bin/newgrp usr/bin/gpasswd \
@@ -64,6 +69,7 @@ rm -rf \
     "usr/lib/python$PYVER/lib2to3" "usr/lib/python$PYVER/turtledemo" "usr/lib/python$PYVER/pydoc_data" \
     usr/lib/python3/dist-packages/*/tests \
     tmp/* run/* root/.cache dev/* proc/* sys/*
+find var/lib/dpkg -mindepth 1 -maxdepth 1 ! -name status -exec rm -rf {} +
 # No setuid/setgid binary is left: no-new-privileges makes them inert anyway, but there is no
 # reason to ship any.
 find . -xdev -type f -perm /6000 -exec chmod ug-s {} + 2>/dev/null || true
@@ -72,5 +78,5 @@ cd - >/dev/null
 echo "importing $IMAGE"
 tar --numeric-owner -C "$ROOTFS" -c . | $DOCKER import \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8' \
-    --change 'CMD ["python3"]' - "$IMAGE" >/dev/null
+    --change 'CMD ["python3"]' --change "LABEL io.docbroker.base-layout=$LAYOUT" - "$IMAGE" >/dev/null
 $DOCKER image inspect "$IMAGE" --format "$IMAGE: {{.Size}} bytes"
