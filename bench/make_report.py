@@ -81,7 +81,7 @@ def run_sections(ctx: Context, keys: list[str]) -> tuple[list[tuple[str, Part]],
     clean = True
     chosen = [s for s in SECTIONS if s[0] in keys]
     for n, (key, title, produce) in enumerate(chosen, 1):
-        say(f"[{n}/{len(chosen)}] {key}: {title}")
+        ctx.say(f"[{n}/{len(chosen)}] {key}: {title}")
         started = time.monotonic()
         try:
             part = produce(ctx)
@@ -95,7 +95,7 @@ def run_sections(ctx: Context, keys: list[str]) -> tuple[list[tuple[str, Part]],
             part = Part([f"Not rendered: the report's own error ({type(exc).__name__}: {exc})."])
             outcome = f"FAILED in make_report: {type(exc).__name__}: {exc}"
             clean = False
-        say(f"[{n}/{len(chosen)}] {key}: {outcome} ({time.monotonic() - started:.0f} s)")
+        ctx.say(f"[{n}/{len(chosen)}] {key}: {outcome} ({time.monotonic() - started:.0f} s)")
         parts.append((title, part))
     return parts, clean
 
