@@ -317,3 +317,36 @@ def test_an_unknown_section_is_one_line_and_exit_2(tmp_path: Path, only: str) ->
     assert run.returncode == 2
     assert "unknown section(s)" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "REPORT.md").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_first_call_and_memory_sections_from_a_real_cold_start(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # Without the lab CI starts for other tests: the Pod half is its fake's (above), not minutes here.
+    env = {k: v for k, v in os.environ.items() if k != "DOCBROKER_TEST_KUBECONFIG"}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "make_report.py"), "--quick", "--only", "cold,memory",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=580,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = (out / "REPORT.md").read_text()
+    assert "[1/2] cold: done" in run.stderr, run.stderr[-2000:]
+    rows = table_rows(report, "`bench/cold_start.py`")
+    assert [row[0] for row in rows] == [
+        "through the broker, warm pool",
+        "through the broker, no pool (container start)",
+        "DockerBackend, a pooled sandbox",
+        "DockerBackend, a new container",
+        "naive `docker run -i`, MCP over stdio",
+    ]
+    for row in rows:  # each path measured, and its ratio to the pooled start of the same run
+        assert int(row[1]) >= 2 and float(row[2].replace(",", "")) > 0 and float(row[4]) > 0
+    assert re.search(r"Idle sandbox memory \(`docker stats`\): [\d.]+ MiB", report)
+    memory = table_rows(report, "Memory of an idle tenant's sandbox")
+    assert re.fullmatch(r"[\d.]+", dict(memory)["Docker: one idle sandbox (`cold_start.py`)"])
+    plots = linked_plots(report, out)
+    assert {p.name for p in plots} == {"first-call.png", "memory-per-tenant.png"}
+    for plot in plots:
+        assert_png(plot)

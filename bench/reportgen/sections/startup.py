@@ -55,7 +55,7 @@ class ColdStart:
 def cold_args(ctx: Context) -> list[str]:
     host = ctx.env.get("DOCKER_HOST_ROOTFUL") or ctx.env.get("DOCKER_HOST")
     args = ["--host", host] if host else []
-    return [*args, "--runs", "3", "--idle-wait", "2"] if ctx.quick else args
+    return [*args, "--runs", "2", "--idle-wait", "1"] if ctx.quick else args
 
 
 def render_cold(result: ColdStart) -> list[str]:
