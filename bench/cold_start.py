@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -258,8 +259,8 @@ def docker_broker(host: str, image: str, names: list[str], cpus: float, pool: in
         sources = broker.sources(name)
         sources.mkdir(parents=True)
         (sources / "a.md").write_text("bench document\n")
-    broker.start()
     try:
+        broker.start()  # inside: stopped while it starts, the broker is stopped too
         yield broker
     finally:
         broker.stop()  # the broker removes its sandboxes on shutdown
@@ -504,4 +505,7 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
+    # Stopped (make_report's timeout, Ctrl-C's SIGTERM cousin): unwind through the `finally`
+    # blocks, which remove this run's containers, brokers and tenant folders.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(asyncio.run(main()))

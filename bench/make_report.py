@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-mcp-proxy", action="store_true", help="the overhead section without mcp-proxy")
     p.add_argument(
-        "--timeout", type=float, default=None, help="seconds one bench may take (default 300 quick, 3600)"
+        "--timeout", type=float, default=None, help="seconds one bench may take (default 600 quick, 3600)"
     )
     args = p.parse_args(argv)
     if args.only:
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.reliability is not None and not args.reliability.is_dir():
         p.error("--reliability: not a folder")
     if args.timeout is None:
-        args.timeout = 300.0 if args.quick else 3600.0
+        args.timeout = 600.0 if args.quick else 3600.0
     return args
 
 

@@ -116,7 +116,10 @@ def run_child(
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
-    for sig, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
+    # A bench's clean-up (containers, brokers, a PostgreSQL cluster) may take a while on a busy
+    # machine; a second SIGTERM reaches a bench whose first one landed where Python ignores an
+    # exception (a __del__ running at that moment), before SIGKILL leaves things behind.
+    for sig, grace in ((signal.SIGTERM, 60.0), (signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(child.pid, sig)
         except ProcessLookupError:
