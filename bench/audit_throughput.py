@@ -22,6 +22,7 @@ import json
 import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -227,4 +228,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Stopped (make_report's timeout): unwind through the clean-up, as Ctrl-C would.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

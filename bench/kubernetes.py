@@ -27,6 +27,7 @@ import collections
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -313,4 +314,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Stopped (make_report's timeout): unwind through the clean-up, as Ctrl-C would.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     raise SystemExit(main())

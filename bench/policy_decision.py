@@ -26,6 +26,7 @@ import argparse
 import itertools
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -195,4 +196,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Stopped (make_report's timeout): unwind through the clean-up, as Ctrl-C would.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
