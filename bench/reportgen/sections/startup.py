@@ -92,7 +92,7 @@ def draw_cold(ctx: Context, result: ColdStart) -> Path:
     return plots.bars(
         ctx.plot_path("first-call.png"),
         "A new tenant's first call, pooled and cold",
-        [label for _, label in measured],
+        [label.replace("`", "") for _, label in measured],
         {
             "p50": [result.p50_ms(key) or 0.0 for key, _ in measured],
             "p90": [result.p90_ms(key) or 0.0 for key, _ in measured],
