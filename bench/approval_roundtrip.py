@@ -22,6 +22,7 @@ temporary folder removed, at exit (also on Ctrl-C / SIGTERM).
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import shutil
 import signal
@@ -143,6 +144,27 @@ def upgrade(broker: Broker) -> None:
         raise RuntimeError(f"docbroker db upgrade failed: {run.stderr.strip()[-300:]}")
 
 
+def summary(targets: list[Target], rounds: int, per_round: int) -> dict[str, Any]:
+    """The table's numbers, for --json: per step and store, p50 and p90 in ms."""
+    sqlite, postgres = targets
+    added = pct(postgres.samples["round trip"], 0.5) - pct(sqlite.samples["round trip"], 0.5)
+    return {
+        "n": len(sqlite.samples["round trip"]),
+        "rounds": rounds,
+        "per_round": per_round,
+        "steps": {
+            step: {
+                t.name: {"p50_ms": pct(t.samples[step], 0.5), "p90_ms": pct(t.samples[step], 0.9)}
+                for t in targets
+            }
+            for step in STEPS
+        },
+        "added_p50_ms": added,
+        "target_added_ms": TARGET_ADDED_MS,
+        "verdict": "PASS" if added <= TARGET_ADDED_MS else "FAIL",
+    }
+
+
 def report(targets: list[Target], rounds: int, per_round: int) -> bool:
     sqlite, postgres = targets
     n = len(sqlite.samples["round trip"])
@@ -169,6 +191,7 @@ def main() -> int:
     parser.add_argument(
         "--database-url", default=None, help="an empty PostgreSQL database (default: start one)"
     )
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
@@ -191,7 +214,10 @@ def main() -> int:
             for target in targets[r % 2 :] + targets[: r % 2]:
                 for _ in range(args.per_round):
                     target.round_trip(record=True)
-        return 0 if report(targets, args.rounds, args.per_round) else 1
+        ok = report(targets, args.rounds, args.per_round)
+        if args.json:
+            args.json.write_text(json.dumps(summary(targets, args.rounds, args.per_round), indent=2))
+        return 0 if ok else 1
     except (RuntimeError, OSError, subprocess.CalledProcessError, httpx2.HTTPError) as exc:
         print(f"approval_roundtrip: could not run: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

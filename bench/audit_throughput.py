@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,10 +127,29 @@ class Row:
     wall: float
     cpu: float
     size: int
+    ok: bool = True
+
+    @property
+    def lines_per_cpu_s(self) -> float:
+        return self.lines / self.cpu if self.cpu else 0.0
+
+    @property
+    def mib_per_cpu_s(self) -> float:
+        return self.size / (1 << 20) / self.cpu if self.cpu else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "lines": self.lines,
+            "wall_s": self.wall,
+            "cpu_s": self.cpu,
+            "lines_per_cpu_s": self.lines_per_cpu_s,
+            "mib_per_cpu_s": self.mib_per_cpu_s,
+            "ok": self.ok,
+        }
 
     def render(self) -> str:
-        rate = self.lines / self.cpu if self.cpu else 0
-        mib = self.size / (1 << 20) / self.cpu if self.cpu else 0
+        rate, mib = self.lines_per_cpu_s, self.mib_per_cpu_s
         return (
             f"| {self.name} | {self.lines:,} | {self.wall:.1f} | {self.cpu:.1f} | {rate:,.0f} | {mib:,.0f} |"
         )
@@ -151,7 +172,7 @@ def run(name: str, args: list[str], lines: int, size: int) -> Row:
     if done.returncode != 0:
         sys.stderr.write(f"{name}: exit {done.returncode}: {done.stderr.decode(errors='replace')[:300]}\n")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Row(name, lines, wall, cpu, size)
+    return Row(name, lines, wall, cpu, size, done.returncode == 0)
 
 
 def main() -> int:
@@ -160,6 +181,7 @@ def main() -> int:
     )
     parser.add_argument("--mb", type=int, default=1024, help="size of the generated log in MiB")
     parser.add_argument("--keep", type=Path, help="write the log into this folder and keep it")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="audit-bench-") as tmp:
         folder = opts.keep or Path(tmp)
@@ -190,10 +212,22 @@ def main() -> int:
         ]
         print("| command | lines read | wall s | CPU s | lines / CPU s | MiB / CPU s |")
         print("|---|---:|---:|---:|---:|---:|")
+        rows = []
         for name, args in commands:
-            print(run(name, args, lines, size).render(), flush=True)
-    return 0
+            rows.append(run(name, args, lines, size))
+            print(rows[-1].render(), flush=True)
+    if opts.json:
+        summary = {
+            "lines": lines,
+            "size_bytes": size,
+            "generate_s": took,
+            "commands": [r.summary() for r in rows],
+        }
+        opts.json.write_text(json.dumps(summary, indent=2))
+    return 0 if all(r.ok for r in rows) else 1
 
 
 if __name__ == "__main__":
+    # Stopped (make_report's timeout): unwind through the clean-up, as Ctrl-C would.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

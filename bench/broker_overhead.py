@@ -64,8 +64,8 @@ import httpx2
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.clients import CLIENTS, CallFailed, Target, measure_latency, measure_throughput, wait_ready
+from bench.overhead_table import Series, build_report, report_lines, verdicts
 from bench.processes import Noise, Processes, become_subreaper, free_port
-from bench.report import Series, build_report, report_lines, verdicts, write_report
 from bench.targets import broker_setup, compared_broker, docs_root, ensure_mcp_proxy, revision, server_env
 from bench.workload import CALLS, DEFAULT_PROXY_VENV, REPO, TENANT, documents
 
@@ -97,11 +97,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--mcp-proxy-venv", type=Path, default=DEFAULT_PROXY_VENV, help="venv for mcp-proxy (created)"
     )
     p.add_argument("--root", type=Path, default=REPO, help="checkout whose broker/ and server/ to run")
-    p.add_argument(
-        "--write-report",
-        action="store_true",
-        help="write the table to bench/REPORT.md (generated; its history is in git)",
-    )
     p.add_argument(
         "--compare",
         type=Path,
@@ -343,8 +338,6 @@ def run(args: argparse.Namespace, procs: Processes, tmp: Path) -> int:
         )
     lines = report_lines(report, header)
     print("\n".join(lines))
-    if args.write_report:
-        write_report(REPO / "bench" / "REPORT.md", lines, "python bench/broker_overhead.py --write-report")
     report["header"] = header
     report["load_avg"] = loads
     report["foreign_cpu_share"], report["steal_share"] = foreign, steal

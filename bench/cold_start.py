@@ -25,9 +25,11 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -257,8 +259,8 @@ def docker_broker(host: str, image: str, names: list[str], cpus: float, pool: in
         sources = broker.sources(name)
         sources.mkdir(parents=True)
         (sources / "a.md").write_text("bench document\n")
-    broker.start()
     try:
+        broker.start()  # inside: stopped while it starts, the broker is stopped too
         yield broker
     finally:
         broker.stop()  # the broker removes its sandboxes on shutdown
@@ -361,6 +363,7 @@ async def main() -> int:
     parser.add_argument("--image", default="docbroker-server:latest")
     parser.add_argument("--many", type=int, default=0, help="also run N sandboxes at once")
     parser.add_argument("--idle-wait", type=float, default=5.0)
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here (seconds, MiB)")
     parser.add_argument(
         "--cpus",
         type=float,
@@ -384,6 +387,12 @@ async def main() -> int:
     tenants = Tenants(owner)
     described = backend.describe()
     rows: list[tuple[str, str]] = [("daemon", f"{described['mode']} {described['engine_version']}")]
+    # The same figures for --json: every sample in seconds, memory in MiB, sizes in MB.
+    results: dict[str, Any] = {
+        "daemon": f"{described['mode']} {described['engine_version']}",
+        "runs": args.runs,
+        "cpus": args.cpus,
+    }
     try:
         # warm the page cache and the daemon once; not counted
         _, info = await backend_cold_start(backend, tenants.make("warmup"))
@@ -410,6 +419,20 @@ async def main() -> int:
             through_broker_cold = broker_cold_starts(args.host, args.image, args.runs, args.cpus, pool=0)
         image = backend._client.images.get(args.image)
         labels = {"io.docbroker.instance": instance}  # so the cleanup below finds it after a crash
+        floors = {
+            name: memory_floor(args.host, args.image, imports, labels, args.idle_wait)
+            for name, imports in _FLOORS.items()
+        }
+        results |= {
+            "backend_cold_s": hardened,
+            "backend_pooled_s": pooled,
+            "naive_s": naive,
+            "broker_pooled_s": through_broker,
+            "broker_cold_s": through_broker_cold,
+            "idle_mib": idle,
+            "floors_mib": floors,
+            "image_mb": image.attrs["Size"] / 1e6,
+        }
         rows += [
             (
                 f"(a) DockerBackend cold start p50 / p90 (n={args.runs}, {args.cpus} CPU)",
@@ -428,13 +451,7 @@ async def main() -> int:
                 f"(c) through the broker, no pool: first tools/call → result p50 / p90 (n={args.runs})",
                 _p50_p90(through_broker_cold) if through_broker_cold else "- (rootful daemon only)",
             ),
-            *(
-                (
-                    f"{name} (docker stats)",
-                    f"{memory_floor(args.host, args.image, imports, labels, args.idle_wait):.1f} MiB",
-                )
-                for name, imports in _FLOORS.items()
-            ),
+            *((f"{name} (docker stats)", f"{mib:.1f} MiB") for name, mib in floors.items()),
             ("idle sandbox memory (docker stats)", f"{idle:.1f} MiB"),
             ("server image size", f"{image.attrs['Size'] / 1e6:.1f} MB"),
         ]
@@ -450,6 +467,7 @@ async def main() -> int:
             sockets = [i.endpoint.uds for i in infos if i.endpoint and i.endpoint.uds]
             await asyncio.gather(*(call_over_socket(path) for path in sockets))
             mem = docker_stats_mib(args.host, [backend.container_name(i.tenant) for i in infos])
+            results["many"] = {"n": args.many, "ready": sum(ready), "all_up_s": all_up, "memory_mib": mem}
             rows += [
                 (f"{args.many} sandboxes: all ready", f"{sum(ready)}/{args.many} in {all_up:.1f} s"),
                 (
@@ -460,6 +478,7 @@ async def main() -> int:
             await asyncio.gather(*(backend.delete(i) for i in infos))
             if described["mode"] == "rootful":
                 all_answered, second = broker_many(args.host, args.image, args.many, args.cpus)
+                results["many"] |= {"broker_all_answered_s": all_answered, "broker_next_call_s": second}
                 rows += [
                     (
                         f"{args.many} tenants through one broker: all first calls answered",
@@ -480,8 +499,13 @@ async def main() -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 
 if __name__ == "__main__":
+    # Stopped (make_report's timeout, Ctrl-C's SIGTERM cousin): unwind through the `finally`
+    # blocks, which remove this run's containers, brokers and tenant folders.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(asyncio.run(main()))

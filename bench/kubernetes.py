@@ -27,6 +27,7 @@ import collections
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -218,6 +219,7 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=20, help="tenant Pods started at once")
     parser.add_argument("--idle", type=float, default=15.0, help="seconds idle before measuring memory")
     parser.add_argument("--no-docker", action="store_true", help="skip the Docker sandbox's memory")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here (seconds, MiB)")
     args = parser.parse_args()
     if not os.environ.get("DOCBROKER_TEST_KUBECONFIG"):
         print("DOCBROKER_TEST_KUBECONFIG is not set: start the lab and source its env", file=sys.stderr)
@@ -231,6 +233,7 @@ def main() -> int:
     broker.env["DOCBROKER_START_TIMEOUT"] = str(int(CALL_TIMEOUT - 10))
     broker.env["DOCBROKER_CALL_TIMEOUT"] = str(int(CALL_TIMEOUT - 10))
     rows: list[tuple[str, str]] = []
+    results: dict[str, object] = {}  # the same figures for --json
     try:
         for tenant in sequential + burst:
             lab.tenant(tenant)
@@ -263,6 +266,10 @@ def main() -> int:
             ).items
             if p.metadata.labels.get(names.TENANT) in burst and p.status.phase == "Running"
         ]
+        results |= {
+            "first_call_s": firsts,
+            "burst": {"n": len(burst), "wall_s": wall, "answered_s": times, "running": len(running)},
+        }
         rows.append((f"{len(burst)} first calls at once (wall)", f"{wall:.2f} s"))
         if times:
             rows.append(
@@ -276,6 +283,7 @@ def main() -> int:
         )
         time.sleep(args.idle)
         sizes = pod_memory(lab, sequential + burst)
+        results["pod_memory_mib"] = [size / 2**20 for size in sizes]
         if sizes:
             rows.append(
                 (
@@ -285,6 +293,7 @@ def main() -> int:
             )
         if not args.no_docker:
             docker = docker_memory(base)
+            results["docker_memory_mib"] = None if docker is None else docker / 2**20
             if docker is not None:
                 rows.append(("memory per idle Docker sandbox", f"{docker / 2**20:.1f} MiB"))
     finally:
@@ -299,8 +308,12 @@ def main() -> int:
     p50 = statistics.median(firsts)
     print(f"target first call p50 <= {TARGET_P50:.0f} s: {'PASS' if p50 <= TARGET_P50 else 'FAIL'}")
     print(f"target {len(burst)} Pods at once: {'PASS' if len(times) == len(burst) else 'FAIL'}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 
 if __name__ == "__main__":
+    # Stopped (make_report's timeout): unwind through the clean-up, as Ctrl-C would.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     raise SystemExit(main())
