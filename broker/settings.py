@@ -296,6 +296,15 @@ class PreAuthSettings:
 
 
 @dataclass(frozen=True)
+class ImageSupplySettings:
+    """Where `docbroker image build` keeps an image's SBOM and signed provenance, and the release
+    public keys that provenance must be signed with (DESIGN §13, docs/supply-chain.md)."""
+
+    records_dir: Path = Path("var/images")  # DOCBROKER_IMAGE_RECORDS; from the env: <DATA_DIR>/images
+    trust_keys: tuple[Path, ...] = ()  # DOCBROKER_IMAGE_TRUST_KEYS: Ed25519 public keys (PEM)
+
+
+@dataclass(frozen=True)
 class Settings:
     data_dir: Path
     policies_dir: Path
@@ -325,6 +334,7 @@ class Settings:
     # OpenTelemetry spans of /mcp requests, exported by OTLP/HTTP as the OTEL_* variables say
     # (broker/tracing.py, docs/tracing.md)
     tracing: bool = False
+    supply: ImageSupplySettings = field(default_factory=ImageSupplySettings)  # the image's records, trust
 
     @property
     def replica_id(self) -> str:
@@ -452,6 +462,7 @@ class Settings:
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
             policy_reload_seconds=r.number("POLICY_RELOAD", 2.0, low=0, high=3600),
             tracing=r.flag("TRACING", False),
+            supply=_image_supply(r, data_dir),
             master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,
@@ -565,6 +576,19 @@ def public_url_from_env(env: Mapping[str, str] = os.environ) -> str:
 def docker_host_from_env(env: Mapping[str, str] = os.environ) -> str | None:
     """DOCBROKER_DOCKER_HOST alone (`docbroker image build`); None: Docker's own default."""
     return _Reader(env).optional("DOCKER_HOST")
+
+
+def image_supply_from_env(env: Mapping[str, str] = os.environ) -> ImageSupplySettings:
+    """DOCBROKER_IMAGE_RECORDS and DOCBROKER_IMAGE_TRUST_KEYS (`docbroker image build|verify`)."""
+    r = _Reader(env)
+    return _image_supply(r, _data_dir(r))
+
+
+def _image_supply(r: _Reader, data_dir: Path) -> ImageSupplySettings:
+    return ImageSupplySettings(
+        records_dir=Path(r.text("IMAGE_RECORDS", str(data_dir / "images"))).absolute(),
+        trust_keys=r.paths("IMAGE_TRUST_KEYS"),
+    )
 
 
 def _data_dir(r: _Reader) -> Path:
@@ -778,6 +802,12 @@ class _Reader:
         self._note(SettingRead(PREFIX + name, "path"))
         value = self.optional(name)
         return Path(value).absolute() if value else None
+
+    def paths(self, name: str) -> tuple[Path, ...]:
+        """A comma-separated list of paths; empty when unset."""
+        self._note(SettingRead(PREFIX + name, "list of paths"))
+        raw = self.optional(name) or ""
+        return tuple(Path(item).absolute() for item in (x.strip() for x in raw.split(",")) if item)
 
     def integer(self, name: str, default: int, *, low: int, high: int) -> int:
         self._note(SettingRead(PREFIX + name, "integer", default, low, high))

@@ -165,6 +165,14 @@ SETTINGS: dict[str, str] = {
         "`Retry-After` at once (1-1000)"
     ),
     "BREAKER_COOLDOWN": "seconds the circuit stays open before one trial call (0.1-3600)",
+    "IMAGE_RECORDS": (
+        "where `docbroker image build` writes each image's SBOM and signed provenance, named by the "
+        "image's digest ([docs/supply-chain.md](docs/supply-chain.md))"
+    ),
+    "IMAGE_TRUST_KEYS": (
+        "release public keys (Ed25519 PEM files, comma-separated) an image's provenance must be "
+        "signed with; two during a key rotation ([docs/supply-chain.md](docs/supply-chain.md))"
+    ),
     "DOCKER_HOST": "daemon socket, e.g. `unix:///run/user/1000/docker.sock`",
     "DOCKER_IMAGE": (
         "sandbox image; resolved to its digest at each start, and the sandbox made from the digest"

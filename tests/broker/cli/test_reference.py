@@ -20,7 +20,7 @@ PAGE = ROOT / "docs" / "operations.md"
 SOURCE = ROOT / "broker" / "settings.py"
 # Independent of the recorder: the `_Reader` calls as they are written in the source.
 _READS = re.compile(
-    r"\.(?:text|optional|required|path|integer|number|flag|choice|origins|algorithms|networks)"
+    r"\.(?:text|optional|required|path|paths|integer|number|flag|choice|origins|algorithms|networks)"
     r'\(\s*"([A-Z][A-Z0-9_]*)"'
 )
 
