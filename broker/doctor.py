@@ -103,8 +103,11 @@ async def _runtime(settings: Settings, described: dict[str, Any]) -> tuple[str, 
     if settings.runtime.kind == "local":
         return WARN, "local processes: INSECURE, no sandbox (development only)"
     from broker.runtime.docker import DockerBackend
+    from broker.runtime.imagetrust import ImageTrust
 
-    backend = await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.pool_dir)
+    backend = await DockerBackend.connect(
+        settings.runtime.docker, pool_dir=settings.pool_dir, trust=ImageTrust.from_settings(settings.supply)
+    )
     try:
         facts = backend.describe()  # describes the pool; start() is never called, nothing is started
     finally:

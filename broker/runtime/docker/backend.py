@@ -101,7 +101,7 @@ class DockerBackend(SandboxBackend):
         self._facts = facts
         self._seccomp = seccomp_json
         self._trust: ImageCheck = trust or NoImageTrust()
-        self._digest = image_digest  # the configured image's digest as last resolved (describe)
+        self._digest = image_digest  # the digest sandboxes were last made from, vouched for (describe)
         self._instance = instance
         self._pool_dir = pool_dir
         self.replicas = replicas or Replicas(None, "local")
@@ -186,8 +186,8 @@ class DockerBackend(SandboxBackend):
         (a tag swapped to another image while the broker runs is refused here).
         """
         digest = await self.blocking(_resolve_image, self._client, self._settings.image)
-        self._digest = digest
         await self.blocking(self._trust.check, digest)
+        self._digest = digest  # reported (describe): the digest sandboxes are now made from
         return digest
 
     async def blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
