@@ -5,7 +5,8 @@
 #   bash .ci/kube-lab.sh build              build once; cached under $CACHE (outside the checkout)
 #   bash .ci/kube-lab.sh start DIR          certs, etcd, apiserver, controller-manager, scheduler,
 #                                           containerd, kubelet; DIR/env for the tests
-#   bash .ci/kube-lab.sh load-image IMAGE   rootful Docker's IMAGE → the lab's containerd
+#   bash .ci/kube-lab.sh load-image IMAGE   rootful Docker's IMAGE → the lab's containerd; prints
+#                                           the name@sha256:… a Pod names it by (tenant Pods must)
 #   bash .ci/kube-lab.sh local-pv DIR NAME SIZE [NS/CLAIM]   a `local` PV on DIR/pv/NAME
 #   bash .ci/kube-lab.sh seccomp DIR FILE...  a profile for pods: Localhost `docbroker/FILE`
 #   bash .ci/kube-lab.sh stop DIR           stop everything, remove bridge, cgroups, mounts, state
@@ -458,10 +459,16 @@ cmd_start() {
     --seccomp-profile-root="$dir/seccomp" --make-iptables-util-chains=false --v=1
 
   step "importing the project's images into the lab's containerd"
-  local image
+  local image server_ref='' broker_ref=''
   for image in docbroker-server:latest docbroker-broker:latest; do
-    load_image "$image" || step "WARNING: $image is not in the rootful Docker; load it later with load-image"
+    load_image "$image" >"$dir/image-ref" \
+      || step "WARNING: $image is not in the rootful Docker; load it later with load-image"
+    case $image in
+      docbroker-server:*) server_ref=$(cat "$dir/image-ref") ;;
+      docbroker-broker:*) broker_ref=$(cat "$dir/image-ref") ;;
+    esac
   done
+  rm -f "$dir/image-ref"
   kctl apply -f - >/dev/null <<YAML
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -479,6 +486,10 @@ YAML
     echo "DOCBROKER_TEST_KUBE_LAB=$dir"
     # where pods reach the host itself (a server a test runs on the host binds here)
     echo "DOCBROKER_TEST_KUBE_HOST_IP=$LINK_HOST_IP"
+    # the images by digest, as tenant Pods and the broker's Deployment must name them
+    [ -z "$server_ref" ] || echo "DOCBROKER_TEST_KUBE_SERVER_IMAGE=$server_ref"
+    [ -z "$broker_ref" ] || echo "DOCBROKER_TEST_KUBE_KEEPER_IMAGE=$broker_ref"
+    [ -z "$broker_ref" ] || echo "DOCBROKER_TEST_KUBE_BROKER_IMAGE=$broker_ref"
   } >"$dir/env"
   t1=$(now)
   step "lab ready in $(( t1 - t0 )) s: node $host Ready; KUBECONFIG=$dir/admin.kubeconfig"
@@ -496,10 +507,24 @@ docker_rootful() {
 }
 
 load_image() {  # load_image IMAGE: rootful Docker → the lab's containerd (k8s.io namespace)
-  local image=$1 host
+  # Prints IMAGE's name@sha256:<manifest digest>, the reference Pods name it by. `ctr images
+  # import` records the tag and the image id only, and the CRI resolves neither form a Pod may
+  # carry by digest (`name@sha256:…` of the manifest; checked on the lab): the digest name is
+  # added here, as a pull from a registry would. The manifest digest is containerd's (of the
+  # manifest it wrote at import), not Docker's image id (the digest of the image's config).
+  local image=$1 host ref name digest
   host=$(docker_rootful)
   DOCKER_HOST=$host docker image inspect "$image" >/dev/null 2>&1 || return 1
   DOCKER_HOST=$host docker save "$image" | ctr_ images import - >/dev/null
+  case $image in
+    */*) ref=$image ;;
+    *) ref=docker.io/library/$image ;;
+  esac
+  name=${image%:*}
+  digest=$(ctr_ images ls "name==$ref" | awk 'NR == 2 {print $3}')
+  case $digest in sha256:*) ;; *) echo "kube-lab.sh: no digest for $ref in the lab's containerd" >&2; return 1 ;; esac
+  ctr_ images tag --force "$ref" "${ref%:*}@$digest" >/dev/null
+  echo "$name@$digest"
 }
 
 lab_dir() {  # the running lab's DIR, from the netns marker
@@ -510,7 +535,7 @@ cmd_load_image() {
   local image=${1:?usage: kube-lab.sh load-image IMAGE}
   dir=$(lab_dir) || die "no lab is running"
   load_image "$image" || die "$image is not in the rootful Docker daemon"
-  step "$image imported into the lab's containerd (use imagePullPolicy: Never)"
+  step "$image imported into the lab's containerd (use imagePullPolicy: Never and the name above)"
 }
 
 cmd_local_pv() {  # local-pv DIR NAME SIZE [NAMESPACE/CLAIM]

@@ -90,12 +90,15 @@ async def make_backend(settings: Settings) -> SandboxBackend:
             start_timeout=settings.runtime.start_timeout_seconds,
         )
     from broker.runtime.docker import DockerBackend
+    from broker.runtime.imagetrust import ImageTrust
 
     return await DockerBackend.connect(
         settings.runtime.docker,
         instance=settings.runtime.instance,
         pool_dir=settings.pool_dir,
         replicas=replicas,
+        # DESIGN §13: with release keys, no sandbox starts from an image they do not vouch for.
+        trust=ImageTrust.from_settings(settings.supply),
     )
 
 

@@ -10,7 +10,7 @@ import asyncio
 import os
 import stat
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from broker.settings import Settings
 
@@ -51,7 +51,10 @@ def run_doctor(settings: Settings, out: TextIO, rows: list[dict[str, str]] | Non
         for what, check in cluster_checks(settings.runtime.kubernetes):
             report.check(what, check)
     else:
-        report.check("sandbox runtime", lambda: asyncio.run(_runtime(settings)))
+        facts: dict[str, Any] = {}
+        report.check("sandbox runtime", lambda: asyncio.run(_runtime(settings, facts)))
+        if settings.runtime.kind == "docker":
+            report.check("sandbox image", lambda: _image(facts))
     return 1 if report.failed else 0
 
 
@@ -96,16 +99,20 @@ async def _keys(settings: Settings) -> tuple[str, str]:
     return (OK if ready else FAIL), f"{mode}; {'usable keys loaded' if ready else 'no usable keys'}"
 
 
-async def _runtime(settings: Settings) -> tuple[str, str]:
+async def _runtime(settings: Settings, described: dict[str, Any]) -> tuple[str, str]:
     if settings.runtime.kind == "local":
         return WARN, "local processes: INSECURE, no sandbox (development only)"
     from broker.runtime.docker import DockerBackend
+    from broker.runtime.imagetrust import ImageTrust
 
-    backend = await DockerBackend.connect(settings.runtime.docker, pool_dir=settings.pool_dir)
+    backend = await DockerBackend.connect(
+        settings.runtime.docker, pool_dir=settings.pool_dir, trust=ImageTrust.from_settings(settings.supply)
+    )
     try:
         facts = backend.describe()  # describes the pool; start() is never called, nothing is started
     finally:
         await backend.close()
+    described.update(facts)
     limits = facts.get("limits_enforced", {})
     enforced = all(limits.values()) if isinstance(limits, dict) else bool(limits)
     pool = facts.get("pool", {})
@@ -117,3 +124,15 @@ async def _runtime(settings: Settings) -> tuple[str, str]:
     if facts["mode"] == "rootful":
         return WARN, detail + "; a rootless daemon is preferred"
     return (OK if enforced else WARN), detail
+
+
+def _image(facts: dict[str, Any]) -> tuple[str, str]:
+    """The image's digest, and whether a release key vouches for it: trust off is a WARN, said
+    plainly, because nothing then stops a swapped image from serving every tenant."""
+    if not facts:
+        return FAIL, "not checked: the sandbox runtime check failed (see above)"
+    trust = facts.get("image_trust", {})
+    detail = f"{facts.get('image')} = {facts.get('image_digest')}"
+    if trust.get("state") != "on":
+        return WARN, f"{detail}; image trust OFF: {trust.get('reason', 'no release keys')}"
+    return OK, f"{detail}; provenance verified ({trust.get('detail', 'release keys')})"

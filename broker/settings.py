@@ -152,6 +152,9 @@ class KubernetesSettings:
     memory_limit: str = "128Mi"
 
 
+# An image named by its content, `[registry/]name[:tag]@sha256:<64 hex>`: a tag can be moved to
+# another image by whoever can push to the registry or import on a node, the digest cannot.
+IMAGE_BY_DIGEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 KUBE_SECCOMP_RE = re.compile(r"RuntimeDefault|localhost/[A-Za-z0-9._/-]{1,200}")
 KUBE_QUANTITY_RE = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
 KUBE_CPU_RE = re.compile(r"[0-9]+(\.[0-9]+)?m?")  # cores or millicores: what the Pod spec computes with
@@ -414,9 +417,10 @@ class Settings:
                 )
             ).absolute(),
         )
-        kubernetes = _kubernetes_settings(r)
+        kind = r.choice("RUNTIME", "docker", ("docker", "kubernetes", "local"))
+        kubernetes = _kubernetes_settings(r, by_digest=kind == "kubernetes")
         runtime = RuntimeSettings(
-            kind=r.choice("RUNTIME", "docker", ("docker", "kubernetes", "local")),
+            kind=kind,
             instance=r.text("INSTANCE", "default"),
             allow_insecure_local=r.flag("ALLOW_INSECURE_LOCAL_RUNTIME", False),
             local_command=tuple(shlex.split(r.text("LOCAL_SERVER_COMMAND", ""))) or None,
@@ -532,14 +536,17 @@ def origin_of(url: str) -> str | None:
     return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
 
 
-def kubernetes_from_env(env: Mapping[str, str] = os.environ) -> tuple[KubernetesSettings, str]:
+def kubernetes_from_env(
+    env: Mapping[str, str] = os.environ, *, by_digest: bool = True
+) -> tuple[KubernetesSettings, str]:
     """The Kubernetes settings and DOCBROKER_INSTANCE alone, for commands that need no more
-    (`docbroker tenant manifest`): an operator's shell has no DOCBROKER_AUTH_* to set."""
+    (`docbroker tenant manifest`): an operator's shell has no DOCBROKER_AUTH_* to set.
+    `by_digest` False: for a command that makes no Pod (the manifest: volumes and a Secret)."""
     r = _Reader(env)
     instance = r.text("INSTANCE", "default")
     if not INSTANCE_RE.fullmatch(instance):
         raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
-    return _kubernetes_settings(r), instance
+    return _kubernetes_settings(r, by_digest=by_digest), instance
 
 
 def store_from_env(env: Mapping[str, str] = os.environ) -> StoreSettings:
@@ -713,7 +720,9 @@ def _loopback(url: str) -> bool:
     return urllib.parse.urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
-def _kubernetes_settings(r: _Reader) -> KubernetesSettings:
+def _kubernetes_settings(r: _Reader, *, by_digest: bool) -> KubernetesSettings:
+    """`by_digest`: the images must be named by digest (tenant Pods are about to be made from
+    them); a broker on another runtime reads the variables without needing them."""
     k = KubernetesSettings(
         namespace=r.text("KUBE_NAMESPACE", "docbroker-tenants"),
         kubeconfig=r.path("KUBECONFIG"),
@@ -729,6 +738,13 @@ def _kubernetes_settings(r: _Reader) -> KubernetesSettings:
     )
     if not INSTANCE_RE.fullmatch(k.namespace):
         raise SettingsError(f"{PREFIX}KUBE_NAMESPACE must be a DNS label")
+    for name, image in (("KUBE_SERVER_IMAGE", k.server_image), ("KUBE_KEEPER_IMAGE", k.keeper_image)):
+        if by_digest and not IMAGE_BY_DIGEST_RE.fullmatch(image):
+            raise SettingsError(
+                f"{PREFIX}{name} must name the image by digest, name@sha256:<64 hex>, never by a tag "
+                "alone: after a push, `docker inspect --format '{{index .RepoDigests 0}}' IMAGE` prints it "
+                "(docs/supply-chain-kubernetes.md)"
+            )
     if not KUBE_SECCOMP_RE.fullmatch(k.seccomp) or ".." in k.seccomp:
         raise SettingsError(
             f"{PREFIX}KUBE_SECCOMP must be RuntimeDefault or localhost/<profile path on the node>"

@@ -27,4 +27,7 @@ def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, A
     limits = details.get("limits_enforced")
     if limits is not None:  # Docker reports memory/cpu/pids separately: all must hold
         fields["limits_enforced"] = all(limits.values()) if isinstance(limits, dict) else bool(limits)
+    digest = details.get("image_digest")
+    if digest:  # the image it runs, by content: which build a tenant's documents met
+        fields["image_digest"] = digest
     return fields

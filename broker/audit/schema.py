@@ -69,6 +69,7 @@ _REASON = re.compile(r"[a-z0-9_.:-]{1,64}")
 _PROTOCOL = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # MCP versions are dates
 _TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _plain(value: object) -> str | None:
@@ -189,6 +190,7 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     "sandbox": _pattern(_ID),
     "sandbox_mode": _one_of(DaemonMode),
     "limits_enforced": _flag,
+    "image_digest": _pattern(_IMAGE_DIGEST),  # the image a sandbox was made from (DESIGN §13)
     "protocol": _pattern(_PROTOCOL),
     "status": _count(100, 599),
     "count": _count(1, MAX_COUNT),  # how many things one line stands for (purged records, denied requests)

@@ -174,7 +174,9 @@ SETTINGS: dict[str, str] = {
         "signed with; two during a key rotation ([docs/supply-chain.md](docs/supply-chain.md))"
     ),
     "DOCKER_HOST": "daemon socket, e.g. `unix:///run/user/1000/docker.sock`",
-    "DOCKER_IMAGE": "sandbox image",
+    "DOCKER_IMAGE": (
+        "sandbox image; resolved to its digest at each start, and the sandbox made from the digest"
+    ),
     "DOCKER_REQUIRE_ROOTLESS": "refuse a rootful daemon",
     "DOCKER_MEMORY_MB": "sandbox memory limit, MiB (32-65536)",
     "DOCKER_CPUS": "sandbox CPUs (0.05-64)",
@@ -196,8 +198,13 @@ SETTINGS: dict[str, str] = {
         "kubernetes: a kubeconfig file instead of the Pod's ServiceAccount (development, `doctor` with "
         "other credentials)"
     ),
-    "KUBE_SERVER_IMAGE": "kubernetes: the tenant Pod's `server` container image",
-    "KUBE_KEEPER_IMAGE": "kubernetes: the `keeper` (and drop-box init) container image",
+    "KUBE_SERVER_IMAGE": (
+        "kubernetes: the tenant Pod's `server` container image, by digest (`name@sha256:…`; a tag is "
+        "refused, [docs/supply-chain-kubernetes.md](docs/supply-chain-kubernetes.md))"
+    ),
+    "KUBE_KEEPER_IMAGE": (
+        "kubernetes: the `keeper` (and drop-box init) container image, by digest (`name@sha256:…`)"
+    ),
     "KUBE_IMAGE_PULL_POLICY": (
         "kubernetes: `Always`, `IfNotPresent` or `Never` (images imported into the nodes)"
     ),

@@ -11,7 +11,8 @@ Exceptions:
      ├── CapacityError         the sandbox cap is reached (HTTP 503)
      ├── SandboxStartError     a sandbox did not become ready (HTTP 503)
      └── BackendRefused        the engine refuses by policy, e.g. a rootful daemon (HTTP 503)
-          └── SpecRefused      the sandbox's spec fails the security check (HTTP 503, audited)
+          ├── SpecRefused      the sandbox's spec fails the security check (HTTP 503, audited)
+          └── ImageUntrusted   the image is not the one that was built and signed (HTTP 503, audited)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from broker.audit.schema import AuditEvent
 from broker.runtime.shared import FolderUse, Replicas, SharedUse
@@ -57,6 +58,38 @@ class SpecRefused(BackendRefused):
     `sandbox.failed` with this reason: a setting or a code change weakened the sandbox."""
 
     reason = "pod_security"
+
+
+class ImageUntrusted(BackendRefused):
+    """The configured image is not one the release keys vouch for (DESIGN §13): its digest
+    has no signed provenance, a provenance no trusted key signed, or one for another digest;
+    or a tenant Pod would name its image by a tag. Nothing was started. Audited as
+    `sandbox.failed` with this reason: someone swapped or rebuilt the image."""
+
+    reason = "image_untrusted"
+
+
+class ImageCheck(Protocol):
+    """Vouches for an image digest before a sandbox is made from it (broker/runtime/imagetrust.py)."""
+
+    def check(self, digest: str) -> None:
+        """Return if `digest` (`sha256:<hex>`) may run; raise ImageUntrusted if not. Blocking:
+        it reads the image's records (called on a backend's worker thread)."""
+
+    def describe(self) -> dict[str, Any]:
+        """For /readyz and `doctor`: `state` on or off, and why."""
+
+
+class NoImageTrust:
+    """No release keys configured: any image under the configured name runs, as it resolves at
+    each start. Said loudly in /readyz, `doctor` and the log: a security product that checks
+    nothing must not look as if it did."""
+
+    def check(self, digest: str) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"state": "off", "reason": "DOCBROKER_IMAGE_TRUST_KEYS is not set: the image is not verified"}
 
 
 class SandboxBackend(ABC):
@@ -273,7 +306,7 @@ class Runtime:
         except RuntimeErrorBase as exc:
             # The backend's own fixed phrase (never a value): what an operator needs to act.
             log.warning("sandbox start failed: %s", exc, extra={"backend": self.backend.name})
-            if isinstance(exc, SpecRefused):
+            if isinstance(exc, (SpecRefused, ImageUntrusted)):
                 await self._on_event(AuditEvent.SANDBOX_FAILED, tenant, "", {"reason": exc.reason})
             raise
         except Exception as exc:
@@ -291,6 +324,8 @@ class Runtime:
             log.info("adopted sandbox", extra={"backend": self.backend.name})
         else:
             details = {**self.backend.describe(), "start_ms": round((self._clock() - started) * 1000, 1)}
+            if "image_digest" in info.details:  # what this sandbox was created from, not the last resolved
+                details["image_digest"] = info.details["image_digest"]
             await self._on_event(AuditEvent.SANDBOX_STARTED, tenant, info.backend_id, details)
         return info.endpoint
 

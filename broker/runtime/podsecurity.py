@@ -9,7 +9,9 @@ never an exception: this function decides whether a Pod may be created.
 
 Beyond the standard (DESIGN §7): a read-only root fs, explicit non-zero uid and gid (the host's
 root group on a rootful engine is gid 0), cpu and memory limits, and for tenant Pods no service
-account token and no service links.
+account token, no service links, and every image named by digest (DESIGN §13: a tag can be
+moved to another image on the registry or the node; `name@sha256:…` cannot). `pinned` asks the
+last of any spec (the production overlay's Deployment).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ SAFE_SYSCTLS = frozenset(
 )
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+IMAGE_BY_DIGEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,17 @@ def pod_spec_of(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str,
 
 
 def check_pod_spec(
-    spec: Mapping[str, Any], *, metadata: Mapping[str, Any] | None = None, tenant: bool = False
+    spec: Mapping[str, Any],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    tenant: bool = False,
+    pinned: bool = False,
 ) -> list[Violation]:
     """Every way `spec` falls short of "restricted" and our extras; empty when it passes.
 
     `tenant`: the spec is a tenant's sandbox Pod, which must hold no API token and no
-    service links (it has no business with the API or with other Services)."""
+    service links (it has no business with the API or with other Services), and name every
+    image by digest. `pinned`: every image by digest, for any spec."""
     if not isinstance(spec, Mapping):
         return [Violation("malformed", "pod", "the pod spec is not an object")]
     found = list(_pod_level(spec, tenant))
@@ -106,6 +114,8 @@ def check_pod_spec(
             found.append(Violation("malformed", where, "the container is not an object"))
             continue
         found += _container(container, pod_ctx, where, lst)
+        if (tenant or pinned) and not IMAGE_BY_DIGEST.fullmatch(str(container.get("image", ""))):
+            found.append(Violation("image", where, "the image must be named by digest (name@sha256:…)"))
     return found
 
 

@@ -30,6 +30,9 @@ class Slot:
     run_dir: str
     bind_socket: str
     mcp_socket: str
+    # The image digest it was started from: a slot warmed before the configured image moved
+    # is dropped, never bound (the backend compares it with the digest of the moment).
+    image: str = ""
 
 
 class WarmPool:
@@ -80,6 +83,11 @@ class WarmPool:
         """A taken slot that could not be bound: remove it, and count it as a failure."""
         await self._remove_quietly(slot)
         self._failed(why)
+
+    async def drop(self, slot: Slot) -> None:
+        """A taken slot that is sound but stale (started from an image since replaced): remove
+        it without counting a failure; the refill `take()` began starts from the current one."""
+        await self._remove_quietly(slot)
 
     def describe(self) -> dict[str, Any]:
         state = "off" if self._off_reason else "on"

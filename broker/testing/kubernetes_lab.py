@@ -34,8 +34,9 @@ BROKER_USER = f"system:serviceaccount:{names.BROKER_NAMESPACE}:{BROKER_SA}"
 STORAGE_CLASS = "docbroker-lab"
 SECCOMP = "localhost/docbroker/seccomp-tcp.json"
 MASTER = bytes.fromhex("5a" * 32)
-# The images the tenant Pods run (imported into the lab's containerd); a build of one's own
-# branch may carry another tag, so that the shared `:latest` ones stay as they are.
+# The images the tenant Pods run (imported into the lab's containerd), by digest: the broker
+# refuses a tag (DESIGN §13). The lab's DIR/env names them (`.ci/kube-lab.sh load-image IMAGE`
+# prints the name@sha256:… of a build of one's own); the defaults here are refused, loudly.
 SERVER_IMAGE = os.environ.get("DOCBROKER_TEST_KUBE_SERVER_IMAGE", "docbroker-server:latest")
 KEEPER_IMAGE = os.environ.get("DOCBROKER_TEST_KUBE_KEEPER_IMAGE", "docbroker-broker:latest")
 

@@ -204,6 +204,7 @@ def test_a_bound_sandbox_cannot_leave_its_tenants_folders(
         # The warm sandbox's exact options, with the server swapped for the probe.
         options = backend._hardened_options(
             f"docbroker-{instance}.pool-probe",
+            image=await backend.image(),
             labels={"io.docbroker.pool": "true"},
             environment={},
             mounts=[("/run/docs", str(slot_dir), False)],

@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 
 from broker.runtime.podsecurity import Violation, check_pod_spec, pod_spec_of
-from tests.k8s_manifests.render import all_renderings
+from tests.k8s_manifests.render import all_renderings, render
+
+SERVER_BY_DIGEST = "docbroker-server@sha256:" + "ab" * 32
+KEEPER_BY_DIGEST = "registry.example.com:5000/docbroker/docbroker-broker:0.1@sha256:" + "cd" * 32
 
 
 def tenant_pod() -> dict[str, Any]:
@@ -41,7 +44,7 @@ def tenant_pod() -> dict[str, Any]:
             "containers": [
                 {
                     "name": "server",
-                    "image": "docbroker-server:latest",
+                    "image": SERVER_BY_DIGEST,
                     "securityContext": copy.deepcopy(hardened),
                     "resources": copy.deepcopy(limits),
                     "ports": [{"containerPort": 8080}],
@@ -49,7 +52,7 @@ def tenant_pod() -> dict[str, Any]:
                 },
                 {
                     "name": "keeper",
-                    "image": "docbroker-broker:latest",
+                    "image": KEEPER_BY_DIGEST,
                     "securityContext": copy.deepcopy(hardened),
                     "resources": copy.deepcopy(limits),
                     "ports": [{"containerPort": 8081}],
@@ -207,6 +210,25 @@ TAMPERED: list[tuple[str, Tamper, str]] = [
     ("containers not a list", lambda p: spec(p).update(containers={"name": "x"}), "malformed"),
     ("securityContext not an object", lambda p: server(p).update(securityContext="privileged"), "malformed"),
     ("volumes not a list", lambda p: spec(p).update(volumes="hostPath"), "malformed"),
+    # DESIGN §13: a tag can be moved to another image on the registry or the node.
+    ("the server image by tag", lambda p: server(p).update(image="docbroker-server:latest"), "image"),
+    ("the server image by name", lambda p: server(p).update(image="docbroker-server"), "image"),
+    (
+        "a digest that is not sha256",
+        lambda p: server(p).update(image="docbroker-server@md5:" + "ab" * 16),
+        "image",
+    ),
+    (
+        "a short digest",
+        lambda p: server(p).update(image="docbroker-server@sha256:" + "ab" * 8),
+        "image",
+    ),
+    (
+        "the keeper image by tag",
+        lambda p: spec(p)["containers"][1].update(image="docbroker-broker:latest"),
+        "image",
+    ),
+    ("no image", lambda p: server(p).pop("image"), "image"),
 ]
 
 
@@ -264,6 +286,28 @@ def test_every_pod_template_in_k8s_passes(tmp_path: Path) -> None:
             assert violations == [], f"{name}: {doc['kind']}/{doc['metadata']['name']}: {violations}"
             templates += 1
     assert templates == 7  # the broker's Deployment: in the 3 overlays and with each of the 4 components
+
+
+def test_the_broker_pod_may_name_a_tag_unless_pinned_is_asked() -> None:
+    pod = tenant_pod()
+    server(pod)["image"] = "docbroker-broker:latest"
+    assert rules(pod, tenant=False) == set()  # base and lab overlays: the run names its image
+    assert {v.rule for v in check_pod_spec(spec(pod), pinned=True)} == {"image"}
+
+
+def test_the_production_overlay_names_every_image_by_digest() -> None:
+    """The broker's own Deployment (kustomize `images:` with a digest) and the tenant Pods'
+    images in its settings: nothing there is a tag."""
+    docs = render("overlays/production")
+    templates = [found for found in map(pod_spec_of, docs) if found is not None]
+    assert len(templates) == 1
+    for metadata, pod_spec in templates:
+        assert check_pod_spec(pod_spec, metadata=metadata, pinned=True) == []
+    config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("docbroker-config")
+    )
+    for name in ("DOCBROKER_KUBE_SERVER_IMAGE", "DOCBROKER_KUBE_KEEPER_IMAGE"):
+        assert "@sha256:" in config["data"][name]
 
 
 def test_pod_spec_of_reads_workloads() -> None:

@@ -182,7 +182,7 @@ def test_production_overlay(rendered: dict[str, list[dict[str, Any]]]) -> None:
         c["image"]
         for c in deployment["spec"]["template"]["spec"]["initContainers"] + [broker_container(docs)]
     }
-    assert images == {"registry.example.com/docbroker/docbroker-broker:0.1.0"}
+    assert images == {"registry.example.com/docbroker/docbroker-broker@sha256:" + "9b7e" * 16}  # by digest
     policies = find(docs, "ConfigMap", "docbroker-tenant-policies-", "docbroker")
     assert set(policies["data"]) == {"example.toml"}
 

@@ -120,8 +120,9 @@ def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0, ev
         time.sleep(every)
 
 
-def load_image(image: str) -> None:
-    """Import an image from the rootful Docker into the lab's containerd (`imagePullPolicy: Never`)."""
-    subprocess.run(
-        ["bash", str(LAB_SCRIPT), "load-image", image], check=True, capture_output=True, timeout=300
-    )
+def load_image(image: str) -> str:
+    """Import an image from the rootful Docker into the lab's containerd (`imagePullPolicy: Never`);
+    returns the `name@sha256:…` a Pod names it by (tenant Pods must: never a tag)."""
+    argv = ["bash", str(LAB_SCRIPT), "load-image", image]
+    done = subprocess.run(argv, check=True, capture_output=True, timeout=300, text=True)
+    return done.stdout.strip()

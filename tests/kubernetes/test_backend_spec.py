@@ -22,10 +22,14 @@ from broker.settings import KubernetesSettings, SettingsError, kubernetes_from_e
 
 ROOT = Path(__file__).resolve().parents[2]
 MASTER = bytes(range(32))
+SERVER_IMAGE = "registry.example.com/docbroker-server@sha256:" + "ab" * 32
+KEEPER_IMAGE = "registry.example.com/docbroker-broker@sha256:" + "cd" * 32
+BY_DIGEST = {"DOCBROKER_KUBE_SERVER_IMAGE": SERVER_IMAGE, "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE}
 
 
 def pod(**overrides: Any) -> dict[str, Any]:
-    return tenant_pod(KubernetesSettings(**overrides), "acme", instance="prod", replica="broker-7f9:1")
+    settings = KubernetesSettings(**{"server_image": SERVER_IMAGE, "keeper_image": KEEPER_IMAGE, **overrides})
+    return tenant_pod(settings, "acme", instance="prod", replica="broker-7f9:1")
 
 
 def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -201,17 +205,29 @@ def test_tenant_manifest_command(tmp_path: Path) -> None:
         ("DOCBROKER_KUBE_NAMESPACE", "Bad_NS"),
         ("DOCBROKER_KUBE_RUNTIME_CLASS", "g visor"),
         ("DOCBROKER_KUBE_IMAGE_PULL_POLICY", "Sometimes"),
+        # DESIGN §13: the tenant Pods' images by digest, never a tag that can be moved
+        ("DOCBROKER_KUBE_SERVER_IMAGE", "registry.example.com/docbroker-server:0.1.0"),
+        ("DOCBROKER_KUBE_KEEPER_IMAGE", "docbroker-broker:latest"),
+        ("DOCBROKER_KUBE_SERVER_IMAGE", "docbroker-server@sha256:abc"),
+        ("DOCBROKER_KUBE_SERVER_IMAGE", "docbroker-server@sha512:" + "ab" * 64),
     ],
 )
 def test_bad_kubernetes_settings_are_refused_in_one_line(name: str, value: str) -> None:
     with pytest.raises(SettingsError) as caught:
-        kubernetes_from_env({name: value})
+        kubernetes_from_env({**BY_DIGEST, name: value})
     assert name in str(caught.value)
     assert value not in str(caught.value)
 
 
+def test_a_tag_is_refused_with_how_to_get_the_digest() -> None:
+    with pytest.raises(SettingsError) as caught:
+        kubernetes_from_env({})  # the defaults name tags: fine for Docker, never for Pods
+    assert "DOCBROKER_KUBE_SERVER_IMAGE" in str(caught.value) and "RepoDigests" in str(caught.value)
+    kubernetes_from_env({}, by_digest=False)  # `tenant manifest` makes no Pod
+
+
 def test_kubernetes_settings_defaults_and_values() -> None:
-    k, instance = kubernetes_from_env({})
+    k, instance = kubernetes_from_env(BY_DIGEST)
     assert (k.namespace, k.kubeconfig, k.seccomp, k.runtime_class, instance) == (
         "docbroker-tenants",
         None,
@@ -226,6 +242,7 @@ def test_kubernetes_settings_defaults_and_values() -> None:
             "DOCBROKER_KUBE_CPU_LIMIT": "500m",
             "DOCBROKER_KUBE_MEMORY_LIMIT": "96Mi",
             "DOCBROKER_KUBE_IMAGE_PULL_POLICY": "Never",
+            **BY_DIGEST,
         }
     )
     assert k.kubeconfig == Path("/x/kubeconfig") and k.cpu_limit == "500m" and k.image_pull_policy == "Never"
@@ -308,7 +325,9 @@ def test_doctor_and_serve_say_in_one_line_when_no_cluster_answers(tmp_path: Path
             }
         )
     )
-    broker = make_broker(tmp_path / "b", runtime="kubernetes", env={"DOCBROKER_KUBECONFIG": str(kubeconfig)})
+    broker = make_broker(
+        tmp_path / "b", runtime="kubernetes", env={"DOCBROKER_KUBECONFIG": str(kubeconfig), **BY_DIGEST}
+    )
     doctor = subprocess.run(
         [sys.executable, "-m", "broker", "doctor"],
         capture_output=True,

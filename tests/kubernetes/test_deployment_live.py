@@ -36,6 +36,8 @@ from tests.broker.pgtest import ThrowAwayCluster
 from tests.kubernetes.conftest import wait_until
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
+# By digest, as the lab's DIR/env names it (.ci/kube-lab.sh load-image): the production overlay
+# pins the broker's own image so, and this run does the same through kustomize's `images:`.
 BROKER_IMAGE = os.environ.get("DOCBROKER_TEST_KUBE_BROKER_IMAGE", "docbroker-broker:latest")
 BROKER_NS = names.BROKER_NAMESPACE
 TENANTS_NS = names.TENANTS_NAMESPACE
@@ -89,12 +91,14 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
     (folder / "ops.token").write_text(idp.ops_token + "\n")
     policy = folder / f"{tenant}.toml"
     policy.write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
-    name, _, tag = BROKER_IMAGE.rpartition(":")
+    name, _, digest = BROKER_IMAGE.partition("@")
+    if not digest.startswith("sha256:"):
+        pytest.fail("DOCBROKER_TEST_KUBE_BROKER_IMAGE must be name@sha256:… (source the lab's DIR/env)")
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [os.path.relpath(ROOT / "k8s" / "overlays" / "lab", folder)],
-        "images": [{"name": "docbroker-broker", "newName": name, "newTag": tag}],
+        "images": [{"name": "docbroker-broker", "newName": name, "digest": digest}],
         "configMapGenerator": [
             {
                 "name": "docbroker-lab",

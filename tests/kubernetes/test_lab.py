@@ -17,11 +17,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from broker.testing.kubernetes_lab import SERVER_IMAGE
 from tests.kubernetes.conftest import SECCOMP_PREFIX, kubeconfig_path, lab_dir, wait_until
 
 pytestmark = pytest.mark.kubernetes
 
-IMAGE = "docbroker-server:latest"
+IMAGE = SERVER_IMAGE  # by digest (the lab's DIR/env): the reference form the CRI must resolve
 PROFILE = SECCOMP_PREFIX + "seccomp.json"
 UID = 10001
 POD_PIDS_LIMIT = "1024"  # the lab's kubelet podPidsLimit (.ci/kube-lab.sh)

@@ -26,7 +26,7 @@ from broker.runtime.kubernetes import KubernetesBackend, names
 from broker.runtime.kubernetes.push import PUSH_COMPONENT, push_pod
 from broker.runtime.podsecurity import check_pod_spec
 from broker.settings import KubernetesSettings
-from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, Lab, unique_tenant
+from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, SERVER_IMAGE, Lab, unique_tenant
 from broker.types import SandboxSpec
 from server.contracts import MAX_DOCUMENT_BYTES, MAX_SCAN_ENTRIES
 
@@ -56,6 +56,7 @@ def run_push(
         "PYTHONPATH": str(ROOT),
         "DOCBROKER_KUBECONFIG": str(kubeconfig or lab.kubeconfig),
         "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE,
+        "DOCBROKER_KUBE_SERVER_IMAGE": SERVER_IMAGE,  # both by digest, as the broker's own settings
         "DOCBROKER_KUBE_IMAGE_PULL_POLICY": "Never",
     }
     return subprocess.run(
@@ -200,7 +201,7 @@ def test_a_push_that_fails_in_the_pod_fails_in_one_line_and_removes_the_pod(
 
 
 def test_the_push_pod_is_restricted() -> None:
-    settings = KubernetesSettings(namespace=NS)
+    settings = KubernetesSettings(namespace=NS, keeper_image=KEEPER_IMAGE)
     pod = push_pod(settings, "acme", instance="default", suffix="abc123")
     assert check_pod_spec(pod["spec"], metadata=pod["metadata"], tenant=True) == []
     assert pod["metadata"]["labels"][names.COMPONENT] != "sandbox"  # never adopted as a tenant Pod

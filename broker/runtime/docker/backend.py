@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from broker.runtime.base import BackendRefused, SandboxBackend, SandboxStartError
+from broker.runtime.base import BackendRefused, ImageCheck, NoImageTrust, SandboxBackend, SandboxStartError
 from broker.runtime.daemon import DaemonFacts, daemon_facts
 from broker.runtime.docker import hardening
 from broker.runtime.docker.hardening import SANDBOX_GID, load_seccomp_profile
@@ -59,6 +60,7 @@ LABEL_MANAGED = "io.docbroker.managed"
 LABEL_TENANT = "io.docbroker.tenant"
 LABEL_INSTANCE = "io.docbroker.instance"
 LABEL_REPLICA = "io.docbroker.replica"  # the replica that started it
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class DaemonUnavailable(BackendRefused):
@@ -83,18 +85,23 @@ class DockerBackend(SandboxBackend):
         pool_dir: Path | None = None,
         replicas: Replicas | None = None,
         threads: concurrent.futures.ThreadPoolExecutor | None = None,
+        trust: ImageCheck | None = None,
+        image_digest: str = "",
     ) -> None:
         """Use `connect()`: it talks to the daemon (blocking) and applies the refusals.
 
         `pool_dir` (host folder for the warm slots' run dirs) turns the warm pool on with
         `settings.pool_size` slots; without it every sandbox starts cold. `threads`: the pool
-        `connect()` talked to the daemon on, kept for every later call.
+        `connect()` talked to the daemon on, kept for every later call. `trust` vouches for
+        the image's digest before any sandbox is made from it (none: trust off, reported).
         """
         self._settings = settings
         self._client = client
         self._threads = threads or _thread_pool()
         self._facts = facts
         self._seccomp = seccomp_json
+        self._trust: ImageCheck = trust or NoImageTrust()
+        self._digest = image_digest  # the digest sandboxes were last made from, vouched for (describe)
         self._instance = instance
         self._pool_dir = pool_dir
         self.replicas = replicas or Replicas(None, "local")
@@ -114,11 +121,13 @@ class DockerBackend(SandboxBackend):
         instance: str = "default",
         pool_dir: Path | None = None,
         replicas: Replicas | None = None,
+        trust: ImageCheck | None = None,
     ) -> DockerBackend:
         """Connect, learn the daemon's mode, and refuse what the settings do not accept.
 
         Raises DaemonUnavailable (no daemon), BackendRefused (rootful daemon while rootless
-        is required; no seccomp; bad profile) or ImageMissing.
+        is required; no seccomp; bad profile), ImageMissing or ImageUntrusted (the image's
+        digest is not vouched for by `trust`).
         """
         seccomp_json = load_seccomp_profile(settings.seccomp_profile)
         threads = _thread_pool()
@@ -141,11 +150,14 @@ class DockerBackend(SandboxBackend):
                     f"on a rootful Docker daemon the broker must run as root or in group {SANDBOX_GID}: "
                     "it reads reports and reaches the sandbox's socket through that group"
                 )
-            await _in_pool(threads, _require_image, client, settings.image)
+            digest = await _in_pool(threads, _resolve_image, client, settings.image)
+            await _in_pool(threads, (trust or NoImageTrust()).check, digest)
         except BaseException:
             threads.shutdown(wait=False, cancel_futures=True)
             client.close()
             raise
+        if trust is None:
+            log.warning("image trust is off: sandboxes run whatever the image name resolves to")
         if not facts.limits_enforced:
             log.warning(
                 "the Docker daemon does not enforce sandbox limits",
@@ -160,7 +172,23 @@ class DockerBackend(SandboxBackend):
             pool_dir=pool_dir,
             replicas=replicas,
             threads=threads,
+            trust=trust,
+            image_digest=digest,
         )
+
+    async def image(self) -> str:
+        """The configured image's digest now, vouched for: what the next sandbox is made from.
+
+        Resolved at every start, cold or warm (one inspect call to the daemon, a few ms), and
+        the container is then created from the digest, never the name: a tag moved after this
+        cannot change what runs, and a new signed build under the same name is taken without
+        a restart. Raises ImageMissing, or ImageUntrusted when the digest is not vouched for
+        (a tag swapped to another image while the broker runs is refused here).
+        """
+        digest = await self.blocking(_resolve_image, self._client, self._settings.image)
+        await self.blocking(self._trust.check, digest)
+        self._digest = digest  # reported (describe): the digest sandboxes are now made from
+        return digest
 
     async def blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn` (SDK calls, this backend's and its warm slots') on this backend's threads. A
@@ -182,6 +210,8 @@ class DockerBackend(SandboxBackend):
             "backend": self.name,
             **self._facts.as_dict(),
             "image": self._settings.image,
+            "image_digest": self._digest,
+            "image_trust": self._trust.describe(),
             "pool": self._pool.describe(),
         }
 
@@ -203,11 +233,19 @@ class DockerBackend(SandboxBackend):
         # An unprovisioned tenant is the caller's error, not a broken warm sandbox: refuse it
         # before one is taken from the pool.
         _check_spec(spec)
+        # Before anything else: an image nobody vouches for starts nothing, and is audited.
+        image = await self.image()
         name = self.container_name(spec.tenant)
         winner = await self.blocking(self._winner, name)
         if winner is not None:  # another replica's, running: share it, keep the warm slot
             return winner
         slot = await self._pool.take()
+        if slot is not None and slot.image != image:
+            # Warmed from the image the name meant before it moved (a rebuild, or a swap):
+            # never handed to a tenant. Removed, not counted as a failure; the pool refills
+            # from the current digest.
+            await self._pool.drop(slot)
+            slot = None
         if slot is not None:
             try:
                 return await self.blocking(self._slots.bind, slot, spec)
@@ -227,7 +265,7 @@ class DockerBackend(SandboxBackend):
                     str(exc) if isinstance(exc, (BindingError, SandboxStartError)) else type(exc).__name__
                 )
                 await self._pool.discard(slot, why=reason)
-        return await self.blocking(self._create_and_start, spec)
+        return await self.blocking(self._create_and_start, spec, image)
 
     async def alive(self, info: SandboxInfo) -> bool:
         return await self.blocking(self._running, info.backend_id)
@@ -259,7 +297,7 @@ class DockerBackend(SandboxBackend):
 
     # -- blocking helpers (worker threads) ---------------------------------------------------
 
-    def _create_and_start(self, spec: SandboxSpec) -> SandboxInfo:
+    def _create_and_start(self, spec: SandboxSpec, image: str) -> SandboxInfo:
         """The tenant's container: a running one of that name (another replica's) is adopted,
         a dead one removed, and of replicas creating at once the daemon lets one win."""
         name = self.container_name(spec.tenant)
@@ -270,7 +308,7 @@ class DockerBackend(SandboxBackend):
             remove_stale_socket(spec.socket_path)
             started = time.monotonic()
             try:
-                container = self._client.containers.create(**self._container_options(spec, name))
+                container = self._client.containers.create(**self._container_options(spec, name, image))
             except docker.errors.ImageNotFound as exc:
                 raise ImageMissing(_image_hint(self._settings.image)) from exc
             except docker.errors.APIError as exc:
@@ -289,7 +327,7 @@ class DockerBackend(SandboxBackend):
                 backend_id=str(container.id),
                 started_at=started,
                 last_used=started,
-                details={"container": str(container.id)[:12]},
+                details={"container": str(container.id)[:12], "image_digest": image},
             )
         raise SandboxStartError("the tenant's sandbox kept being replaced while starting")
 
@@ -322,9 +360,10 @@ class DockerBackend(SandboxBackend):
             self._remove(str(container.id))
             return None
 
-    def _container_options(self, spec: SandboxSpec, name: str) -> dict[str, Any]:
+    def _container_options(self, spec: SandboxSpec, name: str, image: str) -> dict[str, Any]:
         return self._hardened_options(
             name,
+            image=image,
             labels={LABEL_TENANT: spec.tenant, LABEL_SOCKET: spec.socket_path},
             environment=hardening.tenant_environment(spec.tenant),
             mounts=hardening.tenant_mounts(spec),
@@ -334,14 +373,16 @@ class DockerBackend(SandboxBackend):
         self,
         name: str,
         *,
+        image: str,
         labels: dict[str, str],
         environment: dict[str, str],
         mounts: hardening.Mounts,
     ) -> dict[str, Any]:
-        """This backend's sandbox options (hardening.py), labelled as its own."""
+        """This backend's sandbox options (hardening.py), labelled as its own, from `image` (a digest)."""
         own = {LABEL_MANAGED: "true", LABEL_INSTANCE: self._instance, LABEL_REPLICA: self.replicas.me}
         return hardening.hardened_options(
             self._settings,
+            image=image,
             name=name,
             user=self.sandbox_user,
             seccomp_json=self._seccomp,
@@ -501,11 +542,15 @@ def _open_client(base_url: str | None, timeout: float) -> tuple[Any, DaemonFacts
     return client, daemon_facts(info, version)
 
 
-def _require_image(client: Any, image: str) -> None:
+def _resolve_image(client: Any, image: str) -> str:
+    """The image id (`sha256:<hex>`, the digest of its config: its content) the name means now."""
     try:
-        client.images.get(image)
+        digest = str(client.images.get(image).id)
     except docker.errors.ImageNotFound:
         raise ImageMissing(_image_hint(image)) from None
+    if not DIGEST_RE.fullmatch(digest):  # not a content digest: nothing to pin or verify
+        raise ImageMissing(f"the Docker daemon gave no sha256 id for the sandbox image {image}")
+    return digest
 
 
 def _image_hint(image: str) -> str:

@@ -71,6 +71,7 @@ def tenant_environment(tenant: str) -> dict[str, str]:
 def hardened_options(
     settings: DockerSettings,
     *,
+    image: str,
     name: str,
     user: str,
     seccomp_json: str,
@@ -78,10 +79,13 @@ def hardened_options(
     environment: dict[str, str],
     mounts: Mounts,
 ) -> dict[str, Any]:
-    """Every sandbox, cold or warm, gets exactly this hardening; only mounts and env differ."""
+    """Every sandbox, cold or warm, gets exactly this hardening; only mounts and env differ.
+
+    `image` is the digest (`sha256:…`) the configured name resolved to, never the name: a tag
+    moved between the check and the create cannot change what runs (backend.py, `image()`)."""
     s = settings
     return {
-        "image": s.image,
+        "image": image,
         "name": name,
         "user": user,
         "environment": environment,

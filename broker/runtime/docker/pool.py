@@ -68,6 +68,8 @@ class WarmSlots:
             return await self._backend.blocking(self._backend._running, name)
 
         try:
+            # Vouched for and pinned like a cold start's: a warm sandbox runs the image too.
+            slot.image = await self._backend.image()
             slot.sandbox_id = await self._backend.blocking(self._create, slot, name)
             if not await wait_ready(endpoint, WARM_START_TIMEOUT_SECONDS, alive):
                 raise SandboxStartError("a warm sandbox did not become ready")
@@ -93,6 +95,7 @@ class WarmSlots:
         os.chmod(slot.run_dir, 0o1777)  # noqa: S103 - as a tenant's run dir: the sandbox's (sub-)uid binds here
         options = self._backend._hardened_options(
             name,
+            image=slot.image,
             labels={LABEL_POOL: "true", LABEL_SOCKET: slot.mcp_socket},
             environment={},
             mounts=[(RUN_DIR, slot.run_dir, False)],
@@ -133,7 +136,7 @@ class WarmSlots:
             backend_id=slot.sandbox_id,
             started_at=started,
             last_used=started,
-            details={"container": slot.sandbox_id[:12]},
+            details={"container": slot.sandbox_id[:12], "image_digest": slot.image},
         )
 
     def remove_dir(self, run_dir: str) -> None:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker.runtime.base import SandboxBackend, SandboxStartError, SpecRefused
+from broker.runtime.base import ImageUntrusted, SandboxBackend, SandboxStartError, SpecRefused
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.client import ClusterUnavailable, api_client, status_of
 from broker.runtime.kubernetes.lastuse import PodAnnotationUse, stamp
@@ -163,6 +163,15 @@ class KubernetesBackend(SandboxBackend):
             "seccomp_fallback": not s.seccomp.startswith("localhost/"),
             "runtime_class": s.runtime_class,
             "limits_enforced": True,  # requests = limits on every container, set by the kubelet
+            "image": s.server_image,
+            # The server image's digest (settings require `name@sha256:…` on this runtime).
+            "image_digest": s.server_image.rpartition("@")[2] if "@sha256:" in s.server_image else "",
+            # Signatures on a cluster are admission's to check (docs/supply-chain-kubernetes.md):
+            # the broker pins the digest, the node's runtime pulls exactly that content.
+            "image_trust": {
+                "state": "off",
+                "reason": "the broker pins the digest; signatures are for the cluster's admission to verify",
+            },
         }
 
     async def close(self) -> None:
@@ -191,6 +200,8 @@ class KubernetesBackend(SandboxBackend):
         violations = check_pod_spec(body["spec"], metadata=body["metadata"], tenant=True)
         if violations:
             rules = sorted({v.rule for v in violations})
+            if rules == ["image"]:  # settings refuse a tag at load; this is the last line of defence
+                raise ImageUntrusted("the tenant's pod would name its image by a tag, not by digest")
             raise SpecRefused(f"the tenant's pod spec fails the Pod Security check ({', '.join(rules)})")
         self._put_secret(tenant)
         while time.monotonic() < deadline:

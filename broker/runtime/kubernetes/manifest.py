@@ -94,7 +94,7 @@ def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
     if args.storage_class is not None and not INSTANCE_RE.fullmatch(args.storage_class):
         raise SystemExit("docbroker tenant manifest: --storage-class must be a DNS label")
     try:
-        kube, instance = kubernetes_from_env()
+        kube, instance = kubernetes_from_env(by_digest=False)  # PVCs and a Secret: no image
     except SettingsError as exc:
         raise SystemExit(f"docbroker tenant manifest: {exc}") from None
     master_key = None

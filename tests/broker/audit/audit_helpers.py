@@ -44,6 +44,7 @@ def request_fields(i: int = 0) -> dict[str, Any]:
         "sandbox": "ctr-0123abcd",
         "sandbox_mode": "rootless",
         "limits_enforced": True,
+        "image_digest": "sha256:" + "0123456789abcdef" * 4,
         "protocol": "2026-07-28",
         "status": 200,
     }

@@ -89,6 +89,9 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("sandbox_mode", CANARY),
     ("limits_enforced", 1),
     ("limits_enforced", CANARY),
+    ("image_digest", "docbroker-server:latest"),  # a name is not a digest
+    ("image_digest", "sha256:" + "A" * 64),
+    ("image_digest", f"sha256:{'0' * 64} {CANARY}"),
     ("protocol", CANARY),
     ("protocol", "2026-07-28 " + CANARY),
     ("decision", CANARY),
