@@ -47,6 +47,33 @@ export DOCBROKER_AUTH_AUDIENCE=${DOCBROKER_AUTH_AUDIENCE:-docbroker}
 export DOCBROKER_AUTH_DEV_HS256_SECRET_FILE=$DATA/dev-hs256.key
 export DOCBROKER_DOCKER_SECCOMP_PROFILE=$POLICIES/seccomp.json
 
+# The sandbox image, signed: a release key of the demo's own (a real deployment keeps its key
+# off the broker's host: docs/supply-chain.md), the image's SBOM and signed provenance recorded
+# by `image build` (setup's build, from the cache), and the broker checking them before every
+# sandbox start (DOCBROKER_IMAGE_TRUST_KEYS).
+RELEASE_KEY=$DATA/release.key
+export DOCBROKER_IMAGE_RECORDS=$DATA/images
+if [ ! -s "$RELEASE_KEY" ]; then
+  "$ROOT/.venv/bin/python" -m broker image keygen --out "$RELEASE_KEY" >/dev/null
+fi
+echo "==> signing the sandbox image (docbroker image build server --sign-key; cached build)" >&2
+(cd "$ROOT" && DOCBROKER_DOCKER_HOST=${DOCKER_HOST_ROOTFUL:-unix:///var/run/docker.sock} \
+  "$ROOT/.venv/bin/python" -m broker image build server --sign-key "$RELEASE_KEY" 2>"$DATA/.image-build.log") \
+  || { tail -n 5 "$DATA/.image-build.log" >&2; exit 1; }
+if [ ${#RUN_AS[@]} -gt 0 ]; then
+  # The rootless daemon runs what the rootful one built: the same id, so the same records.
+  built=$(DOCKER_HOST=$DOCKER_HOST_ROOTFUL docker image inspect -f '{{.Id}}' docbroker-server:latest)
+  here=$(DOCKER_HOST=$DOCKER_HOST_ROOTLESS docker image inspect -f '{{.Id}}' docbroker-server:latest 2>/dev/null || true)
+  if [ "$built" != "$here" ]; then
+    DOCKER_HOST=$DOCKER_HOST_ROOTFUL docker save docbroker-server:latest | DOCKER_HOST=$DOCKER_HOST_ROOTLESS docker load -q >/dev/null
+  fi
+  chown -R docbroker: "$DOCBROKER_IMAGE_RECORDS"
+  cp "$RELEASE_KEY.pub" "$DATA/release.pub" && chown docbroker: "$DATA/release.pub"
+  export DOCBROKER_IMAGE_TRUST_KEYS=$DATA/release.pub
+else
+  export DOCBROKER_IMAGE_TRUST_KEYS=$RELEASE_KEY.pub
+fi
+
 as_broker() { "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=|HOME=)' | sed 's/^HOME=.*/HOME=\/tmp/') "$@"; }
 # The command from this checkout (the venv's install may be another checkout's, editable);
 # the docbroker user's venv holds a regular install of this checkout.
@@ -83,6 +110,8 @@ cat <<MSG
 
   docbroker is starting with the demo tenant "demo".
   Sandboxes: Docker at ${DOCBROKER_DOCKER_HOST:-the default socket}${RUN_AS:+ (rootless; broker runs as user docbroker)}
+  Image: docbroker-server:latest, signed with the demo's release key; its provenance is checked
+  before every sandbox start (docbroker image verify; docs/supply-chain.md)
 
   MCP endpoint : $URL
   Dev token    : $TOKEN
