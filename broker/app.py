@@ -96,6 +96,7 @@ async def make_backend(settings: Settings) -> SandboxBackend:
         instance=settings.runtime.instance,
         pool_dir=settings.pool_dir,
         replicas=replicas,
+        pool_idle_seconds=settings.runtime.idle_timeout_seconds,
     )
 
 
