@@ -215,15 +215,21 @@ class WarmPool:
         while True:
             self._changed.clear()
             await self._trim()
+            if self._excess() > 0:
+                continue  # the target fell again while spares were being removed
             due = self._sizer.seconds_to_change()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), None if due is None else due + 0.01)
 
+    def _excess(self) -> int:
+        """Ready spares above the target; none while callers wait (what warms is theirs)."""
+        if self._waiters:
+            return 0
+        return min(len(self._ready), len(self._ready) + len(self._warming) - self._sizer.target())
+
     async def _trim(self) -> None:
         """Remove ready spares above the target (those warming stay: a caller may want them)."""
-        if self._waiters:
-            return
-        excess = min(len(self._ready), len(self._ready) + len(self._warming) - self._sizer.target())
+        excess = self._excess()
         if excess <= 0:
             return
         extra, self._ready = self._ready[:excess], self._ready[excess:]
