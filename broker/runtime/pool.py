@@ -219,7 +219,8 @@ class WarmPool:
                 continue  # the target fell again while spares were being removed
             due = self._sizer.seconds_to_change()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), None if due is None else due + 0.01)
+                async with asyncio.timeout(None if due is None else due + 0.01):
+                    await self._changed.wait()
 
     def _excess(self) -> int:
         """Ready spares above the target; none while callers wait (what warms is theirs)."""

@@ -536,7 +536,7 @@ def test_a_burst_of_new_tenants_grows_the_pool_and_idle_shrinks_it_back(
             instance=instance,
             pool_dir=pool_dir(layout),
             # Longer than a start on a loaded host: the spares are started before it runs out.
-            pool_idle_seconds=45.0,
+            pool_idle_seconds=60.0,
         )
         await backend.start()
         try:
