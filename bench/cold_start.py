@@ -261,8 +261,10 @@ def docker_broker(
         sources = broker.sources(name)
         sources.mkdir(parents=True)
         (sources / "a.md").write_text("bench document\n")
-    broker.start()
     try:
+        # Inside: a broker too slow to answer in time (a loaded host) is still running, and
+        # would start sandboxes after the benchmark's clean-up.
+        broker.start()
         yield broker
     finally:
         broker.stop()  # the broker removes its sandboxes on shutdown
