@@ -1,6 +1,6 @@
 """A burst of new tenants at once through a real broker on Docker, and the adaptive warm pool.
 
-    python bench/burst.py [--n 20] [--cap 20] [--idle 60] [--host unix:///var/run/docker.sock] [--json PATH]
+    python bench/burst.py [--n 20] [--cap 20] [--idle 120] [--host unix:///var/run/docker.sock] [--json PATH]
 
 One broker (rootful daemon: it runs as this user), its warm pool at the default floor
 (DOCBROKER_DOCKER_POOL_SIZE=1) and allowed to grow to `--cap` (DOCBROKER_DOCKER_POOL_MAX),
@@ -133,7 +133,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20, help="new tenants in the burst")
     parser.add_argument("--cap", type=int, default=20, help="DOCBROKER_DOCKER_POOL_MAX")
-    parser.add_argument("--idle", type=float, default=60.0, help="DOCBROKER_IDLE_TIMEOUT, seconds")
+    parser.add_argument("--idle", type=float, default=120.0, help="DOCBROKER_IDLE_TIMEOUT, seconds")
     parser.add_argument("--host", default=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
     parser.add_argument("--image", default="docbroker-server:latest")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
