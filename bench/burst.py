@@ -33,6 +33,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -125,6 +126,18 @@ def burst(broker: Any, names: list[str]) -> list[float | None]:
         return [f.result() for f in futures]
 
 
+def pool_on(check: Any) -> Any:
+    """`check` on the pool's facts, ending the run at once if the pool turned itself off (its
+    reason is a fixed phrase: e.g. a daemon too loaded to start a spare within its timeout)."""
+
+    def checked(pool: dict[str, Any]) -> bool:
+        if pool["state"] == "off":
+            raise SystemExit(f"burst: the warm pool turned itself off: {pool.get('reason', '')}")
+        return bool(check(pool))
+
+    return checked
+
+
 def _p50_p99(seconds: list[float]) -> str:
     return f"{fmt(pct(seconds, 0.5))} / {fmt(pct(seconds, 0.99))} s"
 
@@ -138,6 +151,8 @@ def main() -> int:
     parser.add_argument("--image", default="docbroker-server:latest")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
+    # SIGTERM ends the run through the clean-up below (the broker stopped, the containers removed).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
 
     cpus = DockerSettings().nano_cpus / 1e9
     settings = DockerSettings(
@@ -156,11 +171,13 @@ def main() -> int:
     }
     try:
         with docker_broker(args.host, args.image, learning + measured, cpus, pool=1, env=env) as broker:
-            floor_pool = wait_pool(broker, lambda p: p["ready"] >= 1, "the pool never became warm", 300)
+            floor_pool = wait_pool(
+                broker, pool_on(lambda p: p["ready"] >= 1), "the pool never became warm", 300
+            )
             first = burst(broker, learning)
             before = wait_pool(
                 broker,
-                lambda p: p["waiting"] == 0 and p["warming"] == 0 and p["ready"] >= p["size"],
+                pool_on(lambda p: p["waiting"] == 0 and p["warming"] == 0 and p["ready"] >= p["size"]),
                 "the pool did not refill after the first burst",
                 600,
             )
@@ -170,7 +187,7 @@ def main() -> int:
             peak = pool_facts(broker)["peak"]
             after = wait_pool(
                 broker,
-                lambda p: p["size"] == p["floor"] and p["ready"] + p["warming"] <= p["floor"],
+                pool_on(lambda p: p["size"] == p["floor"] and p["ready"] + p["warming"] <= p["floor"]),
                 "the pool did not shrink back when idle",
                 args.idle + 600,
             )

@@ -30,6 +30,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -195,6 +196,8 @@ def main() -> int:
     parser.add_argument("--image", default="docbroker-server:latest")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
+    # SIGTERM ends the run through the clean-up below (the broker stopped, the containers removed).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
     counts = sorted({int(n) for n in args.tenants.split(",")})
 
     import docker
