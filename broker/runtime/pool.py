@@ -70,6 +70,7 @@ class WarmPool:
         self._trimmer: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()  # wakes the trimmer: a new tenant, a slot warm
         self._failures = 0
+        self._last_failure = float("-inf")  # when the last counted failure was seen
         self._off_reason = off_reason or (None if sizer.cap > 0 else "disabled")
         self._closed = False
 
@@ -166,7 +167,7 @@ class WarmPool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._failed(f"a warm sandbox did not start ({exc.__class__.__name__})")
+            self._failed(f"a warm sandbox did not start ({exc.__class__.__name__})", started)
             return None
         if self._closed:
             await self._remove_quietly(slot)
@@ -254,7 +255,13 @@ class WarmPool:
         self._release_waiters(len(self._warming))
         self.fill()
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, why: str, started: float | None = None) -> None:
+        """Count a failure in a row; a start that began before the last counted failure is
+        the same round (a burst's starts, all refused by a daemon overloaded for a moment):
+        it counts once, or one busy moment would turn the pool off for good."""
+        if started is not None and started < self._last_failure:
+            return
+        self._last_failure = time.monotonic()
         self._failures += 1
         if self._failures >= self._max_failures and self._off_reason is None:
             self._off_reason = why

@@ -230,3 +230,35 @@ def test_a_target_that_falls_again_while_spares_are_removed_is_still_met() -> No
         await pool.close()
 
     asyncio.run(main())
+
+
+def test_a_burst_refused_at_once_by_a_busy_daemon_counts_as_one_failure() -> None:
+    """Five starts of one burst fail together (a daemon too busy to answer in time): one
+    failure, not five, so the pool stays on (three in a row turn it off: a broken image) and
+    its next start, once the daemon answers, fills it again."""
+
+    async def main() -> dict[str, object]:
+        engine = Engine()
+        busy = True
+
+        async def start() -> Slot:
+            engine.started += 1
+            await engine.gate.wait()
+            if busy:
+                raise OSError("the daemon did not answer in time")
+            return _slot(next(engine.numbers))
+
+        pool = WarmPool(sizer=_sizer(floor=1, cap=5), start=start, remove=engine.remove, max_failures=3)
+        pool.fill()
+        takers = [asyncio.create_task(pool.take()) for _ in range(5)]
+        await _until(lambda: pool.describe()["waiting"] == 5)  # the race entered: all warming
+        engine.gate.set()
+        assert await asyncio.gather(*takers) == [None] * 5  # they start cold
+        busy = False
+        await _until(lambda: pool.describe()["ready"] >= 1)
+        facts = pool.describe()
+        await pool.close()
+        return facts
+
+    facts = asyncio.run(main())
+    assert facts["state"] == "on", facts
