@@ -230,11 +230,14 @@ _CALL_HEADERS = {
 
 
 @contextlib.contextmanager
-def docker_broker(host: str, image: str, names: list[str], cpus: float, pool: int = 1) -> Iterator[Any]:
+def docker_broker(
+    host: str, image: str, names: list[str], cpus: float, pool: int = 1, env: dict[str, str] | None = None
+) -> Iterator[Any]:
     """A real broker on the Docker runtime with these tenants, each with one document.
 
     It runs as this process's user (root), so only with a rootful daemon; tests/docker runs
-    the rootless shape. Caps and timeouts are set out of the way of N sandboxes starting at once.
+    the rootless shape. Caps and timeouts are set out of the way of N sandboxes starting at once;
+    `env` overrides any setting (bench/burst.py and bench/scale.py set theirs).
     """
     from broker.testing import make_broker
 
@@ -253,6 +256,7 @@ def docker_broker(host: str, image: str, names: list[str], cpus: float, pool: in
             "DOCBROKER_START_TIMEOUT": "600",
             "DOCBROKER_CALL_TIMEOUT": "600",
             "DOCBROKER_DOCKER_POOL_SIZE": str(pool),
+            **(env or {}),
         },
     )
     for name in names:
@@ -260,7 +264,9 @@ def docker_broker(host: str, image: str, names: list[str], cpus: float, pool: in
         sources.mkdir(parents=True)
         (sources / "a.md").write_text("bench document\n")
     try:
-        broker.start()  # inside: stopped while it starts, the broker is stopped too
+        # Inside: a broker too slow to answer in time (a loaded host) is still running, and
+        # would start sandboxes after the benchmark's clean-up.
+        broker.start()
         yield broker
     finally:
         broker.stop()  # the broker removes its sandboxes on shutdown
@@ -298,14 +304,25 @@ def broker_cold_starts(host: str, image: str, runs: int, cpus: float, pool: int)
 
 
 def wait_pool_warm(broker: Any, timeout: float = 60.0) -> None:
+    wait_pool(broker, lambda pool: bool(pool["ready"]), "the broker's pool never became warm", timeout)
+
+
+def pool_facts(broker: Any) -> dict[str, Any]:
+    """The warm pool as the broker's /readyz shows it to an operator (size, ready, warming, ...)."""
     ready_url = broker.mcp_url.removesuffix("/mcp") + "/readyz"
+    with httpx2.Client(timeout=30) as http:
+        facts: dict[str, Any] = http.get(ready_url, headers=broker.ops_headers).json()
+    return dict(facts["checks"]["sandboxes"]["pool"])
+
+
+def wait_pool(broker: Any, check: Any, failure: str, timeout: float) -> dict[str, Any]:
+    """The pool's facts once `check` holds for them; RuntimeError(failure) after `timeout` s."""
     deadline = time.monotonic() + timeout
-    with httpx2.Client(timeout=10) as http:
-        while time.monotonic() < deadline:
-            if http.get(ready_url, headers=broker.ops_headers).json()["checks"]["sandboxes"]["pool"]["ready"]:
-                return
-            time.sleep(0.05)
-    raise RuntimeError("the broker's pool never became warm")
+    while not check(pool := pool_facts(broker)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{failure}: {pool}")
+        time.sleep(0.1)
+    return pool
 
 
 async def backend_pooled_starts(

@@ -99,6 +99,7 @@ async def make_backend(settings: Settings) -> SandboxBackend:
         replicas=replicas,
         # DESIGN §13: with release keys, no sandbox starts from an image they do not vouch for.
         trust=ImageTrust.from_settings(settings.supply),
+        pool_idle_seconds=settings.runtime.idle_timeout_seconds,
     )
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import resource
 import signal
 from collections.abc import Iterator
 
 import uvicorn
 
+log = logging.getLogger("docbroker")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -31,3 +34,25 @@ class BrokerServer(uvicorn.Server):
         finally:
             for sig in _SIGNALS:
                 loop.remove_signal_handler(sig)
+
+
+def raise_open_file_limit(needed: int) -> tuple[int, int]:
+    """The soft open-file limit raised to the hard one; (soft, hard) after.
+
+    Each client connection, each tenant's sandbox connections and the Docker client's pool is
+    a descriptor, and a service manager's default soft limit (systemd: 1024) is about what
+    DOCBROKER_MAX_CONNECTIONS alone allows (1000): with a few hundred tenants the broker would
+    fail accepts and sandbox connections with EMFILE. The hard limit is the operator's; below
+    `needed` (what the settings allow at most) the broker says so once, with the numbers.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    limit = soft if soft != resource.RLIM_INFINITY else needed
+    if limit < needed:
+        log.warning(
+            "the open-file limit is below what the settings allow: raise LimitNOFILE / ulimit -Hn",
+            extra={"limit": limit, "needed": needed},
+        )
+    return soft, hard

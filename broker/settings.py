@@ -130,6 +130,10 @@ class DockerSettings:
     # Warm, tenant-less sandboxes kept ready so a first call skips the ~1 s SDK import
     # (broker/runtime/pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
     pool_size: int = 1
+    # How far the pool grows when new tenants arrive faster than one spare warms up
+    # (broker/runtime/pool_sizing.py); never below pool_size. Spares above pool_size go once no
+    # new tenant came for the idle timeout.
+    pool_max: int = 10
     # Each blocking call to the daemon, at most (docker-py's own default is 60 s, longer than
     # a whole sandbox start): a hung daemon fails a start, it does not hold it.
     api_timeout_seconds: float = 10.0
@@ -407,7 +411,8 @@ class Settings:
             nano_cpus=int(r.number("DOCKER_CPUS", 1.0, low=0.05, high=64) * 1e9),
             pids_limit=r.integer("DOCKER_PIDS_LIMIT", 64, low=8, high=4096),
             nofile=r.integer("DOCKER_NOFILE", 256, low=32, high=65_536),
-            pool_size=r.integer("DOCKER_POOL_SIZE", 1, low=0, high=32),
+            pool_size=(pool_size := r.integer("DOCKER_POOL_SIZE", 1, low=0, high=32)),
+            pool_max=max(pool_size, r.integer("DOCKER_POOL_MAX", 10, low=0, high=64)),
             # Never above the start timeout: one call must not outlast the start it serves.
             api_timeout_seconds=min(r.number("DOCKER_API_TIMEOUT", 10.0, low=1, high=120), start_timeout),
             # Beside the tenant policies unless named: one folder holds every policy file.

@@ -149,7 +149,10 @@ SETTINGS: dict[str, str] = {
         "appended (tests put a hostile server behind the real broker with it)"
     ),
     "MAX_SANDBOXES": "cap on running sandboxes; more get 503",
-    "IDLE_TIMEOUT": "seconds before an idle sandbox is stopped (idle on every replica: see Replicas)",
+    "IDLE_TIMEOUT": (
+        "seconds before an idle sandbox is stopped (idle on every replica: see Replicas); also how long"
+        " warm sandboxes above `DOCBROKER_DOCKER_POOL_SIZE` are kept without a new tenant"
+    ),
     "INSTANCE": (
         "the deployment's name on the sandbox engine (a-z 0-9 -, up to 32): its replicas share it and so "
         "their sandboxes; two deployments on one Docker daemon keep apart by it (containers "
@@ -184,8 +187,14 @@ SETTINGS: dict[str, str] = {
     "DOCKER_NOFILE": "sandbox open-file limit (32-65536)",
     "DOCKER_SECCOMP_PROFILE": "the sandbox's seccomp profile (Docker's JSON format), loaded at start",
     "DOCKER_POOL_SIZE": (
-        "warm, tenant-less sandboxes kept ready (0-32; 0: every sandbox starts cold); they come on top of"
-        " `DOCBROKER_MAX_SANDBOXES`"
+        "warm, tenant-less sandboxes kept ready at least, the pool's floor (0-32; 0: no pool, every sandbox"
+        " starts cold); they come on top of `DOCBROKER_MAX_SANDBOXES`"
+    ),
+    "DOCKER_POOL_MAX": (
+        "the most warm sandboxes the pool grows to when new tenants arrive faster than one warms up"
+        " (0-64, never below `DOCBROKER_DOCKER_POOL_SIZE`): it keeps as many as new tenants came within"
+        " one warm-up time in the last `DOCBROKER_IDLE_TIMEOUT` seconds, then falls back to the floor;"
+        " each costs an idle sandbox's memory"
     ),
     "DOCKER_API_TIMEOUT": (
         "seconds one call to the Docker daemon may take (1-120, never more than "

@@ -29,6 +29,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.data_dir.chmod(0o700)
     if create_master_key(settings.master_key_file):
         logging.getLogger("docbroker").warning("created a new master key file")
+    from broker.serving import raise_open_file_limit
+
+    # Descriptors the settings allow at most: client connections, a few per sandbox (its
+    # connections, its pinned folders), the Docker client's pool, files and the rest.
+    raise_open_file_limit(settings.edge.max_connections + 4 * settings.runtime.max_sandboxes + 256)
     import uvloop
 
     # uvloop and httptools: less broker CPU per call than asyncio + h11 (bench/REPORT.md).

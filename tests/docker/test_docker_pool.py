@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -428,7 +429,14 @@ def test_an_unprovisioned_tenant_is_refused_without_spending_the_warm_sandbox(
         finally:
             await backend.close()
 
-    assert asyncio.run(scenario()) == {"size": 1, "state": "on", "ready": 1, "warming": 0}
+    pool = asyncio.run(scenario())
+    assert {k: pool[k] for k in ("size", "state", "ready", "warming", "waiting")} == {
+        "size": 1,
+        "state": "on",
+        "ready": 1,
+        "warming": 0,
+        "waiting": 0,
+    }
 
 
 def test_a_caller_that_gives_up_mid_binding_leaves_no_sandbox_behind(
@@ -511,3 +519,66 @@ def test_the_lifecycle_with_warm_sandboxes_crash_replace_reap_close(
     assert containers(daemon, instance) == {}
     assert os.listdir(pool_dir(layout)) == []
     assert [e for e, _ in seen].count("sandbox.started") == 2
+
+
+@pytest.mark.timeout(600)
+def test_a_burst_of_new_tenants_grows_the_pool_and_idle_shrinks_it_back(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    """Four new tenants at once against a pool of one (cap 3): each is served by a warm
+    sandbox (the spare, or one started for it: none cold), then the pool starts spares up to
+    its cap, and with no new tenant for the idle time it is back at its floor, the spares
+    above it removed from the daemon."""
+    tenants = [layout.tenant(unique_tenant(f"b{i}"), {"notes.md": "burst\n"}) for i in range(4)]
+
+    async def scenario() -> tuple[list[str], dict[str, Any], dict[str, Any], list[str]]:
+        backend = await DockerBackend.connect(
+            daemon.settings(pool_size=1, pool_max=3),
+            instance=instance,
+            pool_dir=pool_dir(layout),
+            # Longer than a start on a loaded host: the spares are started before it runs out.
+            pool_idle_seconds=60.0,
+        )
+        await backend.start()
+        try:
+            await until(backend, lambda p: p["ready"] == 1)
+            infos = await asyncio.gather(*(backend.create(t.spec) for t in tenants))
+            grown = await until(backend, lambda p: p["waiting"] == 0 and p["ready"] + p["warming"] == 3)
+            shrunk = await until(backend, lambda p: (p["size"], p["ready"], p["warming"]) == (1, 1, 0))
+            # The pool counts a spare gone when its removal starts; the daemon's list follows.
+            async with asyncio.timeout(60):
+                while len(spares := await asyncio.to_thread(spare_names, daemon, instance)) > 1:
+                    await asyncio.sleep(0.1)
+            for info in infos:
+                assert info.endpoint is not None and await wait_ready(info.endpoint, 60.0)
+                await backend.delete(info)
+            return [i.endpoint.uds or "" for i in infos if i.endpoint], grown, shrunk, spares
+        finally:
+            await backend.close()
+
+    sockets, grown, shrunk, spares = asyncio.run(scenario())
+    # Served warm: every tenant's socket is in a warm slot's run dir, none in its own (cold).
+    assert all(s.startswith(str(pool_dir(layout))) for s in sockets), sockets
+    assert (grown["size"], grown["peak"]) == (3, 3)
+    assert (shrunk["size"], shrunk["peak"]) == (1, 3)
+    assert len(spares) == 1  # the spares above the floor removed from the daemon
+    assert containers(daemon, instance) == {}
+
+
+async def until(backend: DockerBackend, check: Any, timeout: float = 240.0) -> dict[str, Any]:
+    """The pool's facts once `check` holds for them (polled: the pool's own observable)."""
+    deadline = time.monotonic() + timeout
+    while not check(pool := backend.describe()["pool"]):
+        assert time.monotonic() < deadline, f"the pool did not get there in {timeout} s: {pool}"
+        await asyncio.sleep(0.05)
+    return dict(pool)
+
+
+def spare_names(daemon: Daemon, instance: str) -> list[str]:
+    """The unbound spares' names, in one list call (a spare being removed may go meanwhile)."""
+    client = daemon.client()
+    try:
+        found = client.api.containers(all=True, filters={"label": f"io.docbroker.instance={instance}"})
+        return [name for c in found for name in c["Names"] if ".pool-" in name]
+    finally:
+        client.close()

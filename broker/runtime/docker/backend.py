@@ -36,12 +36,14 @@ from broker.runtime.docker.hardening import SANDBOX_GID, load_seccomp_profile
 from broker.runtime.docker.pool import (
     LABEL_POOL,
     LABEL_SOCKET,
+    WARM_START_TIMEOUT_SECONDS,
     NameTaken,
     WarmSlots,
     pool_off_reason,
     remove_stale_socket,
 )
 from broker.runtime.pool import WarmPool
+from broker.runtime.pool_sizing import PoolSizer
 from broker.runtime.shared import Replicas
 from broker.settings import DockerSettings
 from broker.threads import in_pool_to_the_end
@@ -87,13 +89,16 @@ class DockerBackend(SandboxBackend):
         threads: concurrent.futures.ThreadPoolExecutor | None = None,
         trust: ImageCheck | None = None,
         image_digest: str = "",
+        pool_idle_seconds: float = 600.0,
     ) -> None:
         """Use `connect()`: it talks to the daemon (blocking) and applies the refusals.
 
-        `pool_dir` (host folder for the warm slots' run dirs) turns the warm pool on with
-        `settings.pool_size` slots; without it every sandbox starts cold. `threads`: the pool
-        `connect()` talked to the daemon on, kept for every later call. `trust` vouches for
-        the image's digest before any sandbox is made from it (none: trust off, reported).
+        `pool_dir` (host folder for the warm slots' run dirs) turns the warm pool on, with
+        `settings.pool_size` to `settings.pool_max` slots, back at the floor after
+        `pool_idle_seconds` without a new tenant (the broker's idle timeout); without it every
+        sandbox starts cold. `threads`: the pool `connect()` talked to the daemon on, kept for
+        every later call. `trust` vouches for the image's digest before any sandbox is made
+        from it (none: trust off, reported).
         """
         self._settings = settings
         self._client = client
@@ -106,11 +111,19 @@ class DockerBackend(SandboxBackend):
         self._pool_dir = pool_dir
         self.replicas = replicas or Replicas(None, "local")
         self._slots = WarmSlots(self, pool_dir)
+        pooled = pool_dir is not None and settings.pool_size > 0
+        sizer = PoolSizer(
+            floor=settings.pool_size if pooled else 0,
+            cap=max(settings.pool_size, settings.pool_max) if pooled else 0,
+            idle_seconds=pool_idle_seconds,
+            clock=time.monotonic,
+        )
         self._pool = WarmPool(
-            size=settings.pool_size if pool_dir is not None else 0,
+            sizer=sizer,
             start=self._slots.start,
             remove=self._slots.remove,
             off_reason=pool_off_reason(settings, pool_dir),
+            refills_at_once=os.cpu_count() or 1,
         )
 
     @classmethod
@@ -122,6 +135,7 @@ class DockerBackend(SandboxBackend):
         pool_dir: Path | None = None,
         replicas: Replicas | None = None,
         trust: ImageCheck | None = None,
+        pool_idle_seconds: float = 600.0,
     ) -> DockerBackend:
         """Connect, learn the daemon's mode, and refuse what the settings do not accept.
 
@@ -174,6 +188,7 @@ class DockerBackend(SandboxBackend):
             threads=threads,
             trust=trust,
             image_digest=digest,
+            pool_idle_seconds=pool_idle_seconds,
         )
 
     async def image(self) -> str:
@@ -239,7 +254,7 @@ class DockerBackend(SandboxBackend):
         winner = await self.blocking(self._winner, name)
         if winner is not None:  # another replica's, running: share it, keep the warm slot
             return winner
-        slot = await self._pool.take()
+        slot = await self._pool.take(wait=WARM_START_TIMEOUT_SECONDS)
         if slot is not None and slot.image != image:
             # Warmed from the image the name meant before it moved (a rebuild, or a swap):
             # never handed to a tenant. Removed, not counted as a failure; the pool refills
