@@ -405,6 +405,10 @@ class Runtime:
             try:
                 await self._sync_with_engine()
                 await self._reap_idle()
+            except RuntimeErrorBase as exc:
+                # The engine away (a daemon restarting, an API server down) is an operating
+                # condition, said in one line; the next pass tries again.
+                log.warning("reaper pass skipped: %s", exc.reason, extra={"backend": self.backend.name})
             except Exception:
                 log.exception("reaper pass failed")
 
