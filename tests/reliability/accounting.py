@@ -50,7 +50,9 @@ from broker.audit.sink import rotated_files
 
 OUTCOMES: Final = frozenset({"ok", "error", "result_unknown"})
 # Operations that are MCP requests to /mcp (each must have one terminal audit event).
-MCP_OPS: Final = frozenset({"search", "read", "save.ask", "save", "probe"})
+# `vanish`: a request seen arriving (waiting in its sandbox) whose client then left: it got no
+# answer, yet it must be audited exactly once.
+MCP_OPS: Final = frozenset({"search", "read", "save.ask", "save", "probe", "vanish"})
 TERMINAL_EVENTS: Final = frozenset({"mcp.request", "auth.denied", "policy.denied"})
 REPORT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\.md")
 TRACEBACK: Final = "Traceback (most recent call last)"
@@ -255,7 +257,9 @@ def one_terminal_event_per_request(
     own). Per subject: the requests that got an HTTP answer must each have one event; those
     that got none (the replica died, the client left) may have one or none, never more; the
     requests refused with 503 "audit unavailable" may have none, as long as each replica's
-    signed gap records count at least as many refusals as the clients saw from it.
+    signed gap records account for at least as many as the clients saw from it: a refusal
+    either never reached the log (the gap's `refused`) or failed while writing one of its
+    events (`lost`).
     """
     terminal: Counter[str] = Counter(
         e["subject"] for e in events if e.get("event") in TERMINAL_EVENTS and "subject" in e
@@ -266,7 +270,7 @@ def one_terminal_event_per_request(
     for a in answers:
         if a.op not in MCP_OPS:
             continue
-        if a.status is None:
+        if a.status is None and a.op != "vanish":
             unanswered[a.subject] += 1
         elif a.status == 503 and a.rpc_code == AUDIT_UNAVAILABLE_CODE:
             unanswered[a.subject] += 1  # refused for want of audit: counted in a gap record
@@ -280,7 +284,7 @@ def one_terminal_event_per_request(
     ]
     counted: Counter[str] = Counter()
     for gap in gaps:
-        counted[gap.replica] += gap.refused
+        counted[gap.replica] += gap.refused + gap.lost
     bad += [f"gap:{r}" for r, n in refused_by.items() if counted[r] < n]
     return _check("one_terminal_event_per_request", bad)
 
@@ -305,6 +309,22 @@ def replicas_answer_after_faults(
     within `limit_s`."""
     served = {a.replica for a in answers if a.op == "probe" and a.outcome == "ok" and a.elapsed_s <= limit_s}
     return _check("replicas_answer_after_faults", [r for r in replicas if r not in served])
+
+
+def tenants_answer_after_faults(
+    answers: Sequence[Answer], tenants: Iterable[str], replicas: Iterable[str], limit_s: float = 10.0
+) -> Check:
+    """Every tenant answered a fresh call (`probe`) with `ok` within `limit_s` on every replica:
+    no tenant is left locked out (a circuit breaker stuck open, a sandbox never replaced)."""
+    served = {
+        (a.tenant, a.replica)
+        for a in answers
+        if a.op == "probe" and a.outcome == "ok" and a.elapsed_s <= limit_s
+    }
+    names = list(replicas)
+    return _check(
+        "tenants_answer_after_faults", [f"{t}@{r}" for t in tenants for r in names if (t, r) not in served]
+    )
 
 
 def no_unexpected_5xx(answers: Sequence[Answer], allowed: Mapping[str, Iterable[int]]) -> Check:

@@ -197,12 +197,12 @@ def test_one_terminal_event_per_request(tmp_path: Path) -> None:
         request("1", "op1", "save.ask"),
         request("2", "op1", "save"),
         request("3", "op2", status=429),
-        request("4", "op3", "vanish"),  # not an MCP op of its own: the record below is the call
-        request("5", "op3", status=None),
+        request("4", "op3", "vanish", status=None),  # seen arriving, then its client left: audited
         request("6", "op4", "save", status=None),  # the replica died mid-save: no event, allowed
         request("7", "op5", status=503, rpc_code=acc.AUDIT_UNAVAILABLE_CODE),  # refused, in a gap
     ]
     assert acc.one_terminal_event_per_request(answers, events, [Gap("a", 1, 0)]).passed
+    assert acc.one_terminal_event_per_request(answers, events, [Gap("a", 0, 1)]).passed  # lost, not refused
     # A refusal the gap records do not count.
     no_gap = acc.one_terminal_event_per_request(answers, events, [])
     assert (no_gap.passed, no_gap.offenders) == (False, ("gap:a",))
@@ -212,6 +212,9 @@ def test_one_terminal_event_per_request(tmp_path: Path) -> None:
     b = write_replica(tmp_path / "b", "b", [event("op2", "r9", "policy.denied", outcome="denied")])
     twice = acc.one_terminal_event_per_request(answers, acc.load_events([a, b]), [Gap("a", 1, 0)])
     assert twice.offenders == ("op2",)
+    # A request seen arriving whose client left must be audited all the same.
+    left = acc.one_terminal_event_per_request([request("9", "op7", "vanish", status=None)], events, [])
+    assert left.offenders == ("op7",)
 
 
 def test_unauthenticated_flood_is_refused_and_counted(tmp_path: Path) -> None:
@@ -234,6 +237,8 @@ def test_fresh_calls_5xx_tracebacks_and_hangs(tmp_path: Path) -> None:
     late = acc.replicas_answer_after_faults(probes, ["a", "b"])
     assert (late.passed, late.offenders) == (False, ("b",))
     assert acc.replicas_answer_after_faults(probes, ["a"]).passed
+    locked = acc.tenants_answer_after_faults(probes, ["t01", "t02"], ["a"])
+    assert (locked.passed, locked.offenders) == (False, ("t02@a",))
 
     during = request("x1", "sx", status=503, phase="postgres_stopped")
     assert acc.no_unexpected_5xx([during], {"postgres_stopped": {503}}).passed
