@@ -259,10 +259,15 @@ def one_terminal_event_per_request(
     requests refused with 503 "audit unavailable" may have none, as long as each replica's
     signed gap records account for at least as many as the clients saw from it: a refusal
     either never reached the log (the gap's `refused`) or failed while writing one of its
-    events (`lost`).
+    events (`lost`). Likewise a save answered `result_unknown` may have none when its own
+    terminal line was lost (the write was sent, then the audit disk filled): the replica's
+    gap records must count it among their `lost`.
     """
     terminal: Counter[str] = Counter(
         e["subject"] for e in events if e.get("event") in TERMINAL_EVENTS and "subject" in e
+    )
+    terminal_by = Counter(
+        (e["subject"], e["replica"]) for e in events if e.get("event") in TERMINAL_EVENTS and "subject" in e
     )
     answered: Counter[str] = Counter()
     unanswered: Counter[str] = Counter()
@@ -272,6 +277,10 @@ def one_terminal_event_per_request(
             continue
         if a.status is None and a.op != "vanish":
             unanswered[a.subject] += 1
+        elif a.op == "save" and a.outcome == "result_unknown":
+            unanswered[a.subject] += 1
+            if terminal_by[(a.subject, a.replica)] == 0:
+                refused_by[a.replica] += 1  # its line lost: a gap must count it
         elif a.status == 503 and a.rpc_code == AUDIT_UNAVAILABLE_CODE:
             unanswered[a.subject] += 1  # refused for want of audit: counted in a gap record
             refused_by[a.replica] += 1

@@ -212,6 +212,10 @@ def test_one_terminal_event_per_request(tmp_path: Path) -> None:
     b = write_replica(tmp_path / "b", "b", [event("op2", "r9", "policy.denied", outcome="denied")])
     twice = acc.one_terminal_event_per_request(answers, acc.load_events([a, b]), [Gap("a", 1, 0)])
     assert twice.offenders == ("op2",)
+    # A save answered result_unknown whose own line was lost: only a gap's `lost` explains it.
+    unknown = [request("10", "op8", "save", status=200, outcome="result_unknown")]
+    assert acc.one_terminal_event_per_request(unknown, events, [Gap("a", 0, 1)]).passed
+    assert acc.one_terminal_event_per_request(unknown, events, []).offenders == ("gap:a",)
     # A request seen arriving whose client left must be audited all the same.
     left = acc.one_terminal_event_per_request([request("9", "op7", "vanish", status=None)], events, [])
     assert left.offenders == ("op7",)

