@@ -71,6 +71,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.reliability, pytest.mark.timeout(6
 TENANTS = [f"t{i:02d}" for i in range(1, 17)]
 CLIENTS_PER_TENANT = 3
 SLOW, KILLED, CRASHED, FULL = "t01", "t02", "t03", "t04"  # the tenants the faults aim at
+# A tenant with no clients of its own: the requests that vanish are the only ones waiting in
+# its stopped sandbox, so seeing three waiting there means all three arrived.
+QUIET = "t17"
 FRESH_LIMIT_S = 10.0
 WAIT_S = 60.0  # the bound on waiting for any observable: a fault never entered fails, never hangs
 # 5xx allowed, by phase (the fault running when the request was sent, until its own check
@@ -176,11 +179,11 @@ def deployment() -> Iterator[Deployment]:
             "DOCBROKER_AUDIT_CHECKPOINT_EVERY": "200",
         }
         replicas = make_replicas(
-            base, 2, runtime="docker", env=env, tenants=TENANTS, database_url=postgres.url
+            base, 2, runtime="docker", env=env, tenants=[*TENANTS, QUIET], database_url=postgres.url
         )
         a, b = replicas
         b.env["DOCBROKER_AUDIT_LOG"] = str(audit_fs.path / "audit-b.jsonl")
-        for tenant in TENANTS:
+        for tenant in [*TENANTS, QUIET]:
             sources = a.sources(tenant)
             sources.mkdir(parents=True)
             (sources / "notes.md").write_text(DOC, encoding="utf-8")
@@ -238,8 +241,8 @@ async def until(
 
 
 def queued(pid: int) -> int:
-    """Requests waiting, unread, for the sandbox's server: the Recv-Q of the unix sockets it
-    holds. A new connection waits in its listening socket's queue (in the sandbox's network
+    """Requests waiting, unread, for the sandbox's server, counted from the Recv-Q of the unix
+    sockets it holds. A new connection waits in its listening socket's queue (in the sandbox's network
     namespace); a request on a kept-alive connection waits in the server's end of it, which
     the kernel keeps in the namespace of the side that connected (the broker's, this host's).
     So both namespaces are read (`ss`), counting only the sockets the process holds."""
@@ -258,7 +261,9 @@ def queued(pid: int) -> int:
         for line in out.splitlines():
             parts = line.split()
             if len(parts) >= 6 and parts[0] == "u_str" and parts[5] in held and parts[2].isdigit():
-                total += int(parts[2])
+                # A listening socket's Recv-Q is its count of connections not yet accepted; a
+                # connected one's is bytes: one request waits on it (one at a time per connection).
+                total += int(parts[2]) if parts[1] == "LISTEN" else min(1, int(parts[2]))
     return total
 
 
@@ -330,16 +335,23 @@ class Driver:
         self.fleet.phase = "sandbox_slow"
         pid = await self.sandbox_pid(SLOW)
         [slow] = await self.stopped_with_queued(SLOW, pid)
-        # clients_vanish: three more wait in the stopped sandbox, then their clients leave.
-        self.fleet.phase = "clients_vanish"
-        vanishing = await self.vanish(SLOW, pid, 3)
-        self.entered["clients_vanish"] = vanishing == 3
         await asyncio.sleep(2.0)  # the slowness itself (a duration, not a synchronisation)
         self.entered["sandbox_slow"] = process_state(pid) == "T"
         os.kill(pid, signal.SIGCONT)
         answer = await slow
         self.notes["slow_answer"] = answer.outcome
         await self.tenant_served_again(SLOW)
+
+    async def clients_vanish(self) -> None:
+        """Three requests wait in a stopped sandbox (all three seen there), then their clients leave."""
+        self.fleet.phase = "clients_vanish"
+        pid = await self.sandbox_pid(QUIET)
+        os.kill(pid, signal.SIGSTOP)
+        await until(lambda: process_state(pid) == "T", "the sandbox stopped")
+        vanishing = await self.vanish(QUIET, pid, 3)
+        os.kill(pid, signal.SIGCONT)
+        self.entered["clients_vanish"] = vanishing == 3
+        await self.tenant_served_again(QUIET)
 
     async def vanish(self, tenant: str, pid: int, count: int) -> int:
         """`count` requests sent, seen waiting in the (stopped) sandbox, then their clients gone."""
@@ -354,7 +366,7 @@ class Driver:
             )
             sent.append((task, http, subject, index, time.monotonic()))
         base = queued(pid)
-        await until(lambda: queued(pid) > base, "the vanishing requests waiting in the sandbox")
+        await until(lambda: queued(pid) >= base + count, "the vanishing requests all waiting in the sandbox")
         await until(lambda: all(not t.done() for t, *_ in sent), "the vanishing requests still open", 5)
         for task, http, subject, index, started in sent:
             task.cancel()
@@ -589,6 +601,7 @@ async def run(dep: Deployment) -> tuple[Driver, int]:
         driver.notes["warm_s"] = round(time.monotonic() - began, 1)
         for fault in (
             driver.sandbox_slow,
+            driver.clients_vanish,
             driver.sandbox_killed,
             driver.replica_killed,
             driver.postgres_stopped,
