@@ -118,13 +118,35 @@ class RootlessDaemon:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        # Whatever of the group outlived its leader (containerd, shims) goes with it.
+        # Whatever of the group outlived its leader (containerd) goes with it.
         deadline = time.monotonic() + timeout
         while _group_alive(self.proc.pid) and time.monotonic() < deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             time.sleep(0.1)
         self.proc = None
+        self.end_shims()
+
+    def end_shims(self) -> list[int]:
+        """SIGKILL the containerd shims this daemon started (each in a session of its own, so
+        not in the daemon's group: they outlive it and keep their containers' processes).
+        Found by pid in /proc, by this daemon's private runtime dir on their command line."""
+        marker = f"-address {self.runtime}/".encode()
+        ended = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"containerd-shim" in cmdline and marker in cmdline:
+                # Its container's process first: it would outlive its shim, adopted by init.
+                for pid in [*_children(int(entry.name)), int(entry.name)]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                        ended.append(pid)
+        return ended
 
     def load_image(self, image: str, source_host: str) -> None:
         """The image as the source daemon has it, loaded once into this daemon's data root."""
@@ -134,6 +156,15 @@ class RootlessDaemon:
                 return
         saved = docker_cli(source_host, "save", image, timeout=300)
         docker_cli(self.host, "load", "-q", input=saved, timeout=300)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(child) for child in f.read().split()]
+    return found
 
 
 def _group_alive(pgid: int) -> bool:
