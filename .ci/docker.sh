@@ -43,6 +43,8 @@ install_packages() {
   command -v slirp4netns >/dev/null || missing+=(slirp4netns)
   command -v newuidmap >/dev/null || missing+=(uidmap)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
+  # ss: the reliability run (tests/reliability) sees requests waiting in a sandbox's sockets.
+  command -v ss >/dev/null || missing+=(iproute2)
   [ -e /usr/share/docker.io/contrib/dockerd-rootless.sh ] || missing+=(docker.io)
   if [ ${#missing[@]} -gt 0 ]; then
     step "installing ${missing[*]}"

@@ -32,6 +32,7 @@ class CallRecord:
     arg_names: list[str] = field(default_factory=list)
     header_names: list[str] = field(default_factory=list)
     protocol: str | None = None
+    typed_results: bool = False  # a 2026-07-28 request: its results carry `resultType`
     principal: Principal | None = None
     outcome: Outcome = Outcome.ERROR
     reason: str = "unhandled"
@@ -63,6 +64,7 @@ class CallRecord:
         self.method, self.rpc_id = msg.method or "response", msg.id
         self.tool, self.arg_names = msg.tool, msg.arg_names
         self.protocol = protocol
+        self.typed_results = msg.protocol_version is not None
 
     def end(self, outcome: Outcome, reason: str) -> None:
         self.outcome, self.reason = outcome, reason

@@ -15,7 +15,9 @@ from starlette.types import Send
 
 from broker.errors import Denial
 from broker.gateway.record import CallRecord
+from broker.protocol import answers
 from broker.protocol import jsonrpc as rpc
+from server import contracts as c
 
 log = logging.getLogger("docbroker.gateway")
 
@@ -65,8 +67,17 @@ class Responder:
         except AuditFailed:
             if self.started:
                 return
-            denial = Denial.AUDIT_UNAVAILABLE
-            status, payload = denial.status, rpc.encode(rpc.error(record.rpc_id, denial.code, denial.message))
+            if record.forwarded and record.tool == c.TOOL_SAVE and record.rpc_id is not None:
+                # The write went to the sandbox: it may have happened (it may be in the store
+                # now). "Refused" would have the client ask for it again; the one true answer
+                # is that its result is unknown (DESIGN §2).
+                unknown = answers.write_unknown()
+                result = {"resultType": "complete", **unknown} if record.typed_results else unknown
+                status, payload = 200, rpc.encode(rpc.result(record.rpc_id, result))
+            else:
+                denial = Denial.AUDIT_UNAVAILABLE
+                refusal = rpc.error(record.rpc_id, denial.code, denial.message)
+                status, payload = denial.status, rpc.encode(refusal)
             headers = [_JSON]
         await self._whole(status, payload, headers)
 

@@ -260,7 +260,15 @@ class Runtime:
             await asyncio.sleep(pause)
             if self._sandboxes.get(tenant) is not info or info.state is not SandboxState.RUNNING:
                 return  # replaced or marked meanwhile
-            if not await self.backend.alive(info):
+            try:
+                alive = await self.backend.alive(info)
+            except RuntimeErrorBase as exc:
+                # The engine cannot be asked now (its daemon restarting or hung). The call's own
+                # failure must stand — a save already sent is result_unknown, never "retry later"
+                # — and the next call meets the sandbox as the engine has it by then.
+                log.warning("sandbox check failed: %s", exc.reason, extra={"backend": self.backend.name})
+                return
+            if not alive:
                 info.state = SandboxState.FAILED
                 await self._on_event(
                     AuditEvent.SANDBOX_FAILED, tenant, info.backend_id, {"reason": "crashed"}
@@ -432,6 +440,10 @@ class Runtime:
             try:
                 await self._sync_with_engine()
                 await self._reap_idle()
+            except RuntimeErrorBase as exc:
+                # The engine away (a daemon restarting, an API server down) is an operating
+                # condition, said in one line; the next pass tries again.
+                log.warning("reaper pass skipped: %s", exc.reason, extra={"backend": self.backend.name})
             except Exception:
                 log.exception("reaper pass failed")
 

@@ -431,7 +431,9 @@ class DockerBackend(SandboxBackend):
         filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
         found = []
         now = time.monotonic()
-        for container in self._client.containers.list(all=True, filters=filters):
+        # The SDK lists ids, then inspects each: one removed in between (a peer replica's
+        # replacement, a reaper) is skipped, not a 404 that fails the whole walk.
+        for container in self._client.containers.list(all=True, filters=filters, ignore_removed=True):
             labels = container.labels or {}
             socket_path = labels.get(LABEL_SOCKET)
             if labels.get(LABEL_POOL) == "true":
@@ -480,7 +482,7 @@ class DockerBackend(SandboxBackend):
         tenant's — whichever broker started them; unbound spares are nobody's yet."""
         filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
         found = []
-        for container in self._client.containers.list(all=True, filters=filters):
+        for container in self._client.containers.list(all=True, filters=filters, ignore_removed=True):
             labels = container.labels or {}
             owner = labels.get(LABEL_TENANT) or (
                 self._bound_tenant(container.name or "") if labels.get(LABEL_POOL) == "true" else None
