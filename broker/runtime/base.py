@@ -397,6 +397,10 @@ class Runtime:
             try:
                 await self._sync_with_engine()
                 await self._reap_idle()
+            except RuntimeErrorBase as exc:
+                # The engine away (an API server or daemon restarting): expected, and said in
+                # one line with its fixed reason; the next pass tries again.
+                log.warning("reaper pass skipped: %s (%s)", exc.reason, type(exc).__name__)
             except Exception:
                 log.exception("reaper pass failed")
 
