@@ -357,8 +357,9 @@ def deploy(tmp: Path, tenants: list[str]) -> Iterator[Fleet]:
             assert upgraded.returncode == 0, upgraded.stderr[-2000:]
             storage = _storage(lab, tenants)
             # A tenant Pod's start on two busy shared cores has taken over 60 s (the lab
-            # tests' timeout); a start that times out is deleted and begun again.
-            write_overlay(overlay, idp, tenants, pg_port, {"DOCBROKER_START_TIMEOUT": "150"})
+            # tests' timeout); a start that times out is deleted and begun again. Below the
+            # clients' own limit (lab_load.OP_TIMEOUT), so that the broker answers first.
+            write_overlay(overlay, idp, tenants, pg_port, {"DOCBROKER_START_TIMEOUT": "100"})
             _kubectl(lab.kubeconfig, "apply", "-k", str(overlay))
             pods.start()
             wait_until("two Ready broker Pods", lambda: len(pods.ready()) == 2, timeout=240, every=0.5)
