@@ -242,7 +242,7 @@ async def drive(fleet: Fleet, load: Load) -> tuple[list[Fault], dict[str, float]
             def answered(wave: set[str] = wave) -> bool:
                 return wave <= {o["tenant"] for o in journal.ops if o["outcome"] == "ok"}
 
-            await until("a wave of tenants answered (their Pods started)", answered, timeout=240, every=0.5)
+            await until("a wave of tenants answered (their Pods started)", answered, timeout=400, every=0.5)
         load.phase = "steady"
         faults = []
         for fault in (tenant_pod_deleted_mid_call, broker_pod_deleted_mid_save, apiserver_restarted):
