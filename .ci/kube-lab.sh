@@ -9,6 +9,7 @@
 #                                           the name@sha256:… a Pod names it by (tenant Pods must)
 #   bash .ci/kube-lab.sh local-pv DIR NAME SIZE [NS/CLAIM]   a `local` PV on DIR/pv/NAME
 #   bash .ci/kube-lab.sh seccomp DIR FILE...  a profile for pods: Localhost `docbroker/FILE`
+#   bash .ci/kube-lab.sh restart-apiserver DIR   stop kube-apiserver, start it again, same flags
 #   bash .ci/kube-lab.sh stop DIR           stop everything, remove bridge, cgroups, mounts, state
 #
 # KUBE_LAB_SLOT=1..9 runs a second lab next to the first (own namespace, bridge, subnets).
@@ -568,6 +569,25 @@ YAML
   echo "$dir/pv/$name"
 }
 
+# A fault for the reliability run (tests/reliability): the API server goes away (SIGTERM; SIGKILL
+# after 5 s, as its graceful end waits ~30 s on open watches) and comes back with the flags it
+# had, read from the running process. etcd keeps the state; the kubelet, the controllers and the
+# brokers reconnect by themselves.
+cmd_restart_apiserver() {
+  local pid i args=()
+  pid=$(cat "$dir/pids/apiserver.pid" 2>/dev/null) || die "no kube-apiserver pid file in $dir"
+  [ -r "/proc/$pid/cmdline" ] || die "kube-apiserver (pid $pid) is not running"
+  mapfile -d '' args <"/proc/$pid/cmdline"
+  step "restarting kube-apiserver (pid $pid)"
+  kill "$pid"
+  for ((i = 0; i < 20; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+  kill -9 "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  bg apiserver "${args[@]}"
+  wait_for "kube-apiserver" 90 "$dir/logs/apiserver.log" kctl get --raw /readyz
+  step "kube-apiserver back (pid $(cat "$dir/pids/apiserver.pid"))"
+}
+
 # ----------------------------------------------------------------------------------------- stop
 
 kill_pidfiles() {  # SIGTERM to all at once, SIGKILL after 5 s: nothing of a lab is worth keeping
@@ -643,7 +663,7 @@ cmd_stop() {
   step "lab stopped in $(( $(now) - t0 )) s"
 }
 
-usage() { sed -n '5,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 cmd=${1:-}
 case "$cmd" in
@@ -657,6 +677,7 @@ case "$cmd" in
   load-image) shift; cmd_load_image "$@" ;;
   local-pv) dir=${2:-}; [ -n "$dir" ] || usage; shift 2; dir=$(cd "$dir" && pwd); cmd_local_pv "$@" ;;
   seccomp) dir=${2:-}; [ -n "$dir" ] || usage; shift 2; install_seccomp "$@" ;;
+  restart-apiserver) dir=${2:-}; [ -n "$dir" ] || usage; dir=$(cd "$dir" && pwd); cmd_restart_apiserver ;;
   stop) dir=${2:-}; [ -n "$dir" ] || usage; cmd_stop ;;
   *) usage ;;
 esac

@@ -15,6 +15,7 @@ The sandbox is never trusted: nothing it says reaches the client unchecked.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -99,6 +100,12 @@ class McpGateway:
             await out.refuse(Denial.AUDIT_UNAVAILABLE)
         except AuditFailed:
             pass  # the response was held back; the client sees the connection end
+        except asyncio.CancelledError:
+            # The server's graceful shutdown ran out and uvicorn cancels what still runs (a call
+            # waiting on a slow sandbox start): the request still ends audited, and answered
+            # "retry later" unless a save may have reached the sandbox (its client, seeing the
+            # connection end, takes it as result_unknown). Never uvicorn's 500 and traceback.
+            await self._stopped(record, out)
         finally:
             if record.limited_tenant is not None:
                 self._limiter.leave(record.limited_tenant)
@@ -111,6 +118,17 @@ class McpGateway:
             if self._tracing.enabled:
                 self._trace(scope, started_ns, span, record)
             out.close()
+
+    async def _stopped(self, record: CallRecord, out: Responder) -> None:
+        written = record.save is not None and record.forwarded
+        record.end(Outcome.RESULT_UNKNOWN if written else Outcome.ERROR, "shutting_down")
+        try:
+            if written or out.started:
+                await out.audit()
+            else:
+                await out.refuse(Denial.SANDBOX_UNAVAILABLE, {"retry-after": "1"})
+        except (AuditFailed, OSError):
+            pass  # the audit log is closing with the server: the connection simply ends
 
     def _trace(self, scope: Scope, started_ns: int, span: RequestSpan | None, record: CallRecord) -> None:
         """End the request's span; one the gate answered or refused starts here, under the

@@ -443,7 +443,12 @@ class Runtime:
             except RuntimeErrorBase as exc:
                 # The engine away (a daemon restarting, an API server down) is an operating
                 # condition, said in one line; the next pass tries again.
-                log.warning("reaper pass skipped: %s", exc.reason, extra={"backend": self.backend.name})
+                log.warning(
+                    "reaper pass skipped: %s (%s)",
+                    exc.reason,
+                    type(exc).__name__,
+                    extra={"backend": self.backend.name},
+                )
             except Exception:
                 log.exception("reaper pass failed")
 

@@ -8,15 +8,19 @@ as a broker Pod would (the lab has no kube-proxy; NetworkPolicy is not enforced 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from mcp.shared.exceptions import MCPError
 
 from broker.runtime.kubernetes import names
@@ -310,3 +314,91 @@ def test_a_pod_spec_that_fails_pod_security_is_refused_audited_and_never_created
     secrets = lab.core.list_namespaced_secret(NS, label_selector=f"{names.TENANT}={tenant}").items
     assert secrets == []
     assert "fails the Pod Security check (limits)" in logs and "Traceback" not in logs
+
+
+class CuttableProxy:
+    """A TCP forwarder on 127.0.0.1 to the API server (its certificate names 127.0.0.1), which
+    the test cuts: every connection closed and the port refusing, as a restarting API server."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(self._target, timeout=10)
+            except OSError:
+                return  # cut
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the blocked accept (Linux): the port refuses
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_the_api_server_away_is_one_line_in_the_log_and_warm_calls_go_on(
+    lab: Lab, setup: tuple[str, Path, Path]
+) -> None:
+    """Issue 25 (found by the lab reliability run, the API server restarted): each reaper pass
+    while the API was away logged a traceback (`reaper pass failed`, urllib3's MaxRetryError
+    from listing the Pods). The engine away is expected: one line with a fixed reason, and the
+    tenant's warm Pod keeps answering (the broker reaches it at its IP, not through the API)."""
+    tenant, _, base = setup
+    kubeconfig = yaml.safe_load(lab.broker_kubeconfig.read_text())
+    server = kubeconfig["clusters"][0]["cluster"]["server"]
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    proxy = CuttableProxy(host, int(port))
+    kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    via_proxy = base / "via-proxy.kubeconfig"
+    via_proxy.write_text(yaml.safe_dump(kubeconfig))
+    via_proxy.chmod(0o600)
+    broker = host_broker(lab, base, [tenant])
+    broker.env["DOCBROKER_KUBECONFIG"] = str(via_proxy)
+    broker.env["DOCBROKER_IDLE_TIMEOUT"] = "8"  # a reaper pass every 2 s
+    start(broker)
+    reaper_lines = ("reaper pass skipped", "reaper pass failed")
+    try:
+        token = broker.token(tenant, scope="docs:read")
+
+        async def search() -> str:
+            async with broker.client(token) as client:
+                result = structured(await client.call_tool("search_documents", {"query": "cluster"}))
+            return str(result["status"])
+
+        before = asyncio.run(search())
+        proxy.cut()
+        deadline = time.monotonic() + 30
+        while sum(broker.logs().count(line) for line in reaper_lines) < 2:  # two passes, API away
+            assert time.monotonic() < deadline, "no reaper pass was seen while the API was away"
+            time.sleep(0.2)
+        during = asyncio.run(search())
+        logs = broker.logs()
+    finally:
+        proxy.cut()
+        broker.stop()
+    assert before == "ok" and during == "ok"
+    assert "Traceback" not in logs
+    assert "reaper pass skipped: sandbox_cluster_unavailable (ClusterUnavailable)" in logs

@@ -13,13 +13,15 @@ The broker image comes from DOCBROKER_TEST_KUBE_BROKER_IMAGE (default the one `.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +80,11 @@ def postgres_for_pods(host_ip: str) -> tuple[ThrowAwayCluster, int]:
     return cluster, port
 
 
-def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
-    """The wrapper overlay: the lab overlay plus this run's addresses, image, keys and tenant."""
+def write_overlay(
+    folder: Path, idp: Broker, tenants: Sequence[str], pg_port: int, config: Mapping[str, str] | None = None
+) -> None:
+    """The wrapper overlay: the lab overlay plus this run's addresses, image, keys and tenants
+    (and `config`: settings of the broker, over the ones given here)."""
     master = folder / "master.key"
     master.write_text(os.urandom(32).hex())
     audit = folder / "audit-signing.key"
@@ -89,11 +94,20 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
         )
     )
     (folder / "ops.token").write_text(idp.ops_token + "\n")
-    policy = folder / f"{tenant}.toml"
-    policy.write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
+    for tenant in tenants:
+        (folder / f"{tenant}.toml").write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
     name, _, digest = BROKER_IMAGE.partition("@")
     if not digest.startswith("sha256:"):
         pytest.fail("DOCBROKER_TEST_KUBE_BROKER_IMAGE must be name@sha256:… (source the lab's DIR/env)")
+    settings = {
+        "DOCBROKER_AUTH_ISSUER": idp.env["DOCBROKER_AUTH_ISSUER"],
+        "DOCBROKER_AUTH_AUDIENCE": idp.env["DOCBROKER_AUTH_AUDIENCE"],
+        "DOCBROKER_KUBE_SERVER_IMAGE": SERVER_IMAGE,
+        "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE,
+        "DOCBROKER_START_TIMEOUT": "60",
+        "DOCBROKER_OPS_TOKEN_FILE": "/run/docbroker/keys/ops.token",
+    }
+    settings.update(config or {})
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -115,20 +129,13 @@ def write_overlay(folder: Path, idp: Broker, tenant: str, pg_port: int) -> None:
                 "name": "docbroker-config",
                 "namespace": BROKER_NS,
                 "behavior": "merge",
-                "literals": [
-                    f"DOCBROKER_AUTH_ISSUER={idp.env['DOCBROKER_AUTH_ISSUER']}",
-                    f"DOCBROKER_AUTH_AUDIENCE={idp.env['DOCBROKER_AUTH_AUDIENCE']}",
-                    f"DOCBROKER_KUBE_SERVER_IMAGE={SERVER_IMAGE}",
-                    f"DOCBROKER_KUBE_KEEPER_IMAGE={KEEPER_IMAGE}",
-                    "DOCBROKER_START_TIMEOUT=60",
-                    "DOCBROKER_OPS_TOKEN_FILE=/run/docbroker/keys/ops.token",
-                ],
+                "literals": [f"{k}={v}" for k, v in settings.items()],
             },
             {
                 "name": "docbroker-tenant-policies",
                 "namespace": BROKER_NS,
                 "behavior": "merge",
-                "files": [policy.name],
+                "files": [f"{tenant}.toml" for tenant in tenants],
             },
         ],
         "secretGenerator": [
@@ -168,9 +175,26 @@ def readyz(ip: str, ops: Broker) -> dict[str, Any] | None:
 OWN_KINDS = ("Deployment", "PodDisruptionBudget", "ConfigMap", "Secret")
 
 
+@contextlib.contextmanager
+def deployment_lock(lab_folder: Path) -> Iterator[None]:
+    """One Deployment of the broker on the lab at a time: its name and namespace are the lab's
+    one (tests/reliability/test_lab_run.py deploys it too, maybe at once on the other worker)."""
+    with (lab_folder / "broker-deployment.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture
 def deployed(tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]]]:
     lab = Lab.open()  # namespaces, RBAC, PSP and storage class first: the tenant PVCs need them
+    with deployment_lock(lab.folder):
+        yield from _deployed(lab, tmp_path)
+
+
+def _deployed(lab: Lab, tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]]]:
     cluster, pg_port = postgres_for_pods(_env("DOCBROKER_TEST_KUBE_HOST_IP"))
     tenant = unique_tenant("d")
     idp = make_broker(tmp_path / "idp", tenants=[tenant])  # never started: its IdP key and JWKS
@@ -186,7 +210,7 @@ def deployed(tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]
         )
         assert upgraded.returncode == 0, upgraded.stderr[-2000:]
         storage = lab.tenant(tenant, {"plan.md": "# Plan\nthe deployment shares one tenant pod\n"})
-        write_overlay(tmp_path, idp, tenant, pg_port)
+        write_overlay(tmp_path, idp, [tenant], pg_port)
         _kubectl(lab.kubeconfig, "apply", "-k", str(tmp_path))
         ips = wait_until("two Ready broker Pods", lambda: ready_broker_ips(lab), timeout=240, every=1)
         yield lab, tenant, storage, idp, ips

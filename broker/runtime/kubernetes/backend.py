@@ -363,7 +363,7 @@ class KubernetesBackend(SandboxBackend):
         except Exception as exc:
             if status_of(exc) in (404, 409):
                 return
-            raise
+            raise ClusterUnavailable(_api_refusal("delete the tenant's pod", exc)) from exc
 
     def _patch_last_used(self, tenant: str, when: float) -> None:
         """Record a use of the tenant's Pod: a merge patch of its one annotation, the answer
@@ -405,9 +405,12 @@ class KubernetesBackend(SandboxBackend):
         selector = names.instance_selector(self._instance)
         if tenant is not None:
             selector += f",{names.TENANT}={tenant}"
-        result = self._core.list_namespaced_pod(
-            self._settings.namespace, label_selector=selector, _request_timeout=API_TIMEOUT
-        )
+        try:
+            result = self._core.list_namespaced_pod(
+                self._settings.namespace, label_selector=selector, _request_timeout=API_TIMEOUT
+            )
+        except Exception as exc:  # the API away (restarted) or refusing: one line, no traceback
+            raise ClusterUnavailable(_api_refusal("list the tenants' pods", exc)) from exc
         return list(result.items)
 
     def _info(self, pod: Any, *, adopted: bool, serving: bool = False) -> SandboxInfo:
