@@ -68,6 +68,7 @@ async def _start_floor(settings: DockerSettings, instance: str, n: int) -> float
     base = Path(tempfile.mkdtemp(prefix="docbroker-burst-floor-", dir="/var/tmp"))
     client = backend._client
     try:
+        image = await backend.image()  # the digest the broker's own sandboxes are made from
         containers, sockets = [], []
         for i in range(n):  # created before the clock starts, as the pool's slots are
             run_dir = base / str(i)
@@ -75,6 +76,7 @@ async def _start_floor(settings: DockerSettings, instance: str, n: int) -> float
             run_dir.chmod(0o1777)
             options = backend._hardened_options(
                 f"docbroker-{instance}.floor-{i}",
+                image=image,
                 labels={},
                 environment={},
                 mounts=[(RUN_DIR, str(run_dir), False)],
