@@ -127,10 +127,8 @@ class Replicas:
         self.stop()
 
 
-def reap_orphans(data_dir: Path) -> list[int]:
-    """SIGKILL the local runtime's server processes serving sockets under `data_dir`'s run dir
-    (a SIGKILLed broker cannot stop its children). By pid, found in /proc; returns them."""
-    marker = f"--socket {data_dir}/run/".encode()
+def pids_with(*parts: bytes) -> list[int]:
+    """The processes whose command line holds every one of `parts`, found in /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -138,11 +136,20 @@ def reap_orphans(data_dir: Path) -> list[int]:
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
-            continue
-        if marker in cmdline:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                found.append(int(entry.name))
+            continue  # gone, or not ours to read
+        if all(part in cmdline for part in parts):
+            found.append(int(entry.name))
+    return found
+
+
+def reap_orphans(data_dir: Path) -> list[int]:
+    """SIGKILL the local runtime's server processes serving sockets under `data_dir`'s run dir
+    (a SIGKILLed broker cannot stop its children). By pid, found in /proc; returns them."""
+    found = []
+    for pid in pids_with(f"--socket {data_dir}/run/".encode()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            found.append(pid)
     return found
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from broker.testing.kubernetes_lab import Lab, unique_tenant
+
 REPO = Path(__file__).resolve().parents[2]
 KUBECONFIG_ENV = "DOCBROKER_TEST_KUBECONFIG"
 LAB_SCRIPT = REPO / ".ci" / "kube-lab.sh"
@@ -126,3 +128,18 @@ def load_image(image: str) -> str:
     argv = ["bash", str(LAB_SCRIPT), "load-image", image]
     done = subprocess.run(argv, check=True, capture_output=True, timeout=300, text=True)
     return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def lab() -> Lab:
+    """The lab with what every Kubernetes test stands on applied (namespaces, RBAC, storage)."""
+    return Lab.open()
+
+
+@pytest.fixture
+def tenant(lab: Lab) -> Iterator[str]:
+    """A tenant of its own on the lab (its sources PVC holds the lab's default documents)."""
+    name = unique_tenant()
+    lab.tenant(name)
+    yield name
+    lab.drop_tenant(name)

@@ -12,7 +12,6 @@ import copy
 import hashlib
 import secrets
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -31,19 +30,6 @@ from server.approval import mint_token
 
 pytestmark = pytest.mark.kubernetes
 NS = names.TENANTS_NAMESPACE
-
-
-@pytest.fixture(scope="module")
-def lab() -> Lab:
-    return Lab.open()
-
-
-@pytest.fixture
-def tenant(lab: Lab) -> Iterator[str]:
-    name = unique_tenant()
-    lab.tenant(name)
-    yield name
-    lab.drop_tenant(name)
 
 
 def spec(tenant: str) -> SandboxSpec:

@@ -32,11 +32,6 @@ NS = names.TENANTS_NAMESPACE
 REPORT = "# Summary\n\nApproved by a human, kept by the keeper.\n"
 
 
-@pytest.fixture(scope="module")
-def lab() -> Lab:
-    return Lab.open()
-
-
 @pytest.fixture
 def setup(lab: Lab) -> Iterator[tuple[str, Path, Path]]:
     tenant = unique_tenant("b")

@@ -80,6 +80,19 @@ def postgres_for_pods(host_ip: str) -> tuple[ThrowAwayCluster, int]:
     return cluster, port
 
 
+def upgrade_database(idp: Broker, url: str) -> None:
+    """`docbroker db upgrade` on the lab's PostgreSQL (TCP on the host's bridge, without TLS)."""
+    upgraded = subprocess.run(
+        [sys.executable, "-m", "broker", "db", "upgrade"],
+        cwd=ROOT,
+        env={**idp.env, "DOCBROKER_DATABASE_URL": url, **INSECURE_DATABASE},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert upgraded.returncode == 0, upgraded.stderr[-2000:]
+
+
 def write_overlay(
     folder: Path, idp: Broker, tenants: Sequence[str], pg_port: int, config: Mapping[str, str] | None = None
 ) -> None:
@@ -199,16 +212,7 @@ def _deployed(lab: Lab, tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker
     tenant = unique_tenant("d")
     idp = make_broker(tmp_path / "idp", tenants=[tenant])  # never started: its IdP key and JWKS
     try:
-        upgraded = subprocess.run(
-            [sys.executable, "-m", "broker", "db", "upgrade"],
-            cwd=ROOT,
-            # the lab's PostgreSQL: TCP on the host's bridge, without TLS
-            env={**idp.env, "DOCBROKER_DATABASE_URL": cluster.url, **INSECURE_DATABASE},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert upgraded.returncode == 0, upgraded.stderr[-2000:]
+        upgrade_database(idp, cluster.url)
         storage = lab.tenant(tenant, {"plan.md": "# Plan\nthe deployment shares one tenant pod\n"})
         write_overlay(tmp_path, idp, [tenant], pg_port)
         _kubectl(lab.kubeconfig, "apply", "-k", str(tmp_path))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +22,11 @@ from broker.audit import fields as audit_fields
 from broker.runtime.base import ImageUntrusted, Runtime
 from broker.runtime.kubernetes import KubernetesBackend, names
 from broker.settings import AuditSettings
-from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, SERVER_IMAGE, Lab, unique_tenant
+from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, SERVER_IMAGE, Lab
 from broker.types import SandboxSpec
 
 pytestmark = pytest.mark.kubernetes
 NS = names.TENANTS_NAMESPACE
-
-
-@pytest.fixture(scope="module")
-def lab() -> Lab:
-    return Lab.open()
-
-
-@pytest.fixture
-def tenant(lab: Lab) -> Iterator[str]:
-    name = unique_tenant("d")
-    lab.tenant(name)
-    yield name
-    lab.drop_tenant(name)
 
 
 def spec(tenant: str) -> SandboxSpec:

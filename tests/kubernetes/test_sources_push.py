@@ -13,7 +13,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,6 @@ from server.contracts import MAX_DOCUMENT_BYTES, MAX_SCAN_ENTRIES
 pytestmark = pytest.mark.kubernetes
 ROOT = Path(__file__).resolve().parents[2]
 NS = names.TENANTS_NAMESPACE
-
-
-@pytest.fixture(scope="module")
-def lab() -> Lab:
-    return Lab.open()
-
-
-@pytest.fixture
-def tenant(lab: Lab) -> Iterator[str]:
-    name = unique_tenant("p")
-    lab.tenant(name)  # its sources PVC holds notes.md
-    yield name
-    lab.drop_tenant(name)
 
 
 def run_push(

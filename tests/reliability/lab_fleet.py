@@ -20,7 +20,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -39,11 +38,11 @@ from tests.kubernetes.conftest import wait_until
 from tests.kubernetes.test_deployment_live import (
     BROKER_NS,
     BROKER_SELECTOR,
-    INSECURE_DATABASE,
     OWN_KINDS,
     _env,
     deployment_lock,
     postgres_for_pods,
+    upgrade_database,
     write_overlay,
 )
 
@@ -346,15 +345,7 @@ def deploy(tmp: Path, tenants: list[str]) -> Iterator[Fleet]:
         idp = make_broker(overlay / "idp", tenants=tenants)
         pods = BrokerPods(lab)
         try:
-            upgraded = subprocess.run(
-                [sys.executable, "-m", "broker", "db", "upgrade"],
-                cwd=ROOT,
-                env={**idp.env, "DOCBROKER_DATABASE_URL": cluster.url, **INSECURE_DATABASE},
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert upgraded.returncode == 0, upgraded.stderr[-2000:]
+            upgrade_database(idp, cluster.url)
             storage = _storage(lab, tenants)
             # A tenant Pod's start on two busy shared cores has taken over 60 s (the lab
             # tests' timeout); a start that times out is deleted and begun again. Below the

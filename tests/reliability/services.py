@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.testing.replicas import pids_with
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path("/var/cache/docbroker/reliability-dockerd")
 ROOTLESS_SCRIPT = "/usr/share/docker.io/contrib/dockerd-rootless.sh"
@@ -131,21 +133,13 @@ class RootlessDaemon:
         """SIGKILL the containerd shims this daemon started (each in a session of its own, so
         not in the daemon's group: they outlive it and keep their containers' processes).
         Found by pid in /proc, by this daemon's private runtime dir on their command line."""
-        marker = f"-address {self.runtime}/".encode()
         ended = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if b"containerd-shim" in cmdline and marker in cmdline:
-                # Its container's process first: it would outlive its shim, adopted by init.
-                for pid in [*_children(int(entry.name)), int(entry.name)]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                        ended.append(pid)
+        for shim in pids_with(b"containerd-shim", f"-address {self.runtime}/".encode()):
+            # Its container's process first: it would outlive its shim, adopted by init.
+            for pid in [*_children(shim), shim]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    ended.append(pid)
         return ended
 
     def load_image(self, image: str, source_host: str) -> None:
