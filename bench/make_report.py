@@ -16,7 +16,8 @@ revision and the date. Progress goes to stderr; the report to `<out>/REPORT.md` 
 Sections (`--only`): overhead, cold, burst, scale, memory, audit, approval, policy, reliability.
 The Pod half of `memory` runs bench/kubernetes.py when DOCBROKER_TEST_KUBECONFIG is set (a lab
 from `bash .ci/kube-lab.sh start DIR`, then `source DIR/env`). `reliability` runs
-`pytest tests/reliability -k docker` (not with --quick) unless --reliability DIR is given.
+the reliability tests (Docker's; the lab's too with a lab; not with --quick) unless --reliability DIR
+is given.
 Exit status: 0 the report was written, 1 a section failed inside this script (its line says
 so), 2 bad arguments.
 """

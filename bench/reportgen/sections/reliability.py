@@ -1,6 +1,6 @@
 """The reliability runs' accounting: <DIR>/docker.json and <DIR>/lab.json, written by
 tests/reliability when DOCBROKER_RELIABILITY_OUT=DIR, read from an earlier run (--reliability DIR)
-or from the Docker run started here."""
+or from the runs started here (the lab's too when DOCBROKER_TEST_KUBECONFIG names a lab)."""
 
 from __future__ import annotations
 
@@ -109,8 +109,10 @@ def source(ctx: Context) -> tuple[Path, str]:
         raise NotMeasured("tests/reliability is not in this tree")
     out = ctx.work / "reliability"
     out.mkdir(exist_ok=True)
-    ctx.say("  running pytest tests/reliability -k docker")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), "-k", "docker"]
+    # The lab's run needs a lab cluster (DOCBROKER_TEST_KUBECONFIG); without one, Docker's alone.
+    which = ["-m", "reliability"] if ctx.env.get("DOCBROKER_TEST_KUBECONFIG") else ["-k", "docker"]
+    ctx.say(f"  running pytest tests/reliability {' '.join(which)}")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", str(tests), *which]
     code, last = run_child(ctx, "reliability", command, {**ctx.env, "DOCBROKER_RELIABILITY_OUT": str(out)})
     ctx.say(f"  pytest exited {code}")
     note = "this run" if code == 0 else f"this run; the tests FAILED (pytest exit {code}: {last})"
