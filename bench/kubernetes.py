@@ -253,10 +253,10 @@ def main() -> int:
             return list(await asyncio.gather(*(first_call(broker, t) for t in burst), return_exceptions=True))
 
         started = time.perf_counter()
-        results = asyncio.run(together())
+        outcomes = asyncio.run(together())
         wall = time.perf_counter() - started
-        times = [r for r in results if isinstance(r, float)]
-        failures = collections.Counter(failure(r) for r in results if not isinstance(r, float))
+        times = [r for r in outcomes if isinstance(r, float)]
+        failures = collections.Counter(failure(r) for r in outcomes if not isinstance(r, float))
         for why, count in failures.items():
             print(f"{count} of the burst failed: {why}", file=sys.stderr)
         running = [
@@ -279,7 +279,7 @@ def main() -> int:
                 )
             )
         rows.append(
-            (f"{len(burst)} at once: failed, Pods Running", f"{len(results) - len(times)}, {len(running)}")
+            (f"{len(burst)} at once: failed, Pods Running", f"{len(outcomes) - len(times)}, {len(running)}")
         )
         time.sleep(args.idle)
         sizes = pod_memory(lab, sequential + burst)

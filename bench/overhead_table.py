@@ -164,8 +164,8 @@ def report_lines(report: dict[str, Any], header: list[str]) -> list[str]:
             fmt(row["proxy_cpu_us"], 0, " µs") if row["proxy_cpu_us"] > 0 else "-",
             fmt(row["server_cpu_us"], 0, " µs"),
         ]
-        line = zip(cells, cols, strict=True)
-        out.append("".join(f"{cell:{align}{width}}" for cell, (_, width, align) in line))
+        pairs = zip(cells, cols, strict=True)
+        out.append("".join(f"{cell:{align}{width}}" for cell, (_, width, align) in pairs))
     out.append("")
     out.append("baselines: broker → direct (unix socket) = the very process it forwards to;")
     out.append(
