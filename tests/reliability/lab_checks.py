@@ -43,6 +43,14 @@ def faults_entered(faults: Iterable[tuple[str, bool]]) -> Check:
     return Check("every_fault_entered", not missed, len(missed), tuple(missed))
 
 
+def pod_in_use_kept(facts: Mapping[str, Any]) -> Check:
+    """The reaper's phase: the Pod of the tenant in use on the other replica was never
+    replaced, and every one of its calls was answered ok."""
+    found = (("pod_replaced", not facts["pod_kept"]), ("calls_not_ok", bool(facts["calls_not_ok"])))
+    bad = [name for name, failed in found if failed]
+    return Check("pod_in_use_on_a_replica_not_reaped", not bad, len(bad), tuple(bad))
+
+
 def fresh_call_within(taken: Mapping[str, float], limit_s: float, replicas: int) -> Check:
     """Each Ready broker Pod answered a fresh call within `limit_s` of the faults' end."""
     late = [pod for pod, s in sorted(taken.items()) if not s <= limit_s]

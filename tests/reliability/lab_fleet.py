@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 from cryptography.hazmat.primitives import serialization
+from kubernetes import client as k8s
 
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.manifest import tenant_objects
@@ -232,6 +233,21 @@ class Fleet:
             return None
         return None if pod.metadata.deletion_timestamp is not None else str(pod.metadata.uid)
 
+    def tenant_pod_gone(self, tenant: str) -> bool:
+        """The API answers that the tenant has no Pod (an API away is not an answer)."""
+        try:
+            self.lab.core.read_namespaced_pod(names.object_name(tenant), TENANTS_NS, _request_timeout=5)
+        except k8s.ApiException as exc:
+            return exc.status == 404
+        except Exception:
+            return False
+        return False
+
+    def log_count(self, pod: str, text: bytes) -> int:
+        """How often `text` is in the containers' logs of a broker Pod (the kubelet's files)."""
+        uid = self.pods.seen()[pod]
+        return sum(path.read_bytes().count(text) for path in Path("/var/log/pods").glob(f"*_{uid}/*/*.log"))
+
     def scale(self, replicas: int) -> None:
         _kubectl(
             self.lab.kubeconfig,
@@ -333,8 +349,9 @@ def audit_public_key(folder: Path) -> Path:
 
 
 @contextlib.contextmanager
-def deploy(tmp: Path, tenants: list[str]) -> Iterator[Fleet]:
-    """The Deployment of two broker Pods on PostgreSQL, its tenants' storage; torn down after."""
+def deploy(tmp: Path, tenants: list[str], settings: dict[str, str] | None = None) -> Iterator[Fleet]:
+    """The Deployment of two broker Pods on PostgreSQL, its tenants' storage; torn down after.
+    `settings`: the brokers' DOCBROKER_* over the run's own."""
     lab = Lab.open()  # namespaces, RBAC, PSP and storage class
     overlay = tmp / "overlay"
     overlay.mkdir()
@@ -350,7 +367,8 @@ def deploy(tmp: Path, tenants: list[str]) -> Iterator[Fleet]:
             # A tenant Pod's start on two busy shared cores has taken over 60 s (the lab
             # tests' timeout); a start that times out is deleted and begun again. Below the
             # clients' own limit (lab_load.OP_TIMEOUT), so that the broker answers first.
-            write_overlay(overlay, idp, tenants, pg_port, {"DOCBROKER_START_TIMEOUT": "100"})
+            own = {"DOCBROKER_START_TIMEOUT": "100", **(settings or {})}
+            write_overlay(overlay, idp, tenants, pg_port, own)
             _kubectl(lab.kubeconfig, "apply", "-k", str(overlay))
             pods.start()
             wait_until("two Ready broker Pods", lambda: len(pods.ready()) == 2, timeout=240, every=0.5)

@@ -3,7 +3,14 @@
 The lab cluster (.ci/kube-lab.sh) runs the shipped Deployment of two broker Pods on PostgreSQL
 (lab_fleet.deploy). 16 tenants with 3 real MCP SDK clients each search, read and save reports with
 approval (approved over REST on the other Pod every other time) through a balancer without
-affinity (lab_load). While they do, three faults, each once, each observed to have been entered:
+affinity (lab_load). While they do, the idle reaper is put where issue 24 found it wrong, then
+three faults, each once, each observed to have been entered:
+
+- the reaper (idle timeout 30 s here): a tenant used once on broker Pod B and then only on A
+  for longer than B's idle timeout, while B's reaper keeps passing: B must keep the Pod (the
+  last use the replicas share on it says A uses it; B saying so in its log is the race
+  entered), the Pod never replaced, every call of the tenant answered; and a tenant used once
+  on A and then not at all must lose its Pod to the reaper (the reapers do reap);
 
 - a tenant's Pod deleted while one of its calls is in flight (a call sent before the API
   accepted the deletion and answered after it), and a new Pod of that tenant then serving;
@@ -49,8 +56,14 @@ from tests.reliability.lab_fleet import (
 from tests.reliability.lab_load import OP_TIMEOUT, AnswerLog, Journal, Load, Operation, Pool, answer_of
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.reliability, pytest.mark.timeout(900)]
-TENANTS = 16
+TENANTS = 16  # with load clients; two more for the reaper (pinned, idle)
 CLIENTS = 3
+# The brokers' DOCBROKER_IDLE_TIMEOUT in this run: short enough for the reaper's phase, long
+# past any pause of a tenant with three clients. Its reaper passes every quarter of it, and a
+# replica records a use on the tenant's Pod at most every 5 s (broker/runtime/base.py).
+IDLE_TIMEOUT_S = 30.0
+REAP_INTERVAL_S = IDLE_TIMEOUT_S / 4
+KEPT_LINE = b"idle sandbox kept: used on a replica since"
 FRESH_WITHIN = 10.0
 WAVE = 4  # tenants whose Pods start at once
 # The 5xx a fault may cause, by the phase (the fault running) a request was sent in: a Pod that
@@ -60,6 +73,7 @@ ALLOWED_5XX = {
     # has answered slower than its 2 s timeouts: saves refused 503 "retry later", audited
     # (approval_store_unavailable), as the store's fail-closed design says. Never once warm.
     "warmup": (503,),
+    "reaper_spares_a_pod_in_use_elsewhere": (503,),  # its two tenants' first calls start Pods
     "tenant_pod_deleted_mid_call": (502, 503),
     "broker_pod_deleted_mid_save": (502, 503),
     "apiserver_restarted": (502, 503),
@@ -91,6 +105,75 @@ async def until(what: str, check: Callable[[], Any], timeout: float, every: floa
 
 def _ok_since(journal: Journal, since: float, pred: Callable[[dict[str, Any]], bool]) -> bool:
     return any(o["t0"] > since and o["outcome"] == "ok" and pred(o) for o in journal.ops)
+
+
+def pinned(fleet: Fleet, load: Load, pod: str, ip: str, stop: asyncio.Event, phase: str) -> Load:
+    """Clients that reach one broker Pod only (calls and approvals), journalled with the run's."""
+    alone = Load(fleet.idp, Pool(lambda: {pod: ip}), load.journal, lambda: {pod: ip}, stop, load.answers)
+    alone.phase = phase
+    return alone
+
+
+async def one_search(alone: Load, tenant: str, name: str) -> bool:
+    current = Operation()
+    try:
+        async with alone.client(tenant, name, current) as (c, http):
+            alone.write_answers(tenant, current, {})
+            alone._as(http, tenant, current, f"{name}-1", "search")
+            return await alone._one(c, tenant, name, 1, "search", current)
+    except Exception:
+        alone.write_answers(tenant, current, {})
+        return False
+
+
+async def reaper_spares_a_pod_in_use_elsewhere(fleet: Fleet, load: Load) -> Fault:
+    """Issue 24's reaper, under the load: the Pod of a tenant in use on one replica is not
+    removed by the other's idle reaper, and an idle tenant's Pod is."""
+    fault = Fault("reaper_spares_a_pod_in_use_elsewhere")
+    in_use, idle = fleet.tenants[TENANTS], fleet.tenants[TENANTS + 1]
+    (a, ip_a), (b, ip_b) = sorted(fleet.pods.ready().items())
+    stop = asyncio.Event()
+    on_a = pinned(fleet, load, a, ip_a, stop, fault.name)
+    on_b = pinned(fleet, load, b, ip_b, stop, fault.name)
+    # `idle` is held by A alone, so that every "kept" line in B's log is about `in_use` (the 16
+    # loaded tenants reach B every second or so). Its Pod's start first: one took 35 s here,
+    # and `in_use` must not be idle meanwhile (B reaped it then, rightly).
+    assert await one_search(on_a, idle, f"{idle}-a"), "the idle tenant's one call failed"
+    # B holds `in_use` (it served a call, starting its Pod); from then on only A calls it.
+    kept_before = await asyncio.to_thread(fleet.log_count, b, KEPT_LINE)
+    assert await one_search(on_b, in_use, f"{in_use}-b"), "the first call on B failed"
+    used_on_b = time.monotonic()
+    client = asyncio.create_task(on_a.run_client(in_use, 0))
+    uid = await asyncio.to_thread(fleet.tenant_pod_uid, in_use)
+    fault.began = time.time()
+    try:
+
+        async def kept_by_b() -> bool:
+            if time.monotonic() - used_on_b < IDLE_TIMEOUT_S:
+                return False  # B's own use is not yet old enough for its reaper to look
+            return await asyncio.to_thread(fleet.log_count, b, KEPT_LINE) > kept_before
+
+        await until("B's reaper keeping the Pod A uses", kept_by_b, IDLE_TIMEOUT_S + 6 * REAP_INTERVAL_S, 0.5)
+        kept_after_s = time.monotonic() - used_on_b
+
+        async def reaped() -> bool:
+            return await asyncio.to_thread(fleet.tenant_pod_gone, idle)
+
+        await until("the idle tenant's Pod reaped", reaped, 2 * IDLE_TIMEOUT_S + 6 * REAP_INTERVAL_S, 0.5)
+    finally:
+        stop.set()
+        await client
+    fault.recovered = time.time()
+    now = await asyncio.to_thread(fleet.tenant_pod_uid, in_use)
+    ops = [o for o in load.journal.ops if o["tenant"] == in_use]
+    fault.entered = True  # both waits above held
+    fault.facts = {
+        "kept_after_s": round(kept_after_s, 1),
+        "pod_kept": uid is not None and now == uid,
+        "calls": len(ops),
+        "calls_not_ok": sum(1 for o in ops if o["outcome"] != "ok"),
+    }
+    return fault
 
 
 async def tenant_pod_deleted_mid_call(fleet: Fleet, load: Load) -> Fault:
@@ -237,8 +320,8 @@ async def drive(fleet: Fleet, load: Load) -> tuple[list[Fault], dict[str, float]
         # Tenants join in waves: sixteen Pods starting at once on two busy cores took longer
         # than a start timeout, and a start that times out is begun again.
         load.phase = "warmup"
-        for first in range(0, len(fleet.tenants), WAVE):
-            wave = set(fleet.tenants[first : first + WAVE])
+        for first in range(0, TENANTS, WAVE):
+            wave = set(fleet.tenants[first : min(first + WAVE, TENANTS)])
             clients += [
                 asyncio.create_task(load.run_client(t, i)) for t in sorted(wave) for i in range(CLIENTS)
             ]
@@ -249,7 +332,13 @@ async def drive(fleet: Fleet, load: Load) -> tuple[list[Fault], dict[str, float]
             await until("a wave of tenants answered (their Pods started)", answered, timeout=400, every=0.5)
         load.phase = "steady"
         faults = []
-        for fault in (tenant_pod_deleted_mid_call, broker_pod_deleted_mid_save, apiserver_restarted):
+        steps = (
+            reaper_spares_a_pod_in_use_elsewhere,
+            tenant_pod_deleted_mid_call,
+            broker_pod_deleted_mid_save,
+            apiserver_restarted,
+        )
+        for fault in steps:
             load.phase = fault.__name__
             faults.append(await fault(fleet, load))
         load.phase = "after_faults"
@@ -268,9 +357,9 @@ async def drive(fleet: Fleet, load: Load) -> tuple[list[Fault], dict[str, float]
 
 def test_the_lab_fleet_loses_nothing_under_load_and_faults(tmp_path: Path) -> None:
     started = time.monotonic()
-    tenants = [unique_tenant("r") for _ in range(TENANTS)]
+    tenants = [unique_tenant("r") for _ in range(TENANTS + 2)]
     run = tmp_path / "run"
-    with deploy(tmp_path, tenants) as fleet:
+    with deploy(tmp_path, tenants, {"DOCBROKER_IDLE_TIMEOUT": str(int(IDLE_TIMEOUT_S))}) as fleet:
         journal = Journal(run)
         answers_log = AnswerLog(run / "answers.jsonl")
         load = Load(
@@ -314,6 +403,7 @@ def test_the_lab_fleet_loses_nothing_under_load_and_faults(tmp_path: Path) -> No
             accounting.no_tracebacks(container_logs),
             accounting.no_hang(answers, OP_TIMEOUT + 5),  # the clients' own limit, then a hang
             lab_checks.faults_entered((f.name, f.entered) for f in faults),
+            lab_checks.pod_in_use_kept(faults[0].facts),
             lab_checks.fresh_call_within(fresh, FRESH_WITHIN, len(last)),
             lab_checks.no_broker_container_restarted(restarts),
             lab_checks.approved_on_both_replicas(ops),
