@@ -442,13 +442,24 @@ class PostgresApprovalStore:
         return row is not None
 
     async def release(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
+        # One statement, so one transaction and one round trip: the transition and its record
+        # commit together, and the last SELECT sees the table as it was before this statement
+        # (a data-modifying CTE's rows are not visible to its own query), so True means "given
+        # back now" or "given back by an earlier call whose answer was lost".
         row = await self._one(
-            "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
-            "claim_until = NULL WHERE id = %s AND tenant = %s AND state = 'consumed' "
-            "AND claimed_by = %s AND consumed_at = %s RETURNING id",
-            (approval_id, tenant, owner, consumed_at),
+            "WITH given AS (UPDATE approvals SET state = 'approved', consumed_at = NULL, "
+            "claimed_by = NULL, claim_until = NULL WHERE id = %(id)s AND tenant = %(tenant)s "
+            "AND state = 'consumed' AND claimed_by = %(owner)s AND consumed_at = %(at)s RETURNING id), "
+            "recorded AS (INSERT INTO approval_releases (approval_id, owner, consumed_at, released_at) "
+            "SELECT id, %(owner)s, %(at)s, %(now)s FROM given "
+            "ON CONFLICT (approval_id, owner, consumed_at) DO UPDATE SET released_at = excluded.released_at "
+            "RETURNING approval_id) "
+            "SELECT EXISTS (SELECT 1 FROM recorded) OR EXISTS (SELECT 1 FROM approval_releases r "
+            "JOIN approvals a ON a.id = r.approval_id WHERE r.approval_id = %(id)s "
+            "AND a.tenant = %(tenant)s AND r.owner = %(owner)s AND r.consumed_at = %(at)s)",
+            {"id": approval_id, "tenant": tenant, "owner": owner, "at": consumed_at, "now": self._clock()},
         )
-        return row is not None
+        return bool(row and row[0])
 
     async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:
         async with self._conn() as conn:
