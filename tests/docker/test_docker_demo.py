@@ -50,16 +50,17 @@ def _containers(host: str, instance: str) -> list[str]:
 
 
 @pytest.fixture(params=["rootful", "rootless"])
-def demo(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, str], int, Stop]]:
+def demo(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[dict[str, str], int, Stop]]:
     """The demo, run as `./dev demo` runs it, on each branch: the rootful daemon (the broker
     runs as root), and the rootless one (the broker runs as the docbroker user, from a regular
     install of setup's wheel). Stopped as an operator would (SIGTERM to the demo's process
     group): it must exit 0 within a bound and leave no sandbox of its own running."""
     instance = "demo" + uuid.uuid4().hex[:8]
     port = free_port()
-    # /var/tmp: the docbroker user must reach the data dir on the rootless branch.
-    data = Path(tempfile.mkdtemp(prefix="docbroker-demo-", dir="/var/tmp"))
-    data.chmod(0o711)  # demo.sh makes `demo` inside it, the broker's own (mode 700)
+    data = tmp_path
+    if request.param == "rootless":  # the docbroker user must reach the data dir: not under /tmp's 0700
+        data = Path(tempfile.mkdtemp(prefix="docbroker-demo-", dir="/var/tmp"))
+        data.chmod(0o711)  # demo.sh makes `demo` inside it, the broker's own (mode 700)
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", "/root"),
@@ -125,7 +126,8 @@ def demo(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, str], int, 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         remove_instance(Daemon(host, 0, 0), instance)
-        shutil.rmtree(data, ignore_errors=True)
+        if data != tmp_path:
+            shutil.rmtree(data, ignore_errors=True)
 
 
 def test_the_demo_prints_the_approvals_url_a_client_line_and_the_audit_query(
@@ -147,7 +149,8 @@ def test_the_demo_prints_the_approvals_url_a_client_line_and_the_audit_query(
             time.sleep(0.2)
     assert httpx2.get(env["printed_approvals"], timeout=10).status_code == 200
 
-    with httpx2.Client(base_url=base, headers={"authorization": f"Bearer {env['printed_token']}"}) as http:
+    auth = {"authorization": f"Bearer {env['printed_token']}"}
+    with httpx2.Client(base_url=base, headers=auth, timeout=60) as http:  # a cold, signed sandbox start
         reply = rpc_reply(call_modern(http, "search_documents", {"query": "sandbox"}, request_id=7))
     assert "result" in reply, reply
 
