@@ -4,8 +4,11 @@ uvicorn's own signal handling re-raises the signal once its graceful shutdown is
 asyncio's runner that cancels the main task while it is still closing the audit log (the
 final fsync), and Ctrl-C ends in a traceback; a re-raised SIGTERM kills the process before the
 log is closed at all. Here the same uvicorn shutdown runs, then `serve` simply returns, so the
-caller closes the audit log and the process exits 0. A second signal during the shutdown
-forces it, as in uvicorn.
+caller closes the audit log and the process exits 0. A second Ctrl-C during the shutdown
+forces it, as in uvicorn, with one difference: uvicorn's forced shutdown skips the app's own
+shutdown, which is what stops the tenants' sandboxes and closes the engine connections (a
+Ctrl-C pressed twice left every sandbox running). Here "forced" stops the wait for open
+connections only; the app's shutdown always runs, and bounds itself (`Runtime.close`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import logging
 import resource
 import signal
+import socket
 from collections.abc import Iterator
 
 import uvicorn
@@ -34,6 +38,24 @@ class BrokerServer(uvicorn.Server):
         finally:
             for sig in _SIGNALS:
                 loop.remove_signal_handler(sig)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        app_shutdown = self.lifespan.shutdown
+        ran = False
+
+        async def once() -> None:
+            nonlocal ran
+            ran = True
+            await app_shutdown()
+
+        setattr(self.lifespan, "shutdown", once)  # noqa: B010 - to see whether uvicorn ran it
+        try:
+            await super().shutdown(sockets)
+        finally:
+            setattr(self.lifespan, "shutdown", app_shutdown)  # noqa: B010
+        if not ran:  # forced: uvicorn skipped it; the sandboxes still have to go
+            log.warning("forced shutdown: stopping the sandboxes before exiting")
+            await app_shutdown()
 
 
 def raise_open_file_limit(needed: int) -> tuple[int, int]:

@@ -138,4 +138,10 @@ cat <<MSG
   or point any MCP client at the endpoint with the header "Authorization: Bearer <token>".
 
 MSG
-exec "${RUN_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=)' ) HOME=/tmp "${DOCBROKER[@]}" serve
+# The broker replaces this script, as the docbroker user through setpriv (an exec, no process
+# left in between): a SIGTERM or Ctrl-C reaches the broker itself, which removes its sandboxes
+# before it exits. runuser would stay as the parent, and on SIGTERM it forwards the signal,
+# waits 2 s and SIGKILLs the broker, often before its sandboxes are removed.
+EXEC_AS=()
+if [ ${#RUN_AS[@]} -gt 0 ]; then EXEC_AS=(setpriv --reuid=docbroker --regid=docbroker --init-groups); fi
+exec "${EXEC_AS[@]}" env $(env | grep -E '^(DOCBROKER_|PATH=)' ) HOME=/tmp "${DOCBROKER[@]}" serve

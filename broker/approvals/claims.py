@@ -112,7 +112,9 @@ class Claims:
 async def give_back(store: ApprovalStore, claims: Claims, unsent: Unsent, audit: AuditFn) -> bool:
     """Give back one consumption whose write was never sent (→ approved), audited
     `approval.released` (`not_forwarded`). False if it was no longer this broker's to give.
-    Raises StoreUnavailable; the caller keeps it owed."""
+    Raises StoreUnavailable; the caller keeps it owed. `store.release` is idempotent: a retry
+    of a release whose commit landed but whose answer (or audit line) was lost is True again,
+    so the line is written by the attempt that gets through, exactly once."""
     released = await store.release(
         unsent.approval_id, unsent.tenant, claims.owner, consumed_at=unsent.consumed_at
     )

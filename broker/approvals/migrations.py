@@ -74,6 +74,15 @@ def _votes(real: str, flag: str) -> tuple[str, ...]:
     )
 
 
+def _releases(real: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE approval_releases (
+            approval_id TEXT NOT NULL REFERENCES approvals (id) ON DELETE CASCADE,
+            owner TEXT NOT NULL, consumed_at {real} NOT NULL, released_at {real} NOT NULL,
+            PRIMARY KEY (approval_id, owner, consumed_at))""",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -129,6 +138,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         # counts the yeses, the number needed, and the set it was approved under.
         sqlite=_votes("REAL", "INTEGER"),
         postgres=_votes("DOUBLE PRECISION", "BOOLEAN"),
+    ),
+    Migration(
+        5,
+        "approval_releases",
+        # Each consumption its owner gave back (`ApprovalStore.release`), named as the owner
+        # names it (owner, consumed_at): a release whose commit landed but whose answer was lost
+        # is recognised by its retry as already done, so it is audited once, not never.
+        sqlite=_releases("REAL"),
+        postgres=_releases("DOUBLE PRECISION"),
     ),
 )
 LATEST = MIGRATIONS[-1].version

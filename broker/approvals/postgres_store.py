@@ -19,8 +19,9 @@ Across replicas:
 Failure: every operation gets a connection within `pool_timeout` and runs under a
 server-side `statement_timeout` and a client-side deadline; any database error becomes
 `StoreUnavailable` with a fixed message (psycopg's texts can carry a host or a DSN). The
-pool checks a connection before lending it and reconnects in the background, so the store
-recovers by itself when the server is back.
+pool checks a connection before lending it (unless it answered within the last second:
+`_Freshness`) and reconnects in the background, so the store recovers by itself when the
+server is back.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import logging
 import math
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -75,6 +77,37 @@ _GAUGE_REFRESH_SECONDS = 5.0
 _RECONNECT_SECONDS = 5.0
 
 
+# A connection that answered this recently is lent without the pool's check (an empty query:
+# one round trip more for every operation, several per request). Within a request's operations,
+# or back-to-back requests, it answered milliseconds ago; one idle longer is checked as before,
+# so a pool left over from before a server restart is still weeded out before it is lent. A
+# connection that broke inside the window fails its operation: StoreUnavailable, fail-closed,
+# as if it had broken just after a check; the pool discards it.
+_FRESH_SECONDS = 1.0
+
+
+class _Freshness:
+    """The pool's `check` and `reset` callbacks: when each connection last answered."""
+
+    def __init__(self, seconds: float = _FRESH_SECONDS) -> None:
+        self._seconds = seconds
+        self._answered: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def answered(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # Marked by the store after an operation that ended without a database error, just
+        # before the connection goes back. (Not the pool's `reset` callback: with one, the pool
+        # returns every connection through a background task, which costs more than the check.)
+        self._answered[conn] = time.monotonic()
+
+    async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        answered = self._answered.pop(conn, None)
+        if answered is not None and time.monotonic() - answered < self._seconds and not conn.closed:
+            return
+        await AsyncConnectionPool.check_connection(conn)
+
+
 def _returning(statement: str) -> str:
     return f"{statement} RETURNING {META_COLUMNS}"
 
@@ -101,9 +134,11 @@ class PostgresApprovalStore:
         pool: AsyncConnectionPool[Any],
         settings: DatabaseSettings,
         clock: Callable[[], float] = time.time,
+        freshness: _Freshness | None = None,
     ) -> None:
         self._pool = pool
         self._clock = clock
+        self._freshness = freshness or _Freshness()
         # Bounds a whole operation, even against a server that stopped answering at all.
         self._deadline = settings.pool_timeout_seconds + settings.statement_timeout_seconds + 1.0
         self._pending = 0
@@ -117,17 +152,18 @@ class PostgresApprovalStore:
         """Connect, and (unless told otherwise) refuse a schema other than `migrations.LATEST`.
 
         Raises StoreUnavailable (cannot connect) or SchemaMismatch (what to run)."""
+        freshness = _Freshness()
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             kwargs=connection_kwargs(settings),
             min_size=settings.pool_min,
             max_size=settings.pool_max,
             timeout=settings.pool_timeout_seconds,
-            check=AsyncConnectionPool.check_connection,
+            check=freshness.check,
             reconnect_timeout=_RECONNECT_SECONDS,
             name="approvals",
             open=False,
         )
-        store = cls(pool, settings, clock)
+        store = cls(pool, settings, clock, freshness)
         try:
             try:
                 await pool.open(wait=settings.pool_min > 0, timeout=settings.pool_timeout_seconds + 3)
@@ -157,6 +193,7 @@ class PostgresApprovalStore:
         try:
             async with asyncio.timeout(self._deadline), self._pool.connection() as conn:
                 yield conn
+                self._freshness.answered(conn)
         except (psycopg.Error, TimeoutError, OSError) as exc:
             if self._up:
                 self._up = False
@@ -338,42 +375,46 @@ class PostgresApprovalStore:
     async def decide(
         self, approval_id: str, *, tenant: str, vote: Vote, approve: bool, require_distinct: bool
     ) -> Approval | DecisionError:
-        async with self._conn() as conn, conn.transaction():
-            # The record's row lock: approvers deciding at once on any replica take turns, so
-            # each counts the votes the previous one committed (two yeses make two, never one).
-            cur = await conn.execute(
-                select(META_COLUMNS, "WHERE id = %s AND tenant = %s FOR UPDATE"), (approval_id, tenant)
-            )
-            row = await cur.fetchone()
-            now = self._clock()
-            current = approval_from_row(row).as_of(now) if row else None
-            refused = refusal(current, vote.approver, require_distinct)
-            if refused is not None:
-                return refused
-            cur = await conn.execute(
-                INSERT_VOTE.format(p="%s") + " ON CONFLICT DO NOTHING RETURNING approver",
-                vote_row(approval_id, vote, approve, now),
-            )
-            if await cur.fetchone() is None:  # the key: one decision per approver
-                return DecisionError.ALREADY_DECIDED
-            cur = await conn.execute(
-                "SELECT COUNT(*), COALESCE(MAX(required), 1) FROM approval_votes "
-                "WHERE approval_id = %s AND approve",
-                (approval_id,),
-            )
-            counted = await cur.fetchone()
-            assert counted is not None
-            yes, required = counted
-            state = "denied" if not approve else "approved" if yes >= required else "pending"
-            cur = await conn.execute(
-                _returning(
-                    "UPDATE approvals SET state = %s, decided_by = %s, decided_at = %s, approvals = %s, "
-                    "required = %s, policy_hash = %s WHERE id = %s AND tenant = %s"
-                ),
-                (state, vote.approver, now, yes, required, vote.policy_hash if state == "approved" else None,
-                 approval_id, tenant),
-            )  # fmt: skip
-            decided = await cur.fetchone()
+        # In a pipeline: three round trips (BEGIN with the locking read; the vote with the
+        # count; the update with the COMMIT), where one per statement made six.
+        async with self._conn() as conn, conn.pipeline():
+            async with conn.transaction():
+                # The record's row lock: approvers deciding at once on any replica take turns, so
+                # each counts the votes the previous one committed (two yeses make two, never one).
+                cur = await conn.execute(
+                    select(META_COLUMNS, "WHERE id = %s AND tenant = %s FOR UPDATE"), (approval_id, tenant)
+                )
+                row = await cur.fetchone()
+                now = self._clock()
+                current = approval_from_row(row).as_of(now) if row else None
+                refused = refusal(current, vote.approver, require_distinct)
+                if refused is not None:
+                    return refused
+                inserted = await conn.execute(
+                    INSERT_VOTE.format(p="%s") + " ON CONFLICT DO NOTHING RETURNING approver",
+                    vote_row(approval_id, vote, approve, now),
+                )
+                # The same transaction's next statement sees the vote just inserted (if it was).
+                counted = await conn.execute(
+                    "SELECT COUNT(*), COALESCE(MAX(required), 1) FROM approval_votes "
+                    "WHERE approval_id = %s AND approve",
+                    (approval_id,),
+                )
+                if await inserted.fetchone() is None:  # the key: one decision per approver
+                    return DecisionError.ALREADY_DECIDED
+                totals = await counted.fetchone()
+                assert totals is not None
+                yes, required = totals
+                state = "denied" if not approve else "approved" if yes >= required else "pending"
+                updated = await conn.execute(
+                    _returning(
+                        "UPDATE approvals SET state = %s, decided_by = %s, decided_at = %s, approvals = %s, "
+                        "required = %s, policy_hash = %s WHERE id = %s AND tenant = %s"
+                    ),
+                    (state, vote.approver, now, yes, required,
+                     vote.policy_hash if state == "approved" else None, approval_id, tenant),
+                )  # fmt: skip
+            decided = await updated.fetchone()  # sent with the COMMIT, read after it
             assert decided is not None
             return approval_from_row(decided)
 
@@ -442,13 +483,24 @@ class PostgresApprovalStore:
         return row is not None
 
     async def release(self, approval_id: str, tenant: str, owner: str, *, consumed_at: float) -> bool:
+        # One statement, so one transaction and one round trip: the transition and its record
+        # commit together, and the last SELECT sees the table as it was before this statement
+        # (a data-modifying CTE's rows are not visible to its own query), so True means "given
+        # back now" or "given back by an earlier call whose answer was lost".
         row = await self._one(
-            "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
-            "claim_until = NULL WHERE id = %s AND tenant = %s AND state = 'consumed' "
-            "AND claimed_by = %s AND consumed_at = %s RETURNING id",
-            (approval_id, tenant, owner, consumed_at),
+            "WITH given AS (UPDATE approvals SET state = 'approved', consumed_at = NULL, "
+            "claimed_by = NULL, claim_until = NULL WHERE id = %(id)s AND tenant = %(tenant)s "
+            "AND state = 'consumed' AND claimed_by = %(owner)s AND consumed_at = %(at)s RETURNING id), "
+            "recorded AS (INSERT INTO approval_releases (approval_id, owner, consumed_at, released_at) "
+            "SELECT id, %(owner)s, %(at)s, %(now)s FROM given "
+            "ON CONFLICT (approval_id, owner, consumed_at) DO UPDATE SET released_at = excluded.released_at "
+            "RETURNING approval_id) "
+            "SELECT EXISTS (SELECT 1 FROM recorded) OR EXISTS (SELECT 1 FROM approval_releases r "
+            "JOIN approvals a ON a.id = r.approval_id WHERE r.approval_id = %(id)s "
+            "AND a.tenant = %(tenant)s AND r.owner = %(owner)s AND r.consumed_at = %(at)s)",
+            {"id": approval_id, "tenant": tenant, "owner": owner, "at": consumed_at, "now": self._clock()},
         )
-        return row is not None
+        return bool(row and row[0])
 
     async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:
         async with self._conn() as conn:

@@ -353,13 +353,28 @@ class SqliteApprovalStore:
         return cur.rowcount == 1
 
     def _release(self, approval_id: str, tenant: str, owner: str, consumed_at: float) -> bool:
-        cur = self._db.execute(
-            "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
-            "claim_until = NULL WHERE id = ? AND tenant = ? AND state = 'consumed' AND claimed_by = ? "
-            "AND consumed_at = ?",
-            (approval_id, tenant, owner, consumed_at),
-        )
-        return cur.rowcount == 1
+        with self._transaction():  # the transition and its record, together
+            cur = self._db.execute(
+                "UPDATE approvals SET state = 'approved', consumed_at = NULL, claimed_by = NULL, "
+                "claim_until = NULL WHERE id = ? AND tenant = ? AND state = 'consumed' AND claimed_by = ? "
+                "AND consumed_at = ?",
+                (approval_id, tenant, owner, consumed_at),
+            )
+            if cur.rowcount == 1:
+                self._db.execute(
+                    "INSERT INTO approval_releases (approval_id, owner, consumed_at, released_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (approval_id, owner, consumed_at) "
+                    "DO UPDATE SET released_at = excluded.released_at",
+                    (approval_id, owner, consumed_at, self._clock()),
+                )
+                return True
+            # Given back already by this owner (an earlier call whose caller never heard)?
+            before = self._db.execute(
+                "SELECT 1 FROM approval_releases r JOIN approvals a ON a.id = r.approval_id "
+                "WHERE r.approval_id = ? AND a.tenant = ? AND r.owner = ? AND r.consumed_at = ?",
+                (approval_id, tenant, owner, consumed_at),
+            ).fetchone()
+            return before is not None
 
     def _held(self, draft: Draft) -> list[HeldClaim]:
         rows = self._db.execute(

@@ -17,7 +17,8 @@ refused before it was sent), or taken back (`revert`) by any broker once its own
 or its time is up. A confirmed consumption is never undone: that write may have happened.
 One consumption is named by (id, owner, `consumed_at`): an owner confirms or gives back only
 the consumption it made, never a later one of the same record (taken back meanwhile, and
-consumed again by the same process for another request).
+consumed again by the same process for another request). A release is recorded under that name,
+so its retry knows it already happened.
 """
 
 from __future__ import annotations
@@ -327,7 +328,15 @@ class ApprovalStore(Protocol):
         before it was sent): the human's decision stands for the client's retry. One
         conditional transition (that consumption by `owner` → approved), so only its own
         consumption is undone, once. The caller knows no byte was sent, so a confirmed one may
-        be given back (a confirm whose answer the database's outage lost)."""
+        be given back (a confirm whose answer the database's outage lost).
+
+        Idempotent, and provable: the transition records the consumption it gave back (in
+        `approval_releases`, in the same transaction), and a call for a consumption already
+        given back by `owner` undoes nothing and answers True again. So a release whose commit
+        landed but whose answer was lost (StoreUnavailable, the release owed) is told by its
+        retry that it happened, and audited then: once, never zero times. False: the
+        consumption was not `owner`'s to give (another's, taken back by another broker, or
+        never made)."""
         ...
 
     async def claims(self, tenant: str | None, *, limit: int) -> list[HeldClaim]:

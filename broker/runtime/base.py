@@ -23,7 +23,7 @@ import logging
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from broker.audit.schema import AuditEvent
@@ -155,6 +155,12 @@ class SandboxBackend(ABC):
         """Release engine connections."""
 
 
+async def _all_settled(calls: list[Coroutine[Any, Any, None]]) -> int:
+    """Run `calls` at once to their ends; how many raised."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    return sum(1 for r in results if isinstance(r, Exception))
+
+
 SpecFactory = Callable[[str], SandboxSpec]
 # Pauses (seconds) between looks when deciding whether a sandbox that broke a connection died.
 _EXIT_GRACE = (0.0, 0.05, 0.1, 0.2)
@@ -208,10 +214,18 @@ class Runtime:
         if self._replicas.peers_alive():
             self._sandboxes.clear()
         else:
-            for tenant in list(self._sandboxes):
-                await self.stop(tenant, reason="shutdown")
-            for info in await self.backend.discover():  # what crashed peers left
-                await self.backend.delete(info)
+            # All at once, each attempted whatever the others do: the shutdown takes the slowest
+            # stop, not their sum (one after another, a service manager's stop timeout SIGKILLed
+            # the broker with the rest still running), and one failed stop leaves none running.
+            stops = [self.stop(tenant, reason="shutdown") for tenant in list(self._sandboxes)]
+            failed = await _all_settled(stops)
+            try:
+                left = await self.backend.discover()  # what crashed peers left
+            except Exception:  # the engine away: nothing more can be removed from here
+                left, failed = [], failed + 1
+            failed += await _all_settled([self.backend.delete(info) for info in left])
+            if failed:
+                log.warning("sandboxes not removed at shutdown", extra={"count": failed})
         await self._use.close()
         await self.backend.close()
         self._replicas.leave()

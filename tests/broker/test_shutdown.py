@@ -6,6 +6,7 @@ traceback, stop its sandbox, and leave an audit log that verifies.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -105,3 +106,46 @@ def test_calls_still_waiting_when_the_shutdown_runs_out_are_answered_and_audited
 def _pids(pattern: str) -> list[int]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False).stdout
     return [int(p) for p in out.split()]
+
+
+def test_the_sandboxes_are_stopped_at_once_not_one_after_another(tmp_path: Path) -> None:
+    """Issue 25: the shutdown stopped sandboxes one after another, each up to its grace period
+    (3 s here; a Docker or Kubernetes stop can take longer), so a service manager's stop timeout
+    SIGKILLed the broker with the rest still running. Each sandbox here ignores SIGTERM: every
+    one must have been asked to stop while the first is still alive (its grace not yet over)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # The server in the background of a shell that notes SIGTERM and outlives it (its group's
+    # SIGKILL, after the grace period, ends it).
+    wrapper = (
+        f'echo > {marks}/start-$$; trap "echo > {marks}/term-$$" TERM; "$0" -m server "$@" & '
+        "while :; do wait; sleep 0.05; done"
+    )
+    tenants = ("acme", "globex", "initech")
+    broker = make_broker(
+        tmp_path,
+        tenants=tenants,
+        env={"DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join(["/bin/sh", "-c", wrapper, sys.executable])},
+    )
+    broker.start()
+    assert broker.proc is not None
+    shells: list[int] = []
+    try:
+        for tenant in tenants:
+            with broker.http(broker.token(tenant)) as http:
+                assert call_modern(http, "read_document", {"filename": "any.md"}).status_code == 200
+        shells = [int(p.name.split("-")[1]) for p in marks.glob("start-*")]
+        assert len(shells) == 3
+        broker.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: len(list(marks.glob("term-*"))) == 3, timeout=30)
+        # all three asked, and none killed yet: the stops run side by side
+        assert [pid for pid in shells if gone(pid)] == []
+        assert broker.proc.wait(timeout=30) == 0
+    finally:
+        for pid in shells:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.proc.kill()
+            broker.proc.wait()
+    assert wait_for(lambda: all(gone(pid) for pid in shells))

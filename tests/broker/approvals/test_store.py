@@ -215,7 +215,7 @@ async def test_decision_errors(store: ApprovalStore) -> None:
     assert await store.denied(draft(content="something else")) is None
 
 
-async def test_release_gives_back_one_consumption_once(store: ApprovalStore) -> None:
+async def test_release_gives_back_one_consumption_once(store: ApprovalStore, clock: Clock) -> None:
     d = draft()
     approval_id = await approved(store, d)
     taken = await consume(store, d)
@@ -226,10 +226,38 @@ async def test_release_gives_back_one_consumption_once(store: ApprovalStore) -> 
     # another broker's: never
     assert await store.release(approval_id, "acme", "b/2222", consumed_at=at) is False
     assert await store.release(approval_id, "acme", ME, consumed_at=at) is True
-    # only a consumption is undone
-    assert await store.release(approval_id, "acme", ME, consumed_at=at) is False
+    clock.now += 1
     again = await consume(store, d)
     assert again is not None and again.id == approval_id
+    # only a consumption is undone, once: asked again (a retry whose first answer was lost),
+    # the store says it was given back, and the later consumption stays taken
+    assert await store.release(approval_id, "acme", ME, consumed_at=at) is True
+    assert await consume(store, d) is None
+    record = await store.get(approval_id, "acme")
+    assert record is not None and record.state is ApprovalState.CONSUMED
+    assert record.consumed_at == again.consumed_at
+    # nobody else's release is taken for it: not another broker's, not another tenant's
+    assert await store.release(approval_id, "acme", "b/2222", consumed_at=at) is False
+    assert await store.release(approval_id, "globex", ME, consumed_at=at) is False
+
+
+async def test_a_release_is_remembered_across_instances_and_purged_with_its_record(
+    store: ApprovalStore, open_store: Opener, clock: Clock
+) -> None:
+    """The retry of a release may run on a new connection (PostgreSQL: the old one broke with
+    the lost answer) or a new store instance: what it finds is in the database."""
+    d = draft()
+    approval_id = await approved(store, d)
+    taken = await consume(store, d)
+    assert taken is not None and taken.consumed_at is not None
+    assert await store.release(approval_id, "acme", ME, consumed_at=taken.consumed_at) is True
+    other = await open_store()
+    assert await other.release(approval_id, "acme", ME, consumed_at=taken.consumed_at) is True
+    record = await other.get(approval_id, "acme")
+    assert record is not None and record.state is ApprovalState.APPROVED
+    clock.now += TTL + 1
+    assert await store.purge(closed_before=clock.now) == 1
+    assert await other.release(approval_id, "acme", ME, consumed_at=taken.consumed_at) is False
 
 
 async def test_a_consumption_is_a_claim_until_confirmed_and_only_an_unconfirmed_one_is_taken_back(
