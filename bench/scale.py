@@ -1,7 +1,7 @@
 """Many tenants on one broker host (Docker): warm calls, memory per idle tenant, and what limits it.
 
     python bench/scale.py [--tenants 1,10,100,300] [--concurrency 4] [--seconds 5]
-                          [--open-fraction 0.5] [--json PATH]
+                          [--open-fraction 0.5 | --open-rate R] [--json PATH]
 
 One broker (rootful daemon: it runs as this user) with DOCBROKER_MAX_SANDBOXES set to the
 largest N (its default, 100, is the first limit: tenant 101 gets 503) and a warm pool of one.
@@ -22,7 +22,8 @@ here). For each N, ascending:
               these latencies are mostly queueing: they are not the latency target's measure.
   open loop   calls at a fixed offered rate: `--open-fraction` (default 0.5) of the first N's
               saturation throughput measured in this run (the 1-tenant point when N=1 is run),
-              the same rate for every N, spread over all N tenants in turn. Arrivals are
+              or `--open-rate` calls/s if given (to compare runs on a noisy host), the same
+              rate for every N, spread over all N tenants in turn. Arrivals are
               Poisson (seeded), each call sent at its scheduled time on an idle keep-alive
               connection (else a new one) whether or not earlier calls were answered, and its
               latency runs from the *scheduled* time to the answer, so queueing anywhere
@@ -37,8 +38,9 @@ Then the limits, each as a ceiling in tenants from what was measured: DOCBROKER_
 the broker's open-file limit (descriptors per tenant), the host's pid space (processes and
 threads per tenant: the sandbox's cgroup and its shim), and the memory available when the run
 began. Before each N the run checks MemAvailable: it stops (and says so) rather than leave
-less than `--reserve-gib` to the host. `--json PATH` writes {"open_rate": calls/s, "points":
-[{"tenants", "throughput", "p50_ms", "p99_ms", "open_p50_ms", "open_p99_ms",
+less than `--reserve-gib` to the host. `--json PATH` writes {"open_rate": calls/s,
+"open_fraction" (null with --open-rate), "concurrency", "seconds", "points": [{"tenants",
+"throughput", "p50_ms", "p99_ms", "open_calls", "open_p50_ms", "open_p99_ms",
 "broker_cpu_ms_per_call", "sandbox_cpu_ms_per_call", "idle_cpu_ms_per_s",
 "memory_per_idle_tenant_mib", "broker_rss_mib"}], "limits": {...}}. Every container is
 labelled with this run's instance and removed at the end, also on failure.
@@ -304,6 +306,9 @@ def main() -> int:
         default=0.5,
         help="open-loop rate, of the first N's saturation throughput",
     )
+    parser.add_argument(
+        "--open-rate", type=float, help="open-loop calls/s, fixed (runs to compare on a noisy host)"
+    )
     parser.add_argument("--reserve-gib", type=float, default=4.0, help="memory left to the host, at least")
     parser.add_argument("--host", default=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
     parser.add_argument("--image", default="docbroker-server:latest")
@@ -329,7 +334,7 @@ def main() -> int:
     stopped_by: str | None = None
     per_tenant_host_mib = 60.0  # until measured: a sandbox and its shim, roughly
     facts: dict[str, float] = {}
-    rate = 0.0
+    rate = args.open_rate or 0.0
     cpus = DockerSettings().nano_cpus / 1e9
     try:
         with docker_broker(args.host, args.image, names, cpus, env=env, limits=LIMITS) as broker:
@@ -477,10 +482,15 @@ def main() -> int:
     print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for row in rows:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    offered = (
+        "fixed by --open-rate"
+        if args.open_rate
+        else f"{args.open_fraction:g} of the {counts[0]}-tenant saturation throughput"
+    )
     print(
         f"\nsaturation: {args.concurrency} closed-loop clients, {args.seconds:g} s per N; open loop: "
-        f"{rate:.0f} calls/s offered (Poisson, {args.open_fraction:g} of the {counts[0]}-tenant saturation "
-        f"throughput), spread over the N tenants, latency from each call's scheduled time; "
+        f"{rate:.0f} calls/s offered (Poisson, {offered}), spread over the N tenants, latency from each "
+        "call's scheduled time; "
         f"target: open-loop p99 <= {TARGET_P99_MS} ms"
     )
     for key, value in ceilings.items():
@@ -490,7 +500,7 @@ def main() -> int:
     if args.json:
         result = {
             "open_rate": round(rate, 1),
-            "open_fraction": args.open_fraction,
+            "open_fraction": None if args.open_rate else args.open_fraction,
             "concurrency": args.concurrency,
             "seconds": args.seconds,
             "points": points,
