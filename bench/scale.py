@@ -5,8 +5,8 @@
 
 One broker (rootful daemon: it runs as this user) with DOCBROKER_MAX_SANDBOXES set to the
 largest N (its default, 100, is the first limit: tenant 101 gets 503) and a warm pool of one.
-Each tenant may have 1000 calls in flight (the default 8 is a limit, not what is measured
-here). For each N, ascending:
+Each tenant may have 200 calls in flight (the default 8 is a limit, not what is measured
+here; 200 stays under a sandbox's open-file limit, one connection per call in flight). For each N, ascending:
 
   activate    the tenants not yet active make their first call (8 at once), so N sandboxes
               run; then the run waits until the warm pool has refilled, so no sandbox start
@@ -29,7 +29,8 @@ here). For each N, ascending:
               latency runs from the *scheduled* time to the answer, so queueing anywhere
               (client, broker, sandbox) counts and coordinated omission cannot hide it:
               p50/p99. Meanwhile the broker's CPU (its process) and the sandboxes' (their
-              cgroups, idle ones included) per call answered.
+              cgroups, idle ones included) per call answered. A call refused or failed, or
+              unanswered 30 s after the last was due, is counted as failed: any fails the target.
 
 The target (issue 25): p99 <= 20 ms of the open-loop calls at the stated rate; the exit status
 is 0 when every N meets it. The saturation numbers stay beside it.
@@ -40,7 +41,7 @@ threads per tenant: the sandbox's cgroup and its shim), and the memory available
 began. Before each N the run checks MemAvailable: it stops (and says so) rather than leave
 less than `--reserve-gib` to the host. `--json PATH` writes {"open_rate": calls/s,
 "open_fraction" (null with --open-rate), "concurrency", "seconds", "points": [{"tenants",
-"throughput", "p50_ms", "p99_ms", "open_calls", "open_p50_ms", "open_p99_ms",
+"throughput", "p50_ms", "p99_ms", "open_calls", "open_failed", "open_p50_ms", "open_p99_ms",
 "broker_cpu_ms_per_call", "sandbox_cpu_ms_per_call", "idle_cpu_ms_per_s",
 "memory_per_idle_tenant_mib", "broker_rss_mib"}], "limits": {...}}. Every container is
 labelled with this run's instance and removed at the end, also on failure.
@@ -66,7 +67,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._stats import fmt, med, pct  # noqa: E402
 from bench.burst import remove_instance  # noqa: E402
-from bench.clients import RawConn, Target, check  # noqa: E402
+from bench.clients import CallFailed, RawConn, Target, check  # noqa: E402
 from bench.cold_start import broker_call, docker_broker, wait_pool_warm  # noqa: E402
 from bench.processes import cpu_seconds  # noqa: E402
 from bench.targets import write_docs  # noqa: E402
@@ -77,7 +78,11 @@ TARGET_P99_MS = 20.0  # of the open-loop calls
 MIB = 1024 * 1024
 IDLE_WINDOW_S = 3.0
 # Every tenant's `[limits]`: generous, so that the benchmark measures the host, not a limit.
-LIMITS = "[limits]\nrate_per_minute = 1000000\nburst = 100000\nmax_concurrent = 1000\n"
+# max_concurrent stays under a sandbox's open-file limit (DOCBROKER_DOCKER_NOFILE, 256): the
+# broker opens a connection to the sandbox per call in flight, and past that limit the sandbox
+# cannot accept them (its calls would wait for the call timeout instead of being refused).
+LIMITS = "[limits]\nrate_per_minute = 1000000\nburst = 100000\nmax_concurrent = 200\n"
+GRACE_S = 30.0  # after the last call was due: what is unanswered then counts as failed
 
 
 # -- what the host shows -------------------------------------------------------------------------
@@ -216,12 +221,14 @@ async def warm_calls(broker: Any, names: list[str], concurrency: int, seconds: f
 
 async def open_loop(
     broker: Any, names: list[str], rate: float, seconds: float, seed: int = 25
-) -> tuple[list[float], int]:
+) -> tuple[list[float], int, int]:
     """Calls at Poisson arrivals of `rate` per second for `seconds`, each for the next tenant in
     turn, each sent at its scheduled time whether or not earlier ones have been answered (on an
     idle keep-alive connection, else a new one). A call's latency runs from its *scheduled*
     send time to its answer, so a late send (the client, the broker or a sandbox busy) counts
-    against it: no coordinated omission. Returns the latencies and the calls scheduled."""
+    against it: no coordinated omission. Returns the latencies of the calls answered ok, the
+    calls scheduled, and those that failed (refused, an error, or unanswered `GRACE_S` after
+    the last was due): a failed call has no latency, so any failure fails the target."""
     target = Target(key="broker", label="broker", url=broker.mcp_url)
     tokens = {name: broker.token(name, subject="bench-user", scope="docs:read") for name in names}
     render = RawConn(target).render
@@ -240,7 +247,7 @@ async def open_loop(
     idle: list[RawConn] = []
     opened: list[RawConn] = []
     latencies: list[float] = []
-    failures: list[BaseException] = []
+    failed = [0]
 
     async def call(i: int, due: float) -> None:
         conn = idle.pop() if idle else None
@@ -250,12 +257,12 @@ async def open_loop(
         name, k = names[i % len(names)], (i // len(names)) % len(CALLS)
         try:
             status, _, data = await conn.send(heads[(name, k)], bodies[k] % (i + 1))
-            latencies.append(time.perf_counter() - due)
             check(target, status, data)
-        except BaseException as exc:  # kept: the run fails after the clean-up, naming it
-            failures.append(exc)
+        except (OSError, asyncio.IncompleteReadError, CallFailed):
+            failed[0] += 1
             await conn.close()
             return
+        latencies.append(time.perf_counter() - due)
         idle.append(conn)
 
     calls: set[asyncio.Task[None]] = set()
@@ -270,17 +277,14 @@ async def open_loop(
             calls.add(task)
             task.add_done_callback(calls.discard)
         if calls:
-            await asyncio.wait(calls, timeout=60)
-        if calls:
-            raise RuntimeError(f"open loop: {len(calls)} calls unanswered 60 s after the last was due")
+            await asyncio.wait(calls, timeout=GRACE_S)
+        failed[0] += len(calls)
     finally:
         for task in calls:
             task.cancel()
         for conn in opened:
             await conn.close()
-    if failures:
-        raise RuntimeError(f"open loop: {len(failures)} calls failed, the first: {failures[0]!r}")
-    return latencies, len(schedule)
+    return latencies, len(schedule), failed[0]
 
 
 def tenant_containers(client: Any, instance: str) -> set[str]:
@@ -372,7 +376,7 @@ def main() -> int:
                     rate = args.open_fraction * throughput  # the same offered rate for every N
                 sandboxes_before = sum(container_cpu_seconds(i) for i in ids)
                 broker_before = cpu_seconds([pid])
-                answered, scheduled = asyncio.run(open_loop(broker, names[:n], rate, args.seconds))
+                answered, scheduled, failed = asyncio.run(open_loop(broker, names[:n], rate, args.seconds))
                 broker_cpu = (cpu_seconds([pid]) - broker_before) / max(1, len(answered)) * 1000
                 sandbox_cpu = (
                     (sum(container_cpu_seconds(i) for i in ids) - sandboxes_before)
@@ -387,6 +391,7 @@ def main() -> int:
                     "p50_ms": round(pct(latencies, 0.5) * 1000, 2),
                     "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
                     "open_calls": scheduled,
+                    "open_failed": failed,
                     "open_p50_ms": round(pct(answered, 0.5) * 1000, 2),
                     "open_p99_ms": round(pct(answered, 0.99) * 1000, 2),
                     "broker_cpu_ms_per_call": round(broker_cpu, 2),
@@ -416,7 +421,7 @@ def main() -> int:
                         fmt(point["p50_ms"]),
                         fmt(point["p99_ms"]),
                         fmt(point["open_p50_ms"]),
-                        fmt(point["open_p99_ms"]),
+                        fmt(point["open_p99_ms"]) + (f" ({failed} failed)" if failed else ""),
                         fmt(point["broker_cpu_ms_per_call"]),
                         fmt(point["sandbox_cpu_ms_per_call"]),
                         fmt(point["idle_cpu_ms_per_s"]),
@@ -507,7 +512,8 @@ def main() -> int:
             "limits": limits,
         }
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if points and all(p["open_p99_ms"] <= TARGET_P99_MS for p in points) else 1
+    met = all(p["open_p99_ms"] <= TARGET_P99_MS and not p["open_failed"] for p in points)
+    return 0 if points and met else 1
 
 
 if __name__ == "__main__":

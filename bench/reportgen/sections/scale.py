@@ -31,6 +31,7 @@ class Point:
     broker_cpu_ms_per_call: float | None = None
     sandbox_cpu_ms_per_call: float | None = None
     idle_cpu_ms_per_s: float | None = None  # one idle sandbox's CPU, ms per second
+    open_failed: int = 0  # open-loop calls refused, failed or unanswered: any fails the target
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Scale:
                 broker_cpu_ms_per_call=optional(p.get("broker_cpu_ms_per_call")),
                 sandbox_cpu_ms_per_call=optional(p.get("sandbox_cpu_ms_per_call")),
                 idle_cpu_ms_per_s=optional(p.get("idle_cpu_ms_per_s")),
+                open_failed=int(p.get("open_failed") or 0),
             )
             for p in data["points"]
         ]
@@ -87,7 +89,9 @@ class Scale:
 
 
 def _open_verdict(p: Point) -> str:
-    return "not measured" if p.open_p99_ms is None else verdict(p.open_p99_ms <= WARM_P99_MS)
+    if p.open_p99_ms is None:
+        return "not measured"
+    return verdict(p.open_p99_ms <= WARM_P99_MS and not p.open_failed)
 
 
 def render_scale(result: Scale) -> list[str]:
@@ -116,7 +120,7 @@ def render_scale(result: Scale) -> list[str]:
             num(p.p50_ms),
             num(p.p99_ms),
             num(p.open_p50_ms),
-            num(p.open_p99_ms),
+            num(p.open_p99_ms) + (f" ({p.open_failed} failed)" if p.open_failed else ""),
             _open_verdict(p),
             num(p.broker_cpu_ms_per_call),
             num(p.sandbox_cpu_ms_per_call),
