@@ -231,13 +231,20 @@ _CALL_HEADERS = {
 
 @contextlib.contextmanager
 def docker_broker(
-    host: str, image: str, names: list[str], cpus: float, pool: int = 1, env: dict[str, str] | None = None
+    host: str,
+    image: str,
+    names: list[str],
+    cpus: float,
+    pool: int = 1,
+    env: dict[str, str] | None = None,
+    limits: str | None = None,
 ) -> Iterator[Any]:
     """A real broker on the Docker runtime with these tenants, each with one document.
 
     It runs as this process's user (root), so only with a rootful daemon; tests/docker runs
     the rootless shape. Caps and timeouts are set out of the way of N sandboxes starting at once;
-    `env` overrides any setting (bench/burst.py and bench/scale.py set theirs).
+    `env` overrides any setting (bench/burst.py and bench/scale.py set theirs); `limits`, the
+    tenants' `[limits]` table (make_broker's, unless given).
     """
     from broker.testing import make_broker
 
@@ -258,6 +265,7 @@ def docker_broker(
             "DOCBROKER_DOCKER_POOL_SIZE": str(pool),
             **(env or {}),
         },
+        **({"limits": limits} if limits is not None else {}),
     )
     for name in names:
         sources = broker.sources(name)

@@ -186,14 +186,20 @@ BURST = {
     "pool": {"size_before": 2, "peak": 9, "size_after_idle": 1},
 }
 SCALE = {
+    "open_rate": 450.0,
+    "open_fraction": 0.5,
+    "concurrency": 4,
+    "seconds": 5.0,
     "points": [
         {"tenants": t, "throughput": tp, "p50_ms": p50, "p99_ms": p99,
-         "memory_per_idle_tenant_mib": mib, "broker_rss_mib": rss}
-        for t, tp, p50, p99, mib, rss in (
-            (1, 900.0, 1.1, 3.0, 31.0, 80.0),
-            (10, 1500.0, 1.5, 5.0, 30.5, 95.0),
-            (100, 1400.0, 2.5, 11.0, 30.1, 160.0),
-            (300, 1250.0, 4.0, 18.5, 30.0, 290.0),
+         "open_p50_ms": op50, "open_p99_ms": op99, "broker_cpu_ms_per_call": 0.6,
+         "sandbox_cpu_ms_per_call": 1.5, "idle_cpu_ms_per_s": 2.0,
+         "memory_per_idle_tenant_mib": mib, "broker_rss_mib": rss, "open_failed": 3 if t == 100 else 0}
+        for t, tp, p50, p99, op50, op99, mib, rss in (
+            (1, 900.0, 1.1, 3.0, 2.0, 8.0, 31.0, 80.0),
+            (10, 1500.0, 1.5, 5.0, 2.5, 9.5, 30.5, 95.0),
+            (100, 1400.0, 2.5, 11.0, 3.0, 14.0, 30.1, 160.0),
+            (300, 1250.0, 4.0, 48.5, 6.0, 21.5, 30.0, 290.0),
         )
     ],
     "limits": {"DOCBROKER_MAX_SANDBOXES": 400, "pids": "64 per sandbox", "fds": 65536},
@@ -219,7 +225,12 @@ def test_burst_scale_and_memory_from_their_documented_json(tmp_path: Path) -> No
     rows = table_rows(scale, "`bench/scale.py`")
     assert [row[0] for row in rows] == ["1", "10", "100", "300"]
     assert [row[2] for row in rows] == ["1.00", "1.67", "1.56", "1.39"]  # ÷ 1 tenant, same run
-    assert all(row[5] == "PASS" for row in rows)
+    # The verdict is the open loop's p99 (21.5 ms at 300 fails), not the saturation p99 (48.5).
+    assert [row[4] for row in rows] == ["3.00", "5.00", "11.00", "48.50"]
+    assert [row[6] for row in rows] == ["8.00", "9.50", "14.00 (3 failed)", "21.50"]
+    assert [row[7] for row in rows] == ["PASS", "PASS", "FAIL", "FAIL"]  # a failed call fails it
+    assert [row[8:11] for row in rows] == [["0.60", "1.50", "2.00"]] * 4
+    assert "calls offered at 450 calls/s (50 % of the saturation throughput at 1 tenant)" in scale
     assert "- `DOCBROKER_MAX_SANDBOXES`: 400" in scale
     args = json.loads((ctx.work / "scale.args").read_text())
     assert args[:2] == ["--tenants", "1,10,100,300"]
@@ -234,6 +245,21 @@ def test_burst_scale_and_memory_from_their_documented_json(tmp_path: Path) -> No
                                        "memory-per-tenant.png"}  # fmt: skip
     for plot in plots:
         assert_png(plot)
+
+
+def test_scale_json_without_an_open_loop_gets_no_verdict(tmp_path: Path) -> None:
+    """A scale.py JSON of the shape before the open loop: its saturation p99 is queueing, so it
+    is never judged against the target."""
+    benches = tmp_path / "benches"
+    points: list[dict[str, Any]] = SCALE["points"]  # type: ignore[assignment]
+    new = ("open_", "broker_cpu", "sandbox_cpu", "idle_cpu")
+    old = {"points": [{k: v for k, v in p.items() if not k.startswith(new)} for p in points], "limits": {}}
+    fake_bench(benches, "scale.py", old)
+    parts, clean = make_report.run_sections(context(tmp_path, benches), ["scale"])
+    assert clean
+    rows = table_rows(text(parts[0][1]), "`bench/scale.py`")
+    assert [row[7] for row in rows] == ["not measured"] * 4
+    assert "*Open loop*: not measured (scale.py's JSON has no open loop)." in text(parts[0][1])
 
 
 def test_a_failing_malformed_or_hanging_bench_is_a_reason_not_a_crash(tmp_path: Path) -> None:

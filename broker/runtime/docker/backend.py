@@ -431,32 +431,35 @@ class DockerBackend(SandboxBackend):
         filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
         found = []
         now = time.monotonic()
-        # The SDK lists ids, then inspects each: one removed in between (a peer replica's
-        # replacement, a reaper) is skipped, not a 404 that fails the whole walk.
-        for container in self._client.containers.list(all=True, filters=filters, ignore_removed=True):
-            labels = container.labels or {}
+        # One list request, whose answer has each container's labels, name and state: every
+        # reaper pass walks all of them, and the SDK's `containers.list` would inspect each
+        # (one request to the daemon per tenant, its parsing in the broker holding the GIL).
+        for container in self._client.api.containers(all=True, filters=filters):
+            labels = container.get("Labels") or {}
+            name = (container.get("Names") or [""])[0]
+            container_id = str(container["Id"])
             socket_path = labels.get(LABEL_SOCKET)
             if labels.get(LABEL_POOL) == "true":
-                tenant = self._bound_tenant(container.name or "")
-                if tenant is None and self._slots.tag in (container.name or ""):
+                tenant = self._bound_tenant(name)
+                if tenant is None and self._slots.tag in name:
                     continue  # one of this broker's own spares
                 owner = labels.get(LABEL_REPLICA, "")
                 if tenant is None and owner != self.replicas.me and self.replicas.alive(owner):
                     continue  # a live peer's spare: its own to give out
                 if tenant is None:  # still warm, never bound: a spare of a broker that is gone
-                    self._remove(container.id)
+                    self._remove(container_id)
                     if socket_path:
                         self._slots.remove_dir(os.path.dirname(socket_path))
                     continue
             else:
                 tenant = labels.get(LABEL_TENANT, "")
-            running = container.status == "running"
+            running = container.get("State") == "running"
             found.append(
                 SandboxInfo(
                     tenant=tenant,
                     state=SandboxState.RUNNING if running else SandboxState.FAILED,
                     endpoint=Endpoint(url="http://localhost/mcp", uds=socket_path) if socket_path else None,
-                    backend_id=container.id,
+                    backend_id=container_id,
                     started_at=now,
                     last_used=now,
                     details={"replica": labels.get(LABEL_REPLICA, "")},
