@@ -144,7 +144,11 @@ def build_app(
         settings.auth, known_tenant=policies.known, public_url=settings.public_url, preauth=preauth
     )
 
-    upstreams = Upstreams(connect_timeout=2.0, call_timeout=settings.runtime.call_timeout_seconds)
+    upstreams = Upstreams(
+        connect_timeout=2.0,
+        call_timeout=settings.runtime.call_timeout_seconds,
+        max_open=settings.runtime.sandbox_connections,
+    )
 
     async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
         if event != AuditEvent.SANDBOX_STARTED:

@@ -164,6 +164,12 @@ KUBE_QUANTITY_RE = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
 KUBE_CPU_RE = re.compile(r"[0-9]+(\.[0-9]+)?m?")  # cores or millicores: what the Pod spec computes with
 
 
+# Descriptors a sandbox's server holds for itself (interpreter, listening socket, event loop,
+# the files a tool has open) beside the broker's connections; measured ~20, kept generous.
+SANDBOX_OWN_FILES = 64
+CONTAINERD_NOFILE = 1024  # the open-file limit of a container in containerd's default spec
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
     kind: str = "docker"  # "docker" | "kubernetes" | "local" (insecure, development and tests)
@@ -182,6 +188,16 @@ class RuntimeSettings:
     breaker_cooldown_seconds: float = 30.0
     docker: DockerSettings = field(default_factory=DockerSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+
+    @property
+    def sandbox_connections(self) -> int:
+        """Connections one broker opens to one sandbox at once, at most: below the open-file
+        limit its server runs under, less what the server holds itself. Past that limit a
+        sandbox cannot accept, and a call on a connection it never accepts waits out its
+        deadline (seen with a tenant's `max_concurrent` of 1000 against 256 files)."""
+        if self.kind == "docker":
+            return max(8, self.docker.nofile - SANDBOX_OWN_FILES)
+        return CONTAINERD_NOFILE - SANDBOX_OWN_FILES  # a Pod: containerd's default limit
 
 
 @dataclass(frozen=True)
@@ -344,6 +360,7 @@ class Settings:
     def replica_id(self) -> str:
         """This replica's id (DOCBROKER_REPLICA_ID): in its checkpoints, and for issue 17."""
         return self.audit.replica
+
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
 
     @property

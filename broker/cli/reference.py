@@ -184,7 +184,10 @@ SETTINGS: dict[str, str] = {
     "DOCKER_MEMORY_MB": "sandbox memory limit, MiB (32-65536)",
     "DOCKER_CPUS": "sandbox CPUs (0.05-64)",
     "DOCKER_PIDS_LIMIT": "sandbox process limit (8-4096)",
-    "DOCKER_NOFILE": "sandbox open-file limit (32-65536)",
+    "DOCKER_NOFILE": (
+        "sandbox open-file limit (32-65536); a broker opens at most this less 64 connections"
+        " to one sandbox, further calls wait for one"
+    ),
     "DOCKER_SECCOMP_PROFILE": "the sandbox's seccomp profile (Docker's JSON format), loaded at start",
     "DOCKER_POOL_SIZE": (
         "warm, tenant-less sandboxes kept ready at least, the pool's floor (0-32; 0: no pool, every sandbox"

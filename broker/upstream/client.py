@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -36,6 +36,10 @@ MAX_HEADERS = 64
 HIGH_WATER = 256 * 1024  # body bytes buffered before the reader takes them: reading pauses
 IDLE_SECONDS = 2.0  # well under uvicorn's 5 s keep-alive: never reuse a socket it is closing
 MAX_IDLE = 16  # idle connections kept per sandbox
+# Connections open to one sandbox at once (in use and idle), at most, unless the runtime says
+# less (`Upstreams(max_open=...)`): a sandbox past its open-file limit cannot accept, and a
+# connection it never accepts is a call that waits for its whole deadline.
+MAX_OPEN = 1024
 # A body announced at up to this many bytes is read whole before the caller wakes: uvicorn
 # sends a head and its body in two writes, and one wake-up per answer instead of two is
 # measurably cheaper at low load. Larger or open-ended bodies are handed over as they come.
@@ -52,6 +56,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self._active = False  # a request was sent and its response is not yet complete
+        self.on_lost: Callable[[], None] | None = None  # the pool's count of open connections
         self._reset()
 
     def _reset(self) -> None:
@@ -97,6 +102,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        lost, self.on_lost = self.on_lost, None  # counted once, whatever calls this again
+        if lost is not None:
+            lost()
         if self._active and self._head_done and not self._framed and not self._complete:
             self._complete = True  # a close-delimited body ends here
         elif self._active and not self._complete and self._error is None:
@@ -282,7 +290,9 @@ class UpstreamResponse:
 class Upstream:
     """The pooled client of one endpoint."""
 
-    def __init__(self, endpoint: Endpoint, *, connect_timeout: float, read_timeout: float) -> None:
+    def __init__(
+        self, endpoint: Endpoint, *, connect_timeout: float, read_timeout: float, max_open: int = MAX_OPEN
+    ) -> None:
         url = urlsplit(endpoint.url)
         self.endpoint = endpoint
         self._uds = endpoint.uds
@@ -297,6 +307,9 @@ class Upstream:
         self.read_timeout = read_timeout
         self._idle: list[_Connection] = []
         self._closed = False
+        self._max_open = max(1, max_open)
+        self._open = 0  # connections open now: in use, idle, or closing (until the loop says lost)
+        self._freed = asyncio.Event()  # a connection was given back or lost: a waiter may go on
 
     async def send(self, method: str, headers: Mapping[str, str], body: bytes | None) -> UpstreamResponse:
         """Send a request and wait for the response's head."""
@@ -331,8 +344,13 @@ class Upstream:
         if conn.finish() and not self._closed and len(self._idle) < MAX_IDLE:
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
+            self._freed.set()
         else:
             conn.close()
+
+    def _lost(self) -> None:
+        self._open -= 1
+        self._freed.set()
 
     async def close(self) -> None:
         self.close_idle()
@@ -345,12 +363,20 @@ class Upstream:
             conn.close()
 
     async def _connection(self) -> _Connection:
-        now = time.monotonic()
-        while self._idle:
-            conn = self._idle.pop()  # the most recent: the least likely to be timing out
-            if not conn.closed and now - conn.idle_since < IDLE_SECONDS:
-                return conn
-            conn.close()
+        while True:
+            now = time.monotonic()
+            while self._idle:
+                conn = self._idle.pop()  # the most recent: the least likely to be timing out
+                if not conn.closed and now - conn.idle_since < IDLE_SECONDS:
+                    return conn
+                conn.close()
+            if self._open < self._max_open:
+                break
+            # Every connection the sandbox can take is in use: wait for one to be given back
+            # or to end (the caller's deadline bounds the wait, as it bounds the call).
+            self._freed.clear()
+            await self._freed.wait()
+        self._open += 1
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -358,10 +384,17 @@ class Upstream:
                     _, conn = await loop.create_unix_connection(_Connection, self._uds)
                 else:
                     _, conn = await loop.create_connection(_Connection, self._host, self._port)
-        except TimeoutError:
-            raise UpstreamTimeout("sandbox did not accept the connection in time") from None
-        except OSError as exc:
-            raise UpstreamUnreachable("sandbox connection failed") from exc
+        except BaseException as exc:
+            self._lost()
+            if isinstance(exc, TimeoutError):
+                raise UpstreamTimeout("sandbox did not accept the connection in time") from None
+            if isinstance(exc, OSError):
+                raise UpstreamUnreachable("sandbox connection failed") from exc
+            raise
+        if conn.closed:  # lost before it was ours to count
+            self._lost()
+        else:
+            conn.on_lost = self._lost
         return conn
 
 
@@ -385,9 +418,10 @@ class Upstreams:
     soon as its sandbox does (`forget`, on the runtime's report) or is replaced (`client`).
     """
 
-    def __init__(self, *, connect_timeout: float, call_timeout: float) -> None:
+    def __init__(self, *, connect_timeout: float, call_timeout: float, max_open: int = MAX_OPEN) -> None:
         self._connect_timeout = connect_timeout
         self.call_timeout = call_timeout  # also the deadline of a whole call (gateway)
+        self._max_open = max_open  # connections to one sandbox at once (RuntimeSettings)
         self._clients: dict[str, Upstream] = {}
 
     def client(self, tenant: str, endpoint: Endpoint) -> Upstream:
@@ -396,7 +430,12 @@ class Upstreams:
             return client
         if client is not None:
             client.close_idle()  # a sandbox gone without a word: its calls in flight end alone
-        client = Upstream(endpoint, connect_timeout=self._connect_timeout, read_timeout=self.call_timeout)
+        client = Upstream(
+            endpoint,
+            connect_timeout=self._connect_timeout,
+            read_timeout=self.call_timeout,
+            max_open=self._max_open,
+        )
         self._clients[tenant] = client
         return client
 

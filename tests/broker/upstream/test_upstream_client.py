@@ -102,18 +102,22 @@ class Sandbox:
 
 
 class Serve(Protocol):
-    async def __call__(self, reply: Reply, *, read_timeout: float = 2.0) -> tuple[Sandbox, up.Upstream]: ...
+    async def __call__(
+        self, reply: Reply, *, read_timeout: float = 2.0, max_open: int = up.MAX_OPEN
+    ) -> tuple[Sandbox, up.Upstream]: ...
 
 
 @pytest.fixture
 async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
     started: list[tuple[Sandbox, up.Upstream]] = []
 
-    async def make(reply: Reply, *, read_timeout: float = 2.0) -> tuple[Sandbox, up.Upstream]:
+    async def make(
+        reply: Reply, *, read_timeout: float = 2.0, max_open: int = up.MAX_OPEN
+    ) -> tuple[Sandbox, up.Upstream]:
         sandbox = Sandbox(tmp_path / f"s{len(started)}.sock", reply)
         await sandbox.start()
         endpoint = Endpoint(url="http://localhost/mcp", uds=str(sandbox.path))
-        client = up.Upstream(endpoint, connect_timeout=2.0, read_timeout=read_timeout)
+        client = up.Upstream(endpoint, connect_timeout=2.0, read_timeout=read_timeout, max_open=max_open)
         started.append((sandbox, client))
         return sandbox, client
 
@@ -141,6 +145,35 @@ async def test_clean_exchanges_share_one_connection(serve: Serve) -> None:
     assert sandbox.connections == 1
     assert sandbox.requests[0].startswith(b"POST /mcp HTTP/1.1\r\n")
     assert sandbox.requests[0].endswith(b'content-length: 10\r\n\r\n{"call":1}')
+
+
+async def test_calls_past_what_a_sandbox_can_accept_wait_for_a_connection_not_a_new_one(serve: Serve) -> None:
+    """30 calls at once against a sandbox that takes 8 connections (its open files): the
+    client never opens a ninth; the other calls go on the first eight as they come back.
+    (Unbounded, each call opened its own: a sandbox past its file limit accepts none of them,
+    and those calls waited out their whole deadline.)"""
+    body = b'{"ok":true}'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+    sandbox, client = await serve(lambda n: Answer(head, rest=body), max_open=8)
+    calls = [asyncio.create_task(fetch(client)) for _ in range(30)]
+    async with asyncio.timeout(10):
+        while not (sandbox.holding.is_set() and len(sandbox.requests) == 8):
+            await asyncio.sleep(0.01)  # polled: eight calls sent and held by the sandbox
+        assert sum(not c.done() for c in calls) == 30  # the race entered: all 30 in flight
+        sandbox.go_on.set()
+        answers = await asyncio.gather(*calls)
+    assert [status for status, _, b in answers if b == body] == [200] * 30
+    assert sandbox.connections == 8
+
+
+async def test_a_connection_the_sandbox_closes_frees_its_place(serve: Serve) -> None:
+    """Connections the sandbox ends after each answer are counted gone (else the client would
+    wait forever for a place): 20 calls at once through two places all answer."""
+    sandbox, client = await serve(lambda n: Answer(ok(extra=b"connection: close\r\n").data, close=True), max_open=2)
+    async with asyncio.timeout(10):
+        answers = await asyncio.gather(*(fetch(client) for _ in range(20)))
+    assert [status for status, _, _ in answers] == [200] * 20
+    assert sandbox.connections == 20  # one per call: none was reused after its close
 
 
 async def test_chunked_and_close_delimited_bodies_are_read_whole(serve: Serve) -> None:
