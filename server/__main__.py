@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from server.app import http_app
     from server.http_protocol import OneWriteHttpToolsProtocol
+    from server.quiet import QuietServer
 
     app = http_app(
         server,
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.lexists(args.socket):
             os.unlink(args.socket)  # a stale socket from a crashed run
         options["uds"] = args.socket
-    serving = uvicorn.Server(uvicorn.Config(app, **options))
+    serving = QuietServer(uvicorn.Config(app, **options))
     serving.run(sockets=sockets)
     if not serving.started:
         sys.stderr.write("docbroker server: the HTTP server did not start\n")
