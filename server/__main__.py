@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         "server_header": False,
         "date_header": False,
         # Named, not "auto": the sandbox serves no websockets, and "auto" would look for a
-        # websockets library and for uvloop at start - imports after a pooled sandbox's binding.
+        # websockets library (and uvloop, below) at start: imports after a pooled sandbox's
+        # binding. The image has no uvloop; elsewhere (the local runtime) "auto" stays.
         "ws": "none",
-        "loop": "asyncio",
+        "loop": "asyncio" if args.bind else "auto",
     }
     if args.socket and bound_socket is None:
         if os.path.lexists(args.socket):
