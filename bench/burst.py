@@ -1,6 +1,7 @@
 """A burst of new tenants at once through a real broker on Docker, and the adaptive warm pool.
 
     python bench/burst.py [--n 20] [--cap 20] [--idle 120] [--host unix:///var/run/docker.sock] [--json PATH]
+                          [--breakdown] [--skip-idle]
 
 One broker (rootful daemon: it runs as this user), its warm pool at the default floor
 (DOCBROKER_DOCKER_POOL_SIZE=1) and allowed to grow to `--cap` (DOCBROKER_DOCKER_POOL_MAX),
@@ -18,6 +19,12 @@ DOCBROKER_IDLE_TIMEOUT=`--idle`. In order:
             released until its answer (a `search_documents` result, status ok), as the floor's
             starts are. p50 and p99 by nearest rank (p99 of 20 is the slowest); ratio = p99 / floor.
   idle      no new tenant: the wait until /readyz shows the pool back at its floor.
+
+`--breakdown`: where the host's CPU went during the burst (bench/first_call.py's CpuWindow): the
+broker process, the Docker daemon side (dockerd, containerd, shims, runc), the tenants' sandboxes,
+spares started meanwhile, and everything else (other work on a shared host); in the JSON as
+"burst_cpu_s". `--skip-idle` ends after the burst ("size_after_idle": null): on a host too loaded
+to refill within a short `--idle`, a long one then costs no wait.
 
 Target (issue 25): all answered, p50 <= 1 s, p99 <= 1.2 x floor. `--json PATH` writes
 {"burst": {"n", "answered", "p50_s", "p99_s", "floor_s", "ratio_p99_to_floor"},
@@ -47,6 +54,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._stats import fmt, pct  # noqa: E402
 from bench.cold_start import broker_call, docker_broker, pool_facts, wait_pool  # noqa: E402
+from bench.first_call import CpuWindow  # noqa: E402
 from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.runtime.docker.hardening import RUN_DIR  # noqa: E402
@@ -152,6 +160,14 @@ def main() -> int:
     parser.add_argument("--host", default=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
     parser.add_argument("--image", default="docbroker-server:latest")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument(
+        "--skip-idle",
+        action="store_true",
+        help="end after the burst, without waiting for the pool to shrink (size after idle: null)",
+    )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also say where the host's CPU went during the burst"
+    )
     args = parser.parse_args()
     # SIGTERM ends the run through the clean-up below (the broker stopped, the containers removed).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
@@ -171,6 +187,9 @@ def main() -> int:
         "DOCBROKER_IDLE_TIMEOUT": str(args.idle),
         "DOCBROKER_MAX_SANDBOXES": str(2 * args.n + 1),
     }
+    import docker
+
+    docker_client = docker.DockerClient(base_url=args.host)
     try:
         with docker_broker(args.host, args.image, learning + measured, cpus, pool=1, env=env) as broker:
             floor_pool = wait_pool(
@@ -185,25 +204,30 @@ def main() -> int:
             )
             if before["size"] <= floor_pool["size"]:
                 raise SystemExit("burst: the pool forgot the first burst before it refilled: raise --idle")
+            window = CpuWindow(docker_client, instance, broker.proc.pid) if args.breakdown else None
+            if window is not None:
+                window.start()
             timings = burst(broker, measured)
+            cpu = window.stop() if window is not None else None
             peak = pool_facts(broker)["peak"]
-            after = wait_pool(
-                broker,
-                pool_on(lambda p: p["size"] == p["floor"] and p["ready"] + p["warming"] <= p["floor"]),
-                "the pool did not shrink back when idle",
-                args.idle + 600,
+            after = (
+                {"size": None}
+                if args.skip_idle
+                else wait_pool(
+                    broker,
+                    pool_on(lambda p: p["size"] == p["floor"] and p["ready"] + p["warming"] <= p["floor"]),
+                    "the pool did not shrink back when idle",
+                    args.idle + 600,
+                )
             )
     finally:
-        import docker
-
-        client = docker.DockerClient(base_url=args.host)
-        remove_instance(client, instance)  # what a crash of the broker left
-        client.close()
+        remove_instance(docker_client, instance)  # what a crash of the broker left
+        docker_client.close()
 
     answered = [t for t in timings if t is not None]
     first_answered = [t for t in first if t is not None]
     p50, p99 = pct(answered, 0.5), pct(answered, 0.99)
-    result = {
+    result: dict[str, Any] = {
         "burst": {
             "n": args.n,
             "answered": len(answered),
@@ -226,6 +250,11 @@ def main() -> int:
         ("burst: first call p99", f"{fmt(p99)} s = {fmt(p99 / floor_s)} x floor (target <= {TARGET_RATIO})"),
         ("pool: peak size / after idle", f"{peak} / {after['size']} (idle timeout {args.idle:.0f} s)"),
     ]
+    if cpu is not None:
+        result["burst_cpu_s"] = {k: round(v, 3) for k, v in cpu.items()}
+        rows += [
+            (f"burst CPU: {k.removesuffix('_s').replace('_', ' ')}", f"{v:.2f} s") for k, v in cpu.items()
+        ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

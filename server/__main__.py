@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import socket
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from server.config import ConfigError, HttpConfig, ServerConfig
@@ -63,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         http = HttpConfig.from_env() if args.http or args.socket else None
         if http is not None and listen is not None:
             http.check_listener(listen[0])
-        server = _bound_server(args.bind, args.socket) if args.bind else _configured_server()
+        if args.bind:
+            server, bound_socket = _bound_server(args.bind, args.socket)
+        else:
+            server, bound_socket = _configured_server(), None
     except (ConfigError, WorkspaceError) as exc:
         sys.stderr.write(f"docbroker server: configuration error: {exc}\n")
         return 2
@@ -71,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if http is None:
         server.run("stdio")
         return 0
-    sockets: list[socket.socket] | None = None
+    sockets: list[socket.socket] | None = [bound_socket] if bound_socket is not None else None
     if listen is not None:
         try:
             sockets = [tcp_listener(*listen)]
@@ -100,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         "http": OneWriteHttpToolsProtocol,  # httptools, each whole answer in one write
         "server_header": False,
         "date_header": False,
+        # Named, not "auto": the sandbox serves no websockets, and "auto" would look for a
+        # websockets library (and uvloop, below) at start: imports after a pooled sandbox's
+        # binding. The image has no uvloop; elsewhere (the local runtime) "auto" stays.
+        "ws": "none",
+        "loop": "asyncio" if args.bind else "auto",
     }
-    if args.socket:
+    if args.socket and bound_socket is None:
         if os.path.lexists(args.socket):
             os.unlink(args.socket)  # a stale socket from a crashed run
         options["uds"] = args.socket
@@ -120,9 +130,16 @@ def _configured_server() -> MCPServer[Any]:
     return build_server(config.scope, config.secret, Workspace(config.docs_root))
 
 
-def _bound_server(bind_path: str, socket_path: str) -> MCPServer[Any]:
-    """Warm up, wait for the broker's binding, lock down, and build the tenant's server."""
-    # Everything serving needs is imported now, before any tenant waits for it.
+def _bound_server(bind_path: str, socket_path: str) -> tuple[MCPServer[Any], socket.socket]:
+    """Warm up, wait for the broker's binding, lock down, and build the tenant's server; the
+    MCP socket is already listening when the broker hears the binding was taken."""
+    # Everything serving needs is imported now, before any tenant waits for it: a first call
+    # then costs the sandbox ~6 ms of CPU instead of ~17 (anyio's backend alone is most of it),
+    # which twenty first calls at once on two cores pay twenty times over.
+    # tests/server/test_binding.py checks that nothing is imported after the warm-up.
+    import encodings.ascii  # noqa: F401 - landlock.py reads /proc/self/status as ascii
+
+    import anyio._backends._asyncio  # noqa: F401
     import uvicorn.lifespan.on
     import uvicorn.loops.asyncio  # noqa: F401
 
@@ -130,13 +147,31 @@ def _bound_server(bind_path: str, socket_path: str) -> MCPServer[Any]:
     from server import binding, landlock
     from server.app import build_server
 
+    _rehearse(build_server)
     run_dir = os.path.dirname(socket_path) or "."
     try:
-        bound = binding.accept_binding(binding.listen(bind_path), run_dir=run_dir)
+        listener = binding.listen(bind_path)
+        bound, serving = binding.accept_binding(listener, run_dir=run_dir, serve_at=socket_path)
     except (binding.BindingError, landlock.LandlockError) as exc:
         raise ConfigError(f"binding refused: {exc}") from None
+    assert serving is not None
     workspace = Workspace.from_fds(bound.sources_fd, bound.reports_fd)
-    return build_server(bound.scope, bound.secret, workspace)
+    return build_server(bound.scope, bound.secret, workspace), serving
+
+
+def _rehearse(build: Callable[[str, str, Workspace], MCPServer[Any]]) -> None:
+    """Build a server and its app as a bound one is built, and drop them: what that path
+    imports or sets up on first use (the SDK's logging set-up, for one) is done before a tenant
+    waits. No tenant's anything: a made-up scope and secret, and the image's root as a folder
+    nothing reads (no tool runs)."""
+    from server.app import http_app
+
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    workspace = Workspace.from_fds(root, os.dup(root))
+    try:
+        http_app(build("warm-up", secrets.token_hex(32), workspace), unix_socket=True)
+    finally:
+        workspace.close()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ those folders with Landlock (`server/landlock.py`), and only then answers `{"ok"
 failure, Landlock's included, answers `{"ok": false, "error": ...}` so the broker can start
 that tenant's sandbox cold instead. The socket is closed for good either way: one binding per
 life, and a refused binding ends the sandbox. Its MCP socket opens after the lock-down, so
-nothing the tenant sends is ever handled by an unconfined process.
+nothing the tenant sends is ever handled by an unconfined process; it is listening before the
+answer goes, so the broker needs no wait (and no Docker inspect) for it after the answer.
 
 Both sides live here so the wire format is written once.
 """
@@ -65,8 +66,15 @@ def listen(path: str) -> socket.socket:
     return sock
 
 
-def accept_binding(listener: socket.socket, *, run_dir: str, read_timeout: float = 5.0) -> Binding:
+def accept_binding(
+    listener: socket.socket, *, run_dir: str, serve_at: str | None = None, read_timeout: float = 5.0
+) -> tuple[Binding, socket.socket | None]:
     """Wait for the broker, take one binding, confine this process to it, answer, and close.
+
+    With `serve_at`, the MCP socket is bound and listening there (returned with the binding)
+    after the lock-down and before the answer: the broker's wait for the MCP socket ends at
+    the answer, with no polls and no Docker inspects meanwhile, and the first request waits in
+    the socket's backlog while the server is built, instead of the broker retrying a connect.
 
     A connection closed without a byte is a readiness probe (the broker's `_uds_accepts`):
     it is not a binding, and the wait goes on.
@@ -79,13 +87,33 @@ def accept_binding(listener: socket.socket, *, run_dir: str, read_timeout: float
                 try:
                     binding = _receive(conn)
                     confine(binding, run_dir=run_dir)
+                    serving = serve_socket(serve_at) if serve_at is not None else None
                 except _Probe:
                     continue
                 except (BindingError, landlock.LandlockError) as exc:
                     _answer(conn, {"ok": False, "error": str(exc)})
                     raise
                 _answer(conn, {"ok": True})
-                return binding
+                return binding, serving
+
+
+def serve_socket(path: str, backlog: int = 2048) -> socket.socket:
+    """The MCP unix socket, listening (uvicorn serves it once started), made as uvicorn makes
+    its own `uds` (a stale one replaced, chmod 0666). Raises BindingError when it cannot be
+    made: the sandbox must not serve."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if os.path.lexists(path):  # asked first: in the sandbox unlink is refused (seccomp)
+            os.unlink(path)
+        sock.bind(path)
+        # As uvicorn does for `uds`: in the sandbox seccomp makes this call a no-op, and the
+        # image's umask (007) gives the broker's group access (deploy/umask.pth).
+        os.chmod(path, 0o666)  # noqa: S103
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise BindingError("the MCP socket cannot be opened") from exc
+    return sock
 
 
 class _Probe(BindingError):

@@ -5,6 +5,7 @@ new tenants arrive for (broker/runtime/pool_sizing.py), between a floor and a ca
     pool.fill()                 # background: keep the sizer's target of slots warm
     slot = await pool.take()    # a warm slot, or one started for this caller; None: start cold
     ...                         # bind it to a tenant (server/binding.py); pool refills itself
+                                # (once takes pause: the tenants' first calls go first)
 
 The pool knows nothing of containers: the backend starts and removes slots. Every new tenant
 is an arrival the sizer counts: a burst raises the target, and spares beyond it (the target
@@ -57,15 +58,25 @@ class WarmPool:
         max_failures: int = 3,
         off_reason: str | None = None,
         refills_at_once: int = 2,
+        refill_pause: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`off_reason` keeps the pool off from the start (the caller knows it cannot work).
         `refills_at_once`: spares started together, at most (the host's CPUs: a start is
-        CPU-bound, so more at once fill the pool no sooner, and slow the tenants' calls)."""
+        CPU-bound, so more at once fill the pool no sooner, and slow the tenants' calls).
+        `refill_pause`: seconds without a take before refills start: the tenants just given a
+        slot are making their first calls, and a spare's start (the interpreter, its imports,
+        the runtime's create) would take its CPU from them. Callers that find no slot ready
+        still start one at once; only spares wait."""
         self._sizer = sizer
         self._start = start
         self._remove = remove
         self._max_failures = max_failures
         self._refills_at_once = refills_at_once
+        self._refill_pause = refill_pause
+        self._clock = clock
+        self._last_take = float("-inf")
+        self._paused: asyncio.Task[None] | None = None  # the fill() due once the pause is over
         self._ready: list[Slot] = []
         self._warming: set[asyncio.Task[Slot | None]] = set()
         # Callers waiting for a slot, first come first served; never more than slots warming.
@@ -89,6 +100,11 @@ class WarmPool:
             self._trimmer = asyncio.create_task(self._trim_forever(), name="sandbox-pool-trim")
         if self._waiters:
             return
+        pause = self._last_take + self._refill_pause - self._clock()
+        if pause > 0:
+            if self._paused is None:
+                self._paused = asyncio.create_task(self._fill_after(), name="sandbox-pool-pause")
+            return
         missing = self._sizer.target() - len(self._ready) - len(self._warming)
         for _ in range(min(missing, self._refills_at_once - len(self._warming))):
             self._start_one()
@@ -103,6 +119,7 @@ class WarmPool:
             return None
         self._sizer.arrived()
         self._changed.set()
+        self._last_take = self._clock()
         if self._ready:
             slot = self._ready.pop(0)
             self.fill()
@@ -150,7 +167,7 @@ class WarmPool:
     async def close(self) -> None:
         self._closed = True
         self._release_waiters(0)
-        tasks = [*self._warming, *([self._trimmer] if self._trimmer else [])]
+        tasks = [*self._warming, *(t for t in (self._trimmer, self._paused) if t is not None)]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -160,6 +177,15 @@ class WarmPool:
             await self._remove_quietly(self._ready.pop())
 
     # -- internals ----------------------------------------------------------------------------
+
+    async def _fill_after(self) -> None:
+        """Sleep out the refill pause (longer if takes kept coming), then fill."""
+        try:
+            while (pause := self._last_take + self._refill_pause - self._clock()) > 0:
+                await asyncio.sleep(pause)
+        finally:
+            self._paused = None
+        self.fill()
 
     def _start_one(self) -> None:
         task = asyncio.create_task(self._warm_one(), name="sandbox-pool-warm")

@@ -184,6 +184,16 @@ BURST = {
         "ratio_p99_to_floor": 1.12,
     },
     "pool": {"size_before": 2, "peak": 9, "size_after_idle": 1},
+    "burst_cpu_s": {
+        "wall_s": 1.0,
+        "host_busy_s": 2.0,
+        "broker_s": 0.4,
+        "docker_daemon_s": 0.2,
+        "tenant_sandboxes_s": 0.6,
+        "spares_started_meanwhile_s": 0.0,
+        "spares_already_warm_s": 0.0,
+        "other_s": 0.8,
+    },
 }
 SCALE = {
     "open_rate": 450.0,
@@ -221,6 +231,11 @@ def test_burst_scale_and_memory_from_their_documented_json(tmp_path: Path) -> No
     assert [row[-1] for row in table_rows(burst, "| target")] == ["PASS", "PASS", "PASS"]
     assert "Warm pool: 2 before the burst, 9 at its peak, 1 after idling." in burst
     assert "| p99 ÷ CPU floor of starting them | 1.12 | ≤ 1.2 | PASS |" in burst
+    assert json.loads((ctx.work / "burst.args").read_text())[0] == "--breakdown"
+    cpu = {row[0]: row[1:] for row in table_rows(burst, "| part")}
+    assert cpu["the broker process"] == ["0.40", "20.00"]  # CPU s, then ms per first call
+    assert cpu["everything else on the host (other work)"] == ["0.80", "40.00"]
+    assert "The first calls' own CPU (broker, Docker, sandboxes): 1.20 CPU-s, 60.00 ms each." in burst
 
     rows = table_rows(scale, "`bench/scale.py`")
     assert [row[0] for row in rows] == ["1", "10", "100", "300"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from bench.first_call import CountingProxy
 from broker.runtime.base import wait_ready
 from broker.runtime.docker import DockerBackend
 from broker.types import DaemonMode
@@ -151,7 +152,7 @@ ESCAPE_PROBE = (
     + r"""
 from server import binding
 
-bound = binding.accept_binding(binding.listen("/run/docs/bind.sock"), run_dir="/run/docs")
+bound, _ = binding.accept_binding(binding.listen("/run/docs/bind.sock"), run_dir="/run/docs")
 src, rep = bound.sources_fd, bound.reports_fd
 other = sys.argv[1]
 
@@ -582,3 +583,56 @@ def spare_names(daemon: Daemon, instance: str) -> list[str]:
         return [name for c in found for name in c["Names"] if ".pool-" in name]
     finally:
         client.close()
+
+
+def test_a_claim_asks_the_daemon_three_times_and_waits_for_nothing_after(
+    daemon: Daemon, layout: Layout, instance: str
+) -> None:
+    """A tenant's first call on a warm sandbox, counted on a real daemon through a proxy socket:
+    the image's digest, the tenant's name (another replica's container?), the rename. No spare's
+    start in between (refills wait until the takes pause: the tenant's first call goes first),
+    and no inspect while waiting for the MCP socket (it listens when the binding is answered)."""
+    tenant = layout.tenant(unique_tenant(), {"notes.md": "hello\n"})
+    proxy = CountingProxy(daemon.host.removeprefix("unix://"))
+
+    async def scenario() -> list[str]:
+        backend = await warm_backend(daemon, layout, instance, base_url=f"unix://{proxy.path}")
+        try:
+            started = time.monotonic()
+            info = await backend.create(tenant.spec)
+            assert info.endpoint is not None
+            assert await wait_ready(info.endpoint, 20.0, lambda: backend.alive(info))
+            return [f"{method} {path}" for method, path in proxy.between(started, time.monotonic())]
+        finally:
+            await backend.close()
+
+    try:
+        calls = asyncio.run(scenario())
+    finally:
+        proxy.close()
+    assert len(calls) == 3, calls
+    assert [c.split()[0] for c in calls] == ["GET", "GET", "POST"], calls
+    assert "/images/" in calls[0] and calls[2].split("?")[0].endswith("/rename"), calls
+
+
+def test_callers_at_once_resolve_the_image_once(daemon: Daemon, instance: str) -> None:
+    """Twenty first calls at once ask the daemon for the image's digest once, not twenty times."""
+    proxy = CountingProxy(daemon.host.removeprefix("unix://"))
+
+    async def scenario() -> tuple[set[str], list[tuple[str, str]]]:
+        backend = await DockerBackend.connect(
+            daemon.settings(base_url=f"unix://{proxy.path}"), instance=instance
+        )
+        try:
+            started = time.monotonic()
+            digests = await asyncio.gather(*(backend.image() for _ in range(20)))
+            return set(digests), proxy.between(started, time.monotonic())
+        finally:
+            await backend.close()
+
+    try:
+        digests, calls = asyncio.run(scenario())
+    finally:
+        proxy.close()
+    assert len(digests) == 1 and next(iter(digests)).startswith("sha256:")
+    assert [m for m, p in calls if "/images/" in p] == ["GET"], calls

@@ -21,19 +21,38 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from server import landlock
 from server.binding import BindingError, send_binding
 from tests.escape_probe import HELPERS
 
+# `python -m server`, with an audit hook that says on stderr every module imported once the
+# binding socket is bound (the warm-up is over: what is imported from then on, a tenant waits for).
+LATE_IMPORTS = """
+import os, runpy, sys
+
+warm = []
+
+def hook(event, args):
+    if event == "socket.bind" and str(args[1]).endswith("bind.sock"):
+        warm.append(True)
+    elif event == "import" and warm:
+        os.write(2, f"late import: {args[0]}\\n".encode())
+
+sys.addaudithook(hook)
+sys.argv = ["server", *sys.argv[1:]]
+runpy.run_module("server", run_name="__main__", alter_sys=True)
+"""
+
 
 def _start_pooled(
-    kit: Any, base: Path, mcp_path: str | None = None
+    kit: Any, base: Path, mcp_path: str | None = None, *, program: list[str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     bind_path, mcp_path = str(base / "bind.sock"), mcp_path or str(base / "mcp.sock")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "--socket", mcp_path, "--bind", bind_path],
+        [sys.executable, *(program or ["-m", "server"]), "--socket", mcp_path, "--bind", bind_path],
         cwd=kit.repo,
         env=kit.env(None, None, None),
         stdin=subprocess.DEVNULL,
@@ -152,6 +171,60 @@ def test_probes_do_not_bind_and_a_binding_is_taken_once(kit: Any, tmp_path: Path
     # Bound for good: a second tenant cannot take it over.
     with pytest.raises(BindingError):
         _bind(kit, bind_path, tmp_path / "other", timeout=2)
+
+
+def test_the_mcp_socket_listens_when_the_binding_is_answered(kit: Any, tmp_path: Path, pooled: Any) -> None:
+    """The broker waits for nothing after the answer: no connect polls, no Docker inspects of a
+    sandbox that is still building its server (twenty of each at once in a burst)."""
+    proc, bind_path, mcp_path = pooled
+    _bind(kit, bind_path, tmp_path / "tenant")
+    assert _accepts(mcp_path), "the MCP socket must listen before the binding is answered"
+    assert oct(os.stat(mcp_path).st_mode & 0o777) == oct(0o666)  # as uvicorn's own: the broker is another uid
+    root = tmp_path / "tenant"
+    assert _search(mcp_path) == "ok"  # waited in the backlog while the server was built
+    assert proc.poll() is None and root.is_dir()
+
+
+def test_a_bound_server_imports_nothing_after_its_warm_up(kit: Any, tmp_path: Path) -> None:
+    """A pooled sandbox imports all it serves with before it waits for a tenant: a module
+    imported after the binding is CPU every new tenant's first call pays (anyio's backend and
+    uvicorn's loop and websocket lookups were, ~10 ms each call, twenty at once in a burst)."""
+    proc, bind_path, mcp_path = _start_pooled(kit, tmp_path, program=["-c", LATE_IMPORTS])
+    try:
+        _bind(kit, bind_path, tmp_path / "tenant")
+        assert _search(mcp_path) == "ok"
+    finally:
+        proc.kill()  # no shutdown: its imports are not a tenant's wait
+        proc.wait()
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert "late import" not in stderr, stderr
+
+
+def _search(mcp_path: str) -> str:
+    """One tools/call over the MCP socket, as the broker sends it; the result's status."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "search_documents",
+            "arguments": {"query": "anything"},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    }
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "search_documents",
+    }
+    with httpx2.Client(transport=httpx2.HTTPTransport(uds=mcp_path), timeout=30) as http:
+        reply = http.post("http://localhost/mcp", json=body, headers=headers)
+    assert reply.status_code == 200, reply.status_code
+    return str(reply.json()["result"]["structuredContent"]["status"])
 
 
 def test_a_failed_lock_down_is_answered_as_a_refusal(kit: Any, tmp_path: Path) -> None:

@@ -125,10 +125,13 @@ class Burst:
     pool_before: int
     pool_peak: int
     pool_after_idle: int
+    # Where the host's CPU went during the burst (burst.py --breakdown), seconds by part.
+    cpu_s: dict[str, float] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Burst:
         burst, pool = data["burst"], data["pool"]
+        cpu = data.get("burst_cpu_s")
         return cls(
             n=int(burst["n"]),
             answered=int(burst["answered"]),
@@ -139,6 +142,7 @@ class Burst:
             pool_before=int(pool["size_before"]),
             pool_peak=int(pool["peak"]),
             pool_after_idle=int(pool["size_after_idle"]),
+            cpu_s={str(k): float(v) for k, v in cpu.items()} if isinstance(cpu, dict) else None,
         )
 
 
@@ -168,6 +172,38 @@ def render_burst(result: Burst) -> list[str]:
         "",
         f"Warm pool: {result.pool_before} before the burst, {result.pool_peak} at its peak, "
         f"{result.pool_after_idle} after idling.",
+        *render_burst_cpu(result),
+    ]
+
+
+# burst.py --breakdown's parts, in the order they are shown, and what each one is.
+BURST_CPU_PARTS = {
+    "broker_s": "the broker process",
+    "docker_daemon_s": "dockerd, containerd, shims, runc",
+    "tenant_sandboxes_s": "the tenants' sandboxes (claim to answer)",
+    "spares_started_meanwhile_s": "spares started during the burst (refills)",
+    "other_s": "everything else on the host (other work)",
+}
+
+
+def render_burst_cpu(result: Burst) -> list[str]:
+    """Where the host's CPU went while the burst was answered: what the first calls themselves
+    cost (the floor p50 cannot go below on this host), and what else ran."""
+    cpu = result.cpu_s
+    if not cpu or not cpu.get("wall_s"):
+        return []
+    rows = [[what, num(cpu.get(key, 0.0)), num(cpu.get(key, 0.0) / result.n * 1000)]
+            for key, what in BURST_CPU_PARTS.items()]  # fmt: skip
+    own = sum(cpu.get(k, 0.0) for k in ("broker_s", "docker_daemon_s", "tenant_sandboxes_s"))
+    return [
+        "",
+        f"Where the CPU went during the burst ({num(cpu['wall_s'])} s; the host busy "
+        f"{num(cpu.get('host_busy_s', 0.0))} CPU-s):",
+        "",
+        *table(["part", "CPU s", "per first call, ms"], rows),
+        "",
+        f"The first calls' own CPU (broker, Docker, sandboxes): {num(own)} CPU-s, "
+        f"{num(own / result.n * 1000)} ms each.",
     ]
 
 
@@ -183,7 +219,7 @@ def draw_burst(ctx: Context, result: Burst) -> Path:
 
 
 def burst_section(ctx: Context) -> Part:
-    data = run_bench(ctx, "burst", "burst.py", [])
+    data = run_bench(ctx, "burst", "burst.py", ["--breakdown"])
     result = parsed(data, Burst.from_json, "bench/burst.py's JSON")
     ctx.results["burst"] = result
     png = draw_burst(ctx, result)

@@ -36,6 +36,7 @@ from broker.runtime.docker.hardening import SANDBOX_GID, load_seccomp_profile
 from broker.runtime.docker.pool import (
     LABEL_POOL,
     LABEL_SOCKET,
+    REFILL_PAUSE_SECONDS,
     WARM_START_TIMEOUT_SECONDS,
     NameTaken,
     WarmSlots,
@@ -107,6 +108,7 @@ class DockerBackend(SandboxBackend):
         self._seccomp = seccomp_json
         self._trust: ImageCheck = trust or NoImageTrust()
         self._digest = image_digest  # the digest sandboxes were last made from, vouched for (describe)
+        self._resolving: asyncio.Future[str] | None = None  # image(): the resolution in flight
         self._instance = instance
         self._pool_dir = pool_dir
         self.replicas = replicas or Replicas(None, "local")
@@ -124,6 +126,7 @@ class DockerBackend(SandboxBackend):
             remove=self._slots.remove,
             off_reason=pool_off_reason(settings, pool_dir),
             refills_at_once=os.cpu_count() or 1,
+            refill_pause=REFILL_PAUSE_SECONDS,
         )
 
     @classmethod
@@ -199,11 +202,29 @@ class DockerBackend(SandboxBackend):
         cannot change what runs, and a new signed build under the same name is taken without
         a restart. Raises ImageMissing, or ImageUntrusted when the digest is not vouched for
         (a tag swapped to another image while the broker runs is refused here).
+
+        Callers at once share the resolution in flight: a burst of twenty first calls asks
+        the daemon (and checks the provenance) once, not twenty times on a CPU they all need.
+        A caller joining it gets the digest of a moment a few ms before its call: the same
+        race as a tag moved just after the inspect, which the digest pinning covers.
         """
+        if self._resolving is None:
+            resolving = asyncio.ensure_future(self._resolve_image())
+            self._resolving = resolving
+            resolving.add_done_callback(self._resolved)
+        # Shielded: one caller giving up does not cancel the others' resolution.
+        return await asyncio.shield(self._resolving)
+
+    async def _resolve_image(self) -> str:
         digest = await self.blocking(_resolve_image, self._client, self._settings.image)
         await self.blocking(self._trust.check, digest)
         self._digest = digest  # reported (describe): the digest sandboxes are now made from
         return digest
+
+    def _resolved(self, resolving: asyncio.Future[str]) -> None:
+        self._resolving = None  # the next caller asks the daemon again
+        if not resolving.cancelled():
+            resolving.exception()  # retrieved: every caller may have given up meanwhile
 
     async def blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn` (SDK calls, this backend's and its warm slots') on this backend's threads. A

@@ -34,6 +34,10 @@ BIND_SOCKET_NAME = "bind.sock"
 POOL_NAME_TAG = ".pool-"  # a dot: no tenant id (a DNS label) can make a name like it
 BIND_TIMEOUT_SECONDS = 5.0
 WARM_START_TIMEOUT_SECONDS = 60.0  # generous: a warm start is in the background, on a busy host
+# Refills wait until no tenant took a spare for this long: the tenants just bound are making
+# their first calls (answered in ~0.1 s alone, ~1 s for twenty at once on two cores), and a
+# spare's start would take its CPU from them. A tenant that finds no spare starts one at once.
+REFILL_PAUSE_SECONDS = 1.0
 LABEL_POOL = "io.docbroker.pool"  # started tenant-less; its tenant is in its name once bound
 LABEL_SOCKET = "io.docbroker.socket"
 

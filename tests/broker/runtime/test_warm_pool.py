@@ -262,3 +262,38 @@ def test_a_burst_refused_at_once_by_a_busy_daemon_counts_as_one_failure() -> Non
 
     facts = asyncio.run(main())
     assert facts["state"] == "on", facts
+
+
+def test_refills_wait_until_the_takes_pause_but_a_caller_without_a_slot_starts_at_once() -> None:
+    """Tenants just given a spare make their first calls now: a spare started meanwhile would
+    take the CPU they need (a burst of twenty on two cores). Refills wait out `refill_pause`
+    after the last take; a caller who finds nothing ready is not made to wait for it."""
+
+    async def main() -> None:
+        now = [0.0]  # the pool's clock: it moves only when the test says so
+        engine = Engine()
+        engine.gate.set()
+        pool = WarmPool(
+            sizer=_sizer(floor=3, cap=3),
+            start=engine.start,
+            remove=engine.remove,
+            refill_pause=1.0,
+            clock=lambda: now[0],
+        )
+        pool.fill()
+        await _until(lambda: pool.describe()["ready"] == 3)
+        for _ in range(3):
+            assert await pool.take(wait=0) is not None
+            assert pool.describe()["warming"] == 0, "no refill while tenants take spares"
+        assert engine.started == 3
+        # Nothing ready: this caller's slot starts now, pause or not.
+        mine = asyncio.create_task(pool.take(wait=5))
+        await _until(lambda: engine.started == 4)
+        assert await mine is not None
+        assert pool.describe()["warming"] == 0 and pool.describe()["ready"] == 0
+        now[0] += 1.0  # the pause is over: refill to the target
+        await _until(lambda: pool.describe()["ready"] == 3)
+        assert engine.started == 4 + 3
+        await pool.close()
+
+    asyncio.run(main())
