@@ -143,7 +143,8 @@ def _bound_server(bind_path: str, socket_path: str) -> tuple[MCPServer[Any], soc
     import uvicorn.lifespan.on
     import uvicorn.loops.asyncio  # noqa: F401
 
-    import server.http_protocol  # noqa: F401
+    import server.http_protocol
+    import server.quiet  # noqa: F401
     from server import binding, landlock
     from server.app import build_server
 

@@ -169,7 +169,8 @@ async def test_calls_past_what_a_sandbox_can_accept_wait_for_a_connection_not_a_
 async def test_a_connection_the_sandbox_closes_frees_its_place(serve: Serve) -> None:
     """Connections the sandbox ends after each answer are counted gone (else the client would
     wait forever for a place): 20 calls at once through two places all answer."""
-    sandbox, client = await serve(lambda n: Answer(ok(extra=b"connection: close\r\n").data, close=True), max_open=2)
+    closing = Answer(ok(extra=b"connection: close\r\n").data, close=True)
+    sandbox, client = await serve(lambda n: closing, max_open=2)
     async with asyncio.timeout(10):
         answers = await asyncio.gather(*(fetch(client) for _ in range(20)))
     assert [status for status, _, _ in answers] == [200] * 20
