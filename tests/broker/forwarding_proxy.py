@@ -14,14 +14,16 @@ if absent" do), so a page that sent an empty one would be refused, not rescued.
 from __future__ import annotations
 
 import asyncio
-import threading
-from types import TracebackType
+from typing import Self
+
+from tests.broker.loop_thread import LoopThread
 
 _MAX_HEAD = 256 * 1024
 
 
-class ForwardingProxy:
+class ForwardingProxy(LoopThread):
     def __init__(self, host: str, upstream: tuple[str, int], *, authorization: str | None = None) -> None:
+        super().__init__()
         self.host = host
         self.port = 0
         self.upstream = upstream
@@ -29,35 +31,19 @@ class ForwardingProxy:
         self.forwarded = 0  # requests passed on (a test can see the proxy was on the path)
         self.injected = 0  # of those, how many got the proxy's Authorization
         self.client_authorized = 0  # how many came with an Authorization of their own (kept)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def __enter__(self) -> ForwardingProxy:
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+    def __enter__(self) -> Self:
+        super().__enter__()
+        assert self._server is not None
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
     async def _start(self) -> asyncio.Server:
         return await asyncio.start_server(self._handle, self.host, 0, limit=_MAX_HEAD)
-
-    async def _stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")[0]

@@ -23,47 +23,34 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
+from tests.broker.loop_thread import LoopThread
+
 _SOCKET = ".s.PGSQL.5432"
 _READY_FOR_QUERY = b"Z"
 
 
-class LostAnswerProxy:
+class LostAnswerProxy(LoopThread):
     def __init__(self, upstream_dir: str, trigger: bytes) -> None:
+        super().__init__()
         self._upstream = str(Path(upstream_dir) / _SOCKET)
         self._trigger = trigger
         self._dir = tempfile.TemporaryDirectory(prefix="pg-lost-answer-")
         self.armed = True
         self.dropped = threading.Event()  # set once the answer was withheld and the link cut
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.AbstractServer | None = None
 
     def url(self, base: str) -> str:
         """`base` (a libpq URL with `host=<socket dir>`) pointed at this proxy instead."""
         return re.sub(r"host=[^&]+", f"host={self._dir.name}", base)
 
-    def __enter__(self) -> LostAnswerProxy:
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        super().__exit__(kind, exc, tb)
         self._dir.cleanup()
 
-    async def _start(self) -> asyncio.AbstractServer:
+    async def _start(self) -> asyncio.Server:
         path = str(Path(self._dir.name) / _SOCKET)
         return await asyncio.start_unix_server(self._handle, path)
-
-    async def _stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:

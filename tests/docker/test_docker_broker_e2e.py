@@ -18,7 +18,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx2
@@ -74,6 +74,17 @@ def _readable_runtime(base: Path) -> tuple[str, str]:
     return os.path.realpath(sys.executable), f"{runtime / 'src'}:{runtime / 'site'}"
 
 
+def start_for_daemon(broker: Broker, daemon: Daemon, base: Path, notes: Mapping[str, str]) -> None:
+    """Each tenant's `notes.md` in its sources, the whole tree the daemon's user's (its
+    sandboxes bind-mount it), then the broker started as that user."""
+    for tenant, text in notes.items():
+        broker.sources(tenant).mkdir(parents=True)
+        (broker.sources(tenant) / "notes.md").write_text(text, encoding="utf-8")
+    _chown_tree(base, daemon.owner_uid, daemon.owner_gid)
+    base.chmod(0o711)
+    _start_as(broker, daemon.owner_uid, daemon.owner_gid, base)
+
+
 def _start_as(broker: Broker, uid: int, gid: int, base: Path) -> None:
     """Broker.start, as the daemon's user (root for a rootful daemon)."""
     python, pythonpath = (sys.executable, broker.env["PYTHONPATH"]) if uid == 0 else _readable_runtime(base)
@@ -112,13 +123,8 @@ def docker_broker(daemon: Daemon, request: pytest.FixtureRequest) -> Iterator[Br
         "DOCBROKER_DOCKER_POOL_SIZE": str(request.param),
     }
     broker = make_broker(base, runtime="docker", env=env)
-    sources = broker.sources("acme")
-    sources.mkdir(parents=True)
-    (sources / "notes.md").write_text(DOC, encoding="utf-8")
-    _chown_tree(base, daemon.owner_uid, daemon.owner_gid)
-    base.chmod(0o711)
     try:
-        _start_as(broker, daemon.owner_uid, daemon.owner_gid, base)
+        start_for_daemon(broker, daemon, base, {"acme": DOC})
         yield broker
     finally:
         broker.stop()

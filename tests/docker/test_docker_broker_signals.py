@@ -25,7 +25,7 @@ import pytest
 from broker.testing import Broker, make_broker
 from tests.broker.support import call_modern, tool_status, wait_for
 from tests.docker.conftest import IMAGE, SECCOMP, Daemon, remove_instance
-from tests.docker.test_docker_broker_e2e import _chown_tree, _start_as
+from tests.docker.test_docker_broker_e2e import start_for_daemon
 
 pytestmark = pytest.mark.docker
 
@@ -45,13 +45,8 @@ def docker_broker(daemon: Daemon) -> Iterator[tuple[Broker, str]]:
         "DOCBROKER_INSTANCE": instance,
     }
     broker = make_broker(base, runtime="docker", env=env)
-    sources = broker.sources("acme")
-    sources.mkdir(parents=True)
-    (sources / "notes.md").write_text("quarterly numbers\n", encoding="utf-8")
-    _chown_tree(base, daemon.owner_uid, daemon.owner_gid)
-    base.chmod(0o711)
     try:
-        _start_as(broker, daemon.owner_uid, daemon.owner_gid, base)
+        start_for_daemon(broker, daemon, base, {"acme": "quarterly numbers\n"})
         yield broker, instance
     finally:
         if broker.proc is not None and broker.proc.poll() is None:

@@ -21,7 +21,7 @@ import pytest
 
 from broker.testing import Broker, make_broker, structured
 from tests.docker.conftest import SECCOMP, Daemon, remove_instance
-from tests.docker.test_docker_broker_e2e import _chown_tree, _start_as
+from tests.docker.test_docker_broker_e2e import start_for_daemon
 from tests.docker.test_docker_image_trust import Swap, swap  # noqa: F401 - the fixture
 from tests.signed_images import Release
 
@@ -51,13 +51,9 @@ def trusting_broker(daemon: Daemon, swap: Swap) -> Iterator[tuple[Broker, Path]]
         "DOCBROKER_IMAGE_RECORDS": str(records),
     }
     broker = make_broker(base, runtime="docker", env=env)
-    for tenant in ("acme", "globex"):
-        broker.sources(tenant).mkdir(parents=True)
-        (broker.sources(tenant) / "notes.md").write_text("# Notes\nsigned images only\n")
-    _chown_tree(base, daemon.owner_uid, daemon.owner_gid)
-    base.chmod(0o711)
     try:
-        _start_as(broker, daemon.owner_uid, daemon.owner_gid, base)
+        notes = "# Notes\nsigned images only\n"
+        start_for_daemon(broker, daemon, base, {"acme": notes, "globex": notes})
         yield broker, records
     finally:
         broker.stop()
