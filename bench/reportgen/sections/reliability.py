@@ -77,7 +77,7 @@ def render(title: str, run: Run) -> list[str]:
         *table(["fault", "entered"], [[f.name, "yes" if f.entered else "**no**"] for f in run.faults]),
         "",
         *table(
-            ["accounting check", "passed", "items checked"],
+            ["accounting check", "passed", "offenders"],
             [[c.name, "yes" if c.passed else "**no**", f"{c.count:,}"] for c in run.checks],
         ),
     ]
