@@ -59,8 +59,10 @@ def docker_broker(daemon: Daemon) -> Iterator[tuple[Broker, str]]:
 def containers(daemon: Daemon, instance: str) -> list[str]:
     client = daemon.client()
     try:
-        found = client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"})
-        return sorted(c.name for c in found)
+        # One list request: the SDK's containers.list inspects each one it lists, and a spare
+        # removed in between (the pool replacing one) made that a 404 here.
+        found = client.api.containers(all=True, filters={"label": f"io.docbroker.instance={instance}"})
+        return sorted(name.lstrip("/") for c in found for name in c["Names"])
     finally:
         client.close()
 
