@@ -14,6 +14,7 @@ import contextlib
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -113,7 +114,7 @@ def test_a_stopped_broker_leaves_no_sandbox_running(
             broker.proc.send_signal(again)
         try:
             broker.proc.wait(timeout=EXIT_WITHIN)
-        except Exception:
+        except subprocess.TimeoutExpired:
             pytest.fail(f"the broker did not exit within {EXIT_WITHIN} s of {signals}")
     logs = broker.logs()
     assert containers(daemon, instance) == [], logs[-3000:]

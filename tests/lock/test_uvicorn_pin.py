@@ -132,3 +132,21 @@ async def _a_protocol_that_read_a_head() -> dict[str, Any]:
         return live
     finally:
         theirs.close()
+
+
+def test_the_server_methods_we_override_are_uvicorns() -> None:
+    """broker/serving.py (`BrokerServer.shutdown`, which wraps `self.lifespan.shutdown`) and
+    server/quiet.py (`QuietServer.main_loop`, `on_tick`, `handle_exit`) override uvicorn.Server's
+    private loop and shutdown: a release that renames or reshapes one fails here, by name."""
+    expected = {
+        "main_loop": ["self"],
+        "on_tick": ["self", "counter"],
+        "handle_exit": ["self", "sig", "frame"],
+        "shutdown": ["self", "sockets"],
+    }
+    for name, params in expected.items():
+        method = getattr(uvicorn.Server, name, None)
+        assert method is not None, f"uvicorn.Server has no {name!r}, which we override"
+        assert list(inspect.signature(method).parameters) == params, f"uvicorn.Server.{name} changed"
+    source = inspect.getsource(uvicorn.Server.shutdown)
+    assert "self.lifespan.shutdown()" in source, "uvicorn.Server.shutdown no longer calls the app's shutdown"
