@@ -341,7 +341,7 @@ def no_unexpected_5xx(answers: Sequence[Answer], allowed: Mapping[str, Iterable[
     when the request was sent) to the statuses it may cause."""
     permitted = {phase: frozenset(codes) for phase, codes in allowed.items()}
     bad = [
-        a.id
+        f"{a.id} ({a.status} in {a.phase})"  # what a failed run's reader needs first
         for a in answers
         if a.status is not None and a.status >= 500 and a.status not in permitted.get(a.phase, frozenset())
     ]

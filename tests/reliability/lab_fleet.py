@@ -243,6 +243,19 @@ class Fleet:
             return False
         return False
 
+    def tenant_freezers(self) -> dict[str, Path]:
+        """tenant → the freezer cgroup of its Pod (the lab's kubelet drives cgroup v1 through
+        cgroupfs: <root>/kubepods/[<qos>/]pod<uid>), for the tenants with a Pod now."""
+        pods = self.lab.core.list_namespaced_pod(TENANTS_NS, _request_timeout=10).items
+        uids = {p.metadata.name: p.metadata.uid for p in pods if p.metadata.deletion_timestamp is None}
+        found: dict[str, Path] = {}
+        for tenant in self.tenants:
+            uid = uids.get(names.object_name(tenant))
+            paths = list(Path("/sys/fs/cgroup/freezer").glob(f"*/kubepods/**/pod{uid}")) if uid else []
+            if len(paths) == 1:
+                found[tenant] = paths[0]
+        return found
+
     def log_count(self, pod: str, text: bytes) -> int:
         """How often `text` is in the containers' logs of a broker Pod (the kubelet's files)."""
         uid = self.pods.seen()[pod]

@@ -13,9 +13,11 @@ three faults, each once, each observed to have been entered:
   on A and then not at all must lose its Pod to the reaper (the reapers do reap);
 
 - a tenant's Pod deleted while one of its calls is in flight (a call sent before the API
-  accepted the deletion and answered after it), and a new Pod of that tenant then serving;
+  accepted the deletion and answered after it), and a new Pod of that tenant then serving
+  through each broker Pod (the one that opened its circuit breaker after its cool-down);
 - a broker Pod deleted while an approved save is in flight on it, and the Deployment's
-  replacement Ready;
+  replacement Ready (for both, the tenant Pod the call is on is frozen from the moment the
+  call is seen until the API has accepted the deletion: DELETE_TRIES);
 - the API server restarted (.ci/kube-lab.sh restart-apiserver): the old process gone, the API
   seen refusing, a new process answering.
 
@@ -30,11 +32,12 @@ to lab.json there (bench/report.py reads it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,12 @@ IDLE_TIMEOUT_S = 30.0
 REAP_INTERVAL_S = IDLE_TIMEOUT_S / 4
 KEPT_LINE = b"idle sandbox kept: used on a replica since"
 FRESH_WITHIN = 10.0
+# A Pod is deleted while a call is in flight on it; a call answers within tens of ms, and the
+# API can take longer to accept a deletion (CI saw the call win, for either Pod). So the tenant
+# Pod the call is on is frozen from the moment it is seen until the deletion is accepted; should
+# the call still answer first (it was answering as it was seen), the fault was not entered and
+# is done again on the next call in flight, up to this many deletions.
+DELETE_TRIES = 3
 WAVE = 4  # tenants whose Pods start at once
 # The 5xx a fault may cause, by the phase (the fault running) a request was sent in: a Pod that
 # went away mid-call (502), a sandbox being replaced or the approvals store slow to answer (503).
@@ -105,6 +114,21 @@ async def until(what: str, check: Callable[[], Any], timeout: float, every: floa
 
 def _ok_since(journal: Journal, since: float, pred: Callable[[dict[str, Any]], bool]) -> bool:
     return any(o["t0"] > since and o["outcome"] == "ok" and pred(o) for o in journal.ops)
+
+
+def served_by_each(journal: Journal, tenant: str, since: float, pods: Iterable[str]) -> bool:
+    """Has every one of `pods` answered a search or read of `tenant` `ok` (its sandbox
+    reached) in an operation begun after `since`?"""
+    ok = {
+        o["subject"]
+        for o in journal.ops
+        if o["tenant"] == tenant
+        and o["t0"] > since
+        and o["op"] in ("search", "read")
+        and o["outcome"] == "ok"
+    }
+    served = {ex.pod for ex in journal.done if ex.subject in ok and ex.method == "tools/call"}
+    return set(pods) <= served
 
 
 def pinned(fleet: Fleet, load: Load, pod: str, ip: str, stop: asyncio.Event, phase: str) -> Load:
@@ -176,68 +200,109 @@ async def reaper_spares_a_pod_in_use_elsewhere(fleet: Fleet, load: Load) -> Faul
     return fault
 
 
+@contextlib.contextmanager
+def frozen(freezer: Path | None) -> Iterator[None]:
+    """A tenant's Pod frozen (cgroup v1 freezer) for the block: its calls in flight stay so."""
+    if freezer is None:
+        yield
+        return
+    (freezer / "freezer.state").write_text("FROZEN")
+    try:
+        yield
+    finally:
+        (freezer / "freezer.state").write_text("THAWED")
+
+
 async def tenant_pod_deleted_mid_call(fleet: Fleet, load: Load) -> Fault:
-    fault = Fault("tenant_pod_deleted_mid_call")
+    fault = Fault("tenant_pod_deleted_mid_call", began=time.time())
     journal, tenant = load.journal, fleet.tenants[0]
-    old = await asyncio.to_thread(fleet.tenant_pod_uid, tenant)
-    assert old is not None
-    calls = await until(
-        f"a call of {tenant} in flight",
-        lambda: journal.in_flight(lambda ex: ex.tenant == tenant and ex.method == "tools/call"),
-        timeout=60,
-        every=0.002,
-    )
-    fault.began = time.time()
-    await asyncio.to_thread(
-        fleet.lab.core.delete_namespaced_pod,
-        names.object_name(tenant),
-        TENANTS_NS,
-        grace_period_seconds=1,
-        body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=old), grace_period_seconds=1),
-    )
-    accepted = time.time()
-    mid = [ex for ex in calls if ex.t1 is None or ex.t1 > accepted]
+    # Recovered when both broker Pods serve the tenant again. The one whose calls met the
+    # deletion opened its circuit breaker on the tenant: it refuses it (503, Retry-After) for
+    # the cool-down (30 s) while the other already serves the new Pod. A fault's 503s are
+    # allowed while it runs, not after (a CI run sent a save in `after_faults` into that
+    # cool-down when the next two faults passed quickly).
+    pods = sorted(fleet.pods.ready())
+    for tried in range(1, DELETE_TRIES + 1):
+        old = await asyncio.to_thread(fleet.tenant_pod_uid, tenant)
+        assert old is not None
+        freezer = (await asyncio.to_thread(fleet.tenant_freezers)).get(tenant)
+        calls = await until(
+            f"a call of {tenant} in flight",
+            lambda: journal.in_flight(lambda call: call.tenant == tenant and call.method == "tools/call"),
+            timeout=60,
+            every=0.002,
+        )
+        # Frozen until the API has accepted the deletion: the calls seen stay in flight.
+        with frozen(freezer):
+            await asyncio.to_thread(
+                fleet.lab.core.delete_namespaced_pod,
+                names.object_name(tenant),
+                TENANTS_NS,
+                grace_period_seconds=1,
+                body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=old), grace_period_seconds=1),
+            )
+            accepted = time.time()
+        mid = [ex for ex in calls if ex.t1 is None or ex.t1 > accepted]
 
-    async def replaced() -> bool:
-        uid = await asyncio.to_thread(fleet.tenant_pod_uid, tenant)
-        return uid not in (None, old) and _ok_since(journal, accepted + 1, lambda o: o["tenant"] == tenant)
+        async def replaced(old: str = old, accepted: float = accepted) -> bool:
+            uid = await asyncio.to_thread(fleet.tenant_pod_uid, tenant)
+            return uid not in (None, old) and served_by_each(journal, tenant, accepted + 1, pods)
 
-    await until(f"a new Pod of {tenant} serving", replaced, timeout=120, every=0.5)
+        await until(
+            f"a new Pod of {tenant} serving through each broker Pod", replaced, timeout=120, every=0.5
+        )
+        fault.entered = bool(mid)
+        fault.facts = {"in_flight_at_delete": len(mid), "pod_frozen": freezer is not None, "deletions": tried}
+        if fault.entered:
+            break
     fault.recovered = time.time()
-    fault.entered = bool(mid)
-    fault.facts = {"in_flight_at_delete": len(mid)}
     return fault
 
 
 async def broker_pod_deleted_mid_save(fleet: Fleet, load: Load) -> Fault:
-    fault = Fault("broker_pod_deleted_mid_save")
+    fault = Fault("broker_pod_deleted_mid_save", began=time.time())
     journal = load.journal
-    saves = await until(
-        "an approved save in flight",
-        lambda: journal.in_flight(lambda ex: ex.tool == "save_report" and ex.phase == "write"),
-        timeout=120,
-        every=0.002,
-    )
-    save = saves[0]
-    uid = fleet.pods.seen()[save.pod]
-    fault.began = time.time()
-    await asyncio.to_thread(
-        fleet.lab.core.delete_namespaced_pod,
-        save.pod,
-        BROKER_NS,
-        body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)),
-    )
-    accepted = time.time()
-    mid = save.t1 is None or save.t1 > accepted
-    await until(
-        "the deleted broker Pod replaced by a Ready one",
-        lambda: save.pod not in fleet.pods.ready() and len(fleet.pods.ready()) == 2,
-        timeout=180,
-        every=0.25,
-    )
+    # An approved save in flight answers within tens of ms; the API accepting a deletion can
+    # take longer (a CI run's save answered first). So the save's tenant Pod is frozen the moment
+    # the save is seen, until the API has accepted the deletion of the broker Pod it is on: the
+    # save is then still in flight, whatever the API's pace (then it goes on, or the broker's
+    # graceful end cuts it: result_unknown).
+    freezers = await asyncio.to_thread(fleet.tenant_freezers)
+    for tried in range(1, DELETE_TRIES + 1):
+        saves = await until(
+            "an approved save in flight",
+            lambda: journal.in_flight(lambda ex: ex.tool == "save_report" and ex.phase == "write"),
+            timeout=120,
+            every=0.002,
+        )
+        save = max(saves, key=lambda ex: ex.t0)  # the newest: the furthest from its answer
+        uid = fleet.pods.seen()[save.pod]
+        with frozen(freezers.get(save.tenant)):
+            answered_before = save.t1 is not None
+            await asyncio.to_thread(
+                fleet.lab.core.delete_namespaced_pod,
+                save.pod,
+                BROKER_NS,
+                body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)),
+            )
+            accepted = time.time()
+        await until(
+            "the deleted broker Pod replaced by a Ready one",
+            lambda gone=save.pod: gone not in fleet.pods.ready() and len(fleet.pods.ready()) == 2,
+            timeout=180,
+            every=0.25,
+        )
+        fault.entered = save.t1 is None or save.t1 > accepted
+        fault.facts = {
+            "pod": save.pod,
+            "save_answered_after_delete": fault.entered,
+            "answered_before_frozen": answered_before,
+            "tenant_pod_frozen": save.tenant in freezers,
+            "deletions": tried,
+        }
+        if fault.entered:
+            break
     fault.recovered = time.time()
-    fault.entered = mid
-    fault.facts = {"pod": save.pod, "save_answered_after_delete": mid}
     return fault
 
 
