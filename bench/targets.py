@@ -131,8 +131,6 @@ def ensure_mcp_proxy(venv: Path, quiet: bool) -> Path | None:
     return exe if exe.exists() else None
 
 
-
-
 def compared_broker(checkout: Path, procs: Processes, tmp: Path, extra: dict[str, str]) -> Target:
     """The broker of another checkout (with its own sandbox, run from that checkout's server/).
 

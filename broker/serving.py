@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -38,6 +39,14 @@ class BrokerServer(uvicorn.Server):
         finally:
             for sig in _SIGNALS:
                 loop.remove_signal_handler(sig)
+
+    async def main_loop(self) -> None:
+        # Started: what start-up made (modules, the app, its settings) lives as long as the
+        # process, and a full collection would walk all of it each time (~35 ms of a held GIL
+        # on this host: the warm calls' p99). Frozen, the collector skips it.
+        gc.collect()
+        gc.freeze()
+        await super().main_loop()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         app_shutdown = self.lifespan.shutdown

@@ -213,6 +213,10 @@ SCALE = {
         )
     ],
     "limits": {"DOCBROKER_MAX_SANDBOXES": 400, "pids": "64 per sandbox", "fds": 65536},
+    "sweep": {"tenants": 300, "points": [
+        {"rate": r, "calls": c, "failed": f, "p50_ms": p50, "p99_ms": p99}
+        for r, c, f, p50, p99 in ((150.0, 750, 0, 6.0, 21.5), (30.0, 150, 0, 3.0, 9.0), (60.0, 300, 1, 3.5, 12.0))
+    ]},
 }  # fmt: skip
 
 
@@ -248,7 +252,15 @@ def test_burst_scale_and_memory_from_their_documented_json(tmp_path: Path) -> No
     assert "calls offered at 450 calls/s (50 % of the saturation throughput at 1 tenant)" in scale
     assert "- `DOCBROKER_MAX_SANDBOXES`: 400" in scale
     args = json.loads((ctx.work / "scale.args").read_text())
-    assert args[:2] == ["--tenants", "1,10,100,300"]
+    assert args[:4] == ["--tenants", "1,10,100,300", "--sweep", "25,50,100,150"]
+    # The sweep at 300 tenants, by rate; 60 calls/s had a failed call: the best that meets is 30.
+    swept = table_rows(scale, "The open loop again at 300 tenants")
+    assert swept == [
+        ["30", "0.10", "150", "0", "3.00", "9.00", "PASS"],
+        ["60", "0.20", "300", "1", "3.50", "12.00", "FAIL"],
+        ["150", "0.50", "750", "0", "6.00", "21.50", "FAIL"],
+    ]
+    assert "the highest rate measured that meets it: **30 calls/s** (0.10 per tenant per second)" in scale
 
     assert "| Docker: per idle tenant, 300 tenants (`scale.py`) | 30.0 |" in memory
     assert "| Kubernetes: per idle tenant Pod, median of 3 | 43.0 |" in memory
@@ -256,8 +268,8 @@ def test_burst_scale_and_memory_from_their_documented_json(tmp_path: Path) -> No
     assert "not measured: the first-call section did not run" in memory
 
     plots = [p for _, part in parts for p in part.plots]
-    assert {p.name for p in plots} == {"burst.png", "scale-throughput-p99.png", "scale-memory.png",
-                                       "memory-per-tenant.png"}  # fmt: skip
+    assert {p.name for p in plots} == {"burst.png", "scale-throughput-p99.png", "scale-p99-by-rate.png",
+                                       "scale-memory.png", "memory-per-tenant.png"}  # fmt: skip
     for plot in plots:
         assert_png(plot)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ from bench.reportgen.runner import Context, NotMeasured, Part, parsed, run_bench
 
 TENANTS = "1,10,100,300"
 QUICK_TENANTS = "1,10"
+SWEEP = "25,50,100,150"  # calls/s offered at the largest N: how p99 grows with the load
+QUICK_SWEEP = "25,50"
 WARM_P99_MS = 20.0  # issue 25 item 3: warm calls p99 ≤ 20 ms with 300 active tenants (open loop)
 
 
@@ -35,12 +37,28 @@ class Point:
 
 
 @dataclass(frozen=True)
+class Swept:
+    """One open loop at the largest N, at one offered rate."""
+
+    rate: float  # calls/s offered
+    calls: int
+    failed: int
+    p50_ms: float
+    p99_ms: float
+
+    def meets(self) -> bool:
+        return self.p99_ms <= WARM_P99_MS and not self.failed
+
+
+@dataclass(frozen=True)
 class Scale:
     points: list[Point]
     limits: dict[str, Any]
     open_rate: float | None = None  # calls/s offered in the open loop, the same for every N
     open_fraction: float | None = None  # of the first N's saturation throughput
     concurrency: int | None = None  # closed-loop clients
+    sweep_tenants: int | None = None  # the N the rates were swept at (the largest)
+    sweep: list[Swept] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Scale:
@@ -70,12 +88,27 @@ class Scale:
         if not isinstance(limits, dict):
             raise TypeError("limits is not an object")
         concurrency = data.get("concurrency")
+        swept = data.get("sweep") or {"tenants": None, "points": []}
         return cls(
             sorted(points, key=lambda p: p.tenants),
             limits,
             optional(data.get("open_rate")),
             optional(data.get("open_fraction")),
             None if concurrency is None else int(concurrency),
+            None if swept["tenants"] is None else int(swept["tenants"]),
+            sorted(
+                (
+                    Swept(
+                        float(r["rate"]),
+                        int(r["calls"]),
+                        int(r["failed"]),
+                        float(r["p50_ms"]),
+                        float(r["p99_ms"]),
+                    )
+                    for r in swept["points"]
+                ),
+                key=lambda r: r.rate,
+            ),
         )
 
     def idle_tenant_mib(self) -> tuple[int, float] | None:
@@ -159,6 +192,37 @@ def render_scale(result: Scale) -> list[str]:
             numeric_from=0,
         ),
     ]
+    if result.sweep and result.sweep_tenants:
+        n = result.sweep_tenants
+        met = [r.rate for r in result.sweep if r.meets()]
+        best = (
+            f"the highest rate measured that meets it: **{num(max(met), 0)} calls/s** "
+            f"({num(max(met) / n)} per tenant per second)"
+            if met
+            else "no rate measured meets it"
+        )
+        lines += [
+            "",
+            f"The open loop again at {n} tenants, all active, at each offered rate (`--sweep`): how "
+            f"p99 grows with the load on this host; p99 ≤ {WARM_P99_MS:g} ms: {best}.",
+            "",
+            *table(
+                ["calls/s offered", "per tenant /s", "calls", "failed", "p50 ms", "p99 ms", "p99 ≤ target"],
+                [
+                    [
+                        num(r.rate, 0),
+                        num(r.rate / n),
+                        str(r.calls),
+                        str(r.failed),
+                        num(r.p50_ms),
+                        num(r.p99_ms),
+                        verdict(r.meets()),
+                    ]
+                    for r in result.sweep
+                ],
+                numeric_from=0,
+            ),
+        ]
     if result.limits:
         lines += ["", "What stops it (measured ceilings):", ""]
         lines += [f"- `{name}`: {value}" for name, value in result.limits.items()]
@@ -188,6 +252,18 @@ def draw_scale(ctx: Context, result: Scale) -> list[Path]:
             right_label="p99 ms",
         )
     ]
+    if result.sweep and result.sweep_tenants:
+        pngs.append(
+            plots.lines(
+                ctx.plot_path("scale-p99-by-rate.png"),
+                f"Open-loop latency against the offered rate, {result.sweep_tenants} active tenants",
+                [r.rate for r in result.sweep],
+                {"p50 ms": [r.p50_ms for r in result.sweep], "p99 ms": [r.p99_ms for r in result.sweep]},
+                "calls/s offered",
+                "ms",
+                line=(WARM_P99_MS, f"target p99 ≤ {WARM_P99_MS:g} ms"),
+            )
+        )
     with_memory = [p for p in result.points if p.memory_per_idle_tenant_mib is not None]
     if with_memory:
         pngs.append(
@@ -208,7 +284,8 @@ def draw_scale(ctx: Context, result: Scale) -> list[Path]:
 
 def scale_section(ctx: Context) -> Part:
     tenants = QUICK_TENANTS if ctx.quick else TENANTS
-    data = run_bench(ctx, "scale", "scale.py", ["--tenants", tenants])
+    sweep = QUICK_SWEEP if ctx.quick else SWEEP
+    data = run_bench(ctx, "scale", "scale.py", ["--tenants", tenants, "--sweep", sweep])
     result = parsed(data, Scale.from_json, "bench/scale.py's JSON")
     ctx.results["scale"] = result
     pngs = draw_scale(ctx, result)
