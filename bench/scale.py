@@ -49,7 +49,8 @@ less than `--reserve-gib` to the host. `--json PATH` writes {"open_rate": calls/
 "throughput", "p50_ms", "p99_ms", "open_calls", "open_failed", "open_p50_ms", "open_p99_ms",
 "broker_cpu_ms_per_call", "sandbox_cpu_ms_per_call", "idle_cpu_ms_per_s",
 "memory_per_idle_tenant_mib", "broker_rss_mib"}], "limits": {...}, "sweep": {"tenants",
-"points": [{"rate", "calls", "failed", "p50_ms", "p99_ms"}]} or null}. Every container is
+"points": [{"rate", "calls", "failed", "p50_ms", "p99_ms", "major_faults_per_call"}]} or
+null}. Every container is
 labelled with this run's instance and removed at the end, also on failure.
 """
 
@@ -100,6 +101,16 @@ def mem_available_mib() -> float:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def major_faults() -> int:
+    """The host's page faults that read from disk so far (/proc/vmstat pgmajfault): code and
+    data a process touches again after the kernel dropped it (memory pressure, or a proactive
+    reclaim such as DAMON's `pageout` of memory unused for a while)."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("pgmajfault "):
+            return int(line.split()[1])
+    return 0
 
 
 def _cgroup_file(controller: str, container_id: str, name: str) -> Path | None:
@@ -315,6 +326,7 @@ def sweep(broker: Any, names: list[str], rates: list[float], seconds: float) -> 
     load, and the highest rate measured that meets the target."""
     rows = []
     for rate in rates:
+        faults = major_faults()
         answered, scheduled, failed = asyncio.run(open_loop(broker, names, rate, seconds))
         rows.append(
             {
@@ -323,6 +335,8 @@ def sweep(broker: Any, names: list[str], rates: list[float], seconds: float) -> 
                 "failed": failed,
                 "p50_ms": round(pct(answered, 0.5) * 1000, 2),
                 "p99_ms": round(pct(answered, 0.99) * 1000, 2),
+                # A call to a sandbox idle for long enough to have lost pages reads them back.
+                "major_faults_per_call": round((major_faults() - faults) / max(1, scheduled), 2),
             }
         )
         print(f"scale: swept {rate:g} calls/s", file=sys.stderr)
@@ -543,12 +557,12 @@ def main() -> int:
     )
     if swept:
         print(f"\nopen loop at {points[-1]['tenants']} tenants, by offered rate:")
-        print("calls/s  per tenant/s  calls  failed  p50 ms  p99 ms  p99 <= target")
+        print("calls/s  per tenant/s  calls  failed  p50 ms  p99 ms  major faults/call  p99 <= target")
         for loop in swept:
             print(
                 f"{loop['rate']:7.0f}  {loop['rate'] / points[-1]['tenants']:12.2f}  {loop['calls']:5d}  "
                 f"{loop['failed']:6d}  {loop['p50_ms']:6.2f}  {loop['p99_ms']:6.2f}  "
-                f"{'yes' if meets(loop) else 'no'}"
+                f"{loop['major_faults_per_call']:17.2f}  {'yes' if meets(loop) else 'no'}"
             )
     for key, value in ceilings.items():
         print(f"ceiling, {key}: {value if value is not None else '-'} tenants")

@@ -17,6 +17,7 @@ opened is an error on stderr and exit 1, never a server listening on nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import secrets
@@ -149,6 +150,10 @@ def _bound_server(bind_path: str, socket_path: str) -> tuple[MCPServer[Any], soc
     from server.app import build_server
 
     _rehearse(build_server)
+    # The warm-up's garbage collected now, while no tenant waits: serving begins by freezing
+    # the heap (server/quiet.py), which would otherwise keep it, and a full collection at
+    # that point cost a first call ~35 ms (bench/burst.py).
+    gc.collect()
     run_dir = os.path.dirname(socket_path) or "."
     try:
         listener = binding.listen(bind_path)

@@ -28,8 +28,9 @@ class QuietServer(uvicorn.Server):
 
     async def main_loop(self) -> None:
         # Serving now: the SDK, the app and the tenant's tools live as long as the sandbox, and
-        # each full collection would walk them all (~115k objects, ~35 ms): frozen, it skips them.
-        gc.collect()
+        # each full collection would walk them all (~115k objects, ~35 ms): frozen, it skips
+        # them. Only freeze (it moves lists: no time) and no collection first: this runs as a
+        # pooled sandbox's first call waits (its warm-up collected before the binding).
         gc.freeze()
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         counter = 0

@@ -45,6 +45,7 @@ class Swept:
     failed: int
     p50_ms: float
     p99_ms: float
+    major_faults_per_call: float | None = None  # the host's reads from disk, per call
 
     def meets(self) -> bool:
         return self.p99_ms <= WARM_P99_MS and not self.failed
@@ -104,6 +105,7 @@ class Scale:
                         int(r["failed"]),
                         float(r["p50_ms"]),
                         float(r["p99_ms"]),
+                        optional(r.get("major_faults_per_call")),
                     )
                     for r in swept["points"]
                 ),
@@ -204,10 +206,21 @@ def render_scale(result: Scale) -> list[str]:
         lines += [
             "",
             f"The open loop again at {n} tenants, all active, at each offered rate (`--sweep`): how "
-            f"p99 grows with the load on this host; p99 ≤ {WARM_P99_MS:g} ms: {best}.",
+            f"p99 grows with the load on this host; p99 ≤ {WARM_P99_MS:g} ms: {best}. Beside it the "
+            "host's major page faults per call (pages read back from disk): a sandbox idle long "
+            "enough loses pages to the kernel's reclaim, and its next call reads them back.",
             "",
             *table(
-                ["calls/s offered", "per tenant /s", "calls", "failed", "p50 ms", "p99 ms", "p99 ≤ target"],
+                [
+                    "calls/s offered",
+                    "per tenant /s",
+                    "calls",
+                    "failed",
+                    "p50 ms",
+                    "p99 ms",
+                    "major faults/call",
+                    "p99 ≤ target",
+                ],
                 [
                     [
                         num(r.rate, 0),
@@ -216,6 +229,7 @@ def render_scale(result: Scale) -> list[str]:
                         str(r.failed),
                         num(r.p50_ms),
                         num(r.p99_ms),
+                        num(r.major_faults_per_call),
                         verdict(r.meets()),
                     ]
                     for r in result.sweep
