@@ -16,8 +16,8 @@ three faults, each once, each observed to have been entered:
   accepted the deletion and answered after it), and a new Pod of that tenant then serving
   through each broker Pod (the one that opened its circuit breaker after its cool-down);
 - a broker Pod deleted while an approved save is in flight on it, and the Deployment's
-  replacement Ready (for both, the tenant Pod the call is on is frozen from the moment the
-  call is seen until the API has accepted the deletion: DELETE_TRIES);
+  replacement Ready (for both, the call is one held by a frozen tenant Pod, which thaws once
+  the API has accepted the deletion: DELETE_TRIES);
 - the API server restarted (.ci/kube-lab.sh restart-apiserver): the old process gone, the API
   seen refusing, a new process answering.
 
@@ -56,7 +56,16 @@ from tests.reliability.lab_fleet import (
     deploy,
     restart_apiserver,
 )
-from tests.reliability.lab_load import OP_TIMEOUT, AnswerLog, Journal, Load, Operation, Pool, answer_of
+from tests.reliability.lab_load import (
+    OP_TIMEOUT,
+    AnswerLog,
+    Exchange,
+    Journal,
+    Load,
+    Operation,
+    Pool,
+    answer_of,
+)
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.reliability, pytest.mark.timeout(900)]
 TENANTS = 16  # with load clients; two more for the reaper (pinned, idle)
@@ -70,10 +79,12 @@ KEPT_LINE = b"idle sandbox kept: used on a replica since"
 FRESH_WITHIN = 10.0
 # A Pod is deleted while a call is in flight on it; a call answers within tens of ms, and the
 # API can take longer to accept a deletion (CI saw the call win, for either Pod). So the tenant
-# Pod the call is on is frozen from the moment it is seen until the deletion is accepted; should
-# the call still answer first (it was answering as it was seen), the fault was not entered and
-# is done again on the next call in flight, up to this many deletions.
+# Pods are frozen first, a call held there is taken (`held_calls`) and the Pod deleted, and
+# they thaw once the deletion is accepted. Should no call come while frozen, or one still
+# answer first, the fault is done again, up to this many tries.
 DELETE_TRIES = 3
+FROZEN_FOR_A_CALL_S = 15.0  # at most, Pods frozen while the call the fault needs is sent
+STUCK_S = 0.5  # unanswered this long in a frozen Pod: held there (a call answers in tens of ms)
 WAVE = 4  # tenants whose Pods start at once
 # The 5xx a fault may cause, by the phase (the fault running) a request was sent in: a Pod that
 # went away mid-call (502), a sandbox being replaced or the approvals store slow to answer (503).
@@ -201,16 +212,16 @@ async def reaper_spares_a_pod_in_use_elsewhere(fleet: Fleet, load: Load) -> Faul
 
 
 @contextlib.contextmanager
-def frozen(freezer: Path | None) -> Iterator[None]:
-    """A tenant's Pod frozen (cgroup v1 freezer) for the block: its calls in flight stay so."""
-    if freezer is None:
-        yield
-        return
-    (freezer / "freezer.state").write_text("FROZEN")
+def frozen(*freezers: Path | None) -> Iterator[None]:
+    """Tenant Pods frozen (cgroup v1 freezer) for the block: their calls in flight stay so."""
+    held = [f for f in freezers if f is not None]
+    for freezer in held:
+        (freezer / "freezer.state").write_text("FROZEN")
     try:
         yield
     finally:
-        (freezer / "freezer.state").write_text("THAWED")
+        for freezer in held:
+            (freezer / "freezer.state").write_text("THAWED")
 
 
 async def tenant_pod_deleted_mid_call(fleet: Fleet, load: Load) -> Fault:
@@ -226,22 +237,29 @@ async def tenant_pod_deleted_mid_call(fleet: Fleet, load: Load) -> Fault:
         old = await asyncio.to_thread(fleet.tenant_pod_uid, tenant)
         assert old is not None
         freezer = (await asyncio.to_thread(fleet.tenant_freezers)).get(tenant)
-        calls = await until(
-            f"a call of {tenant} in flight",
-            lambda: journal.in_flight(lambda call: call.tenant == tenant and call.method == "tools/call"),
-            timeout=60,
-            every=0.002,
-        )
-        # Frozen until the API has accepted the deletion: the calls seen stay in flight.
+        assert freezer is not None, f"no freezer cgroup found for the Pod of {tenant}"
+        # Frozen until the API has accepted the deletion; the calls taken are those held by
+        # it (not answered STUCK_S after the freeze or their sending), not on their way back.
         with frozen(freezer):
-            await asyncio.to_thread(
-                fleet.lab.core.delete_namespaced_pod,
-                names.object_name(tenant),
-                TENANTS_NS,
-                grace_period_seconds=1,
-                body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=old), grace_period_seconds=1),
+            calls = await held_calls(
+                journal,
+                lambda ex: ex.tenant == tenant and ex.method == "tools/call",
+                since=time.time(),
+                within=FROZEN_FOR_A_CALL_S,
             )
-            accepted = time.time()
+            if calls:
+                await asyncio.to_thread(
+                    fleet.lab.core.delete_namespaced_pod,
+                    names.object_name(tenant),
+                    TENANTS_NS,
+                    grace_period_seconds=1,
+                    body=k8s.V1DeleteOptions(
+                        preconditions=k8s.V1Preconditions(uid=old), grace_period_seconds=1
+                    ),
+                )
+                accepted = time.time()
+        if not calls:
+            continue  # none of its clients called meanwhile: thawed, and again
         mid = [ex for ex in calls if ex.t1 is None or ex.t1 > accepted]
 
         async def replaced(old: str = old, accepted: float = accepted) -> bool:
@@ -252,7 +270,7 @@ async def tenant_pod_deleted_mid_call(fleet: Fleet, load: Load) -> Fault:
             f"a new Pod of {tenant} serving through each broker Pod", replaced, timeout=120, every=0.5
         )
         fault.entered = bool(mid)
-        fault.facts = {"in_flight_at_delete": len(mid), "pod_frozen": freezer is not None, "deletions": tried}
+        fault.facts = {"in_flight_at_delete": len(mid), "tries": tried}
         if fault.entered:
             break
     fault.recovered = time.time()
@@ -262,30 +280,33 @@ async def tenant_pod_deleted_mid_call(fleet: Fleet, load: Load) -> Fault:
 async def broker_pod_deleted_mid_save(fleet: Fleet, load: Load) -> Fault:
     fault = Fault("broker_pod_deleted_mid_save", began=time.time())
     journal = load.journal
-    # An approved save in flight answers within tens of ms; the API accepting a deletion can
-    # take longer (a CI run's save answered first). So the save's tenant Pod is frozen the moment
-    # the save is seen, until the API has accepted the deletion of the broker Pod it is on: the
-    # save is then still in flight, whatever the API's pace (then it goes on, or the broker's
-    # graceful end cuts it: result_unknown).
+    # An approved save answers within tens of ms; the API accepting a deletion can take longer
+    # (a CI run's save answered first), and a save seen in flight may already have its answer
+    # on the way (a local run's did, with its Pod frozen at once). So every tenant Pod is
+    # frozen first, and the save taken is one held there: it cannot be answered before the API
+    # has accepted the deletion of the broker Pod it is on (then everything thaws, and the
+    # save goes on, or the broker's graceful end cuts it: result_unknown).
     freezers = await asyncio.to_thread(fleet.tenant_freezers)
     for tried in range(1, DELETE_TRIES + 1):
-        saves = await until(
-            "an approved save in flight",
-            lambda: journal.in_flight(lambda ex: ex.tool == "save_report" and ex.phase == "write"),
-            timeout=120,
-            every=0.002,
-        )
-        save = max(saves, key=lambda ex: ex.t0)  # the newest: the furthest from its answer
-        uid = fleet.pods.seen()[save.pod]
-        with frozen(freezers.get(save.tenant)):
-            answered_before = save.t1 is not None
-            await asyncio.to_thread(
-                fleet.lab.core.delete_namespaced_pod,
-                save.pod,
-                BROKER_NS,
-                body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)),
+        with frozen(*freezers.values()):
+            saves = await held_calls(
+                journal,
+                lambda ex: ex.tool == "save_report" and ex.phase == "write",
+                since=time.time(),
+                within=FROZEN_FOR_A_CALL_S,
             )
-            accepted = time.time()
+            save = saves[0] if saves else None
+            if save is not None:
+                uid = fleet.pods.seen()[save.pod]
+                await asyncio.to_thread(
+                    fleet.lab.core.delete_namespaced_pod,
+                    save.pod,
+                    BROKER_NS,
+                    body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)),
+                )
+                accepted = time.time()
+        if save is None:
+            continue  # no client sent an approved save meanwhile: thawed, and again
         await until(
             "the deleted broker Pod replaced by a Ready one",
             lambda gone=save.pod: gone not in fleet.pods.ready() and len(fleet.pods.ready()) == 2,
@@ -296,14 +317,29 @@ async def broker_pod_deleted_mid_save(fleet: Fleet, load: Load) -> Fault:
         fault.facts = {
             "pod": save.pod,
             "save_answered_after_delete": fault.entered,
-            "answered_before_frozen": answered_before,
-            "tenant_pod_frozen": save.tenant in freezers,
-            "deletions": tried,
+            "tenant_pods_frozen": len(freezers),
+            "tries": tried,
         }
         if fault.entered:
             break
     fault.recovered = time.time()
     return fault
+
+
+async def held_calls(
+    journal: Journal, pred: Callable[[Exchange], bool], *, since: float, within: float
+) -> list[Exchange]:
+    """Calls matching `pred` still unanswered STUCK_S after the later of their sending and
+    `since` (a freeze began): held by a frozen Pod, not answered and on their way back. Waited
+    for up to `within` s; none: []."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        cutoff = time.time() - STUCK_S
+        held = [ex for ex in journal.in_flight(pred) if max(ex.t0, since) <= cutoff]
+        if held:
+            return held
+        await asyncio.sleep(0.01)
+    return []
 
 
 async def apiserver_restarted(fleet: Fleet, load: Load) -> Fault:
