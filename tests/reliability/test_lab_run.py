@@ -287,6 +287,7 @@ async def broker_pod_deleted_mid_save(fleet: Fleet, load: Load) -> Fault:
     # has accepted the deletion of the broker Pod it is on (then everything thaws, and the
     # save goes on, or the broker's graceful end cuts it: result_unknown).
     freezers = await asyncio.to_thread(fleet.tenant_freezers)
+    assert len(freezers) >= TENANTS, f"freezer cgroups found for {len(freezers)} of the {TENANTS} tenant Pods"
     for tried in range(1, DELETE_TRIES + 1):
         with frozen(*freezers.values()):
             saves = await held_calls(

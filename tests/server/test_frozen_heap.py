@@ -11,15 +11,14 @@ server, run the same way, freezes nothing (the check can fail).
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.server.test_bearer import free_port
+from tests.server.test_bearer import free_port, stop, wait_serving
 
 SCRIPT = """
 import gc, json, sys
@@ -44,35 +43,29 @@ Server(uvicorn.Config(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="w
 """
 
 
-def frozen_while_serving(module: str, name: str) -> int:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT.format(module=module, name=name), str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def frozen_while_serving(module: str, name: str, tmp_path: Path) -> int:
+    port, log = free_port(), tmp_path / f"{name}.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT.format(module=module, name=name), str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
-                    return int(json.loads(answer.read())["frozen"])
-            except OSError:
-                assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-                assert time.monotonic() < deadline, f"{name} did not serve within 30 s"
-                time.sleep(0.05)
+        wait_serving(proc, port, log)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as answer:
+            return int(json.loads(answer.read())["frozen"])
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        stop(proc)
 
 
 @pytest.mark.parametrize(
     ("module", "name"), [("broker.serving", "BrokerServer"), ("server.quiet", "QuietServer")]
 )
-def test_serving_begins_with_the_start_up_heap_frozen(module: str, name: str) -> None:
+def test_serving_begins_with_the_start_up_heap_frozen(module: str, name: str, tmp_path: Path) -> None:
     # uvicorn, starlette's pieces it imports and the app: thousands of objects at least
-    assert frozen_while_serving(module, name) > 10_000
+    assert frozen_while_serving(module, name, tmp_path) > 10_000
 
 
-def test_uvicorns_own_server_freezes_nothing() -> None:
-    assert frozen_while_serving("uvicorn", "Server") == 0
+def test_uvicorns_own_server_freezes_nothing(tmp_path: Path) -> None:
+    assert frozen_while_serving("uvicorn", "Server", tmp_path) == 0
