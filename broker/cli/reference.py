@@ -253,8 +253,8 @@ SETTINGS: dict[str, str] = {
     "AUDIT_FSYNC_INTERVAL": "seconds between forced writes with `interval` (0.01-10)",
     "AUDIT_KEY_FILE": (
         "the replica's Ed25519 key for signing checkpoints (not the master key); created, mode 0600, on "
-        "first start; `docbroker audit key` prints its public key; `audit-signing-<id>.key` with a "
-        "replica id"
+        "first start or by `docbroker audit keygen`; `docbroker audit key` prints its public key (and "
+        "fails when there is none); `audit-signing-<id>.key` with a replica id"
     ),
     "AUDIT_WITNESS_FILE": (
         "a copy of every checkpoint and gap record, to ship off the host; `audit-witness-<id>.jsonl` "
