@@ -274,7 +274,8 @@ SETTINGS: dict[str, str] = {
     ),
     "REPLICAS": (
         "how many replicas serve the deployment (1-1000): each enforces ceil(limit / N) of every tenant's"
-        " rate, burst and `max_concurrent` (see Replicas)"
+        " rate, burst and `max_concurrent` (see Replicas); above 1 it needs `DOCBROKER_DATABASE_URL` (the"
+        " broker refuses to start on SQLite)"
     ),
     "MAX_BODY_BYTES": "request body cap",
     "MAX_RESPONSE_BYTES": (
@@ -321,7 +322,9 @@ SETTINGS: dict[str, str] = {
     "DATABASE_URL": (
         "a `postgresql://` URL: approvals in PostgreSQL, shared by replicas (see below). Over the network"
         " it must say `sslmode=verify-full` (a unix socket needs nothing); else the broker refuses to "
-        "start. It may hold a password: it is never logged, audited or printed"
+        "start. It may hold a password: it is never logged, audited or printed. Required with "
+        "`DOCBROKER_REPLICAS` above 1 and for a broker Pod (the Kubernetes runtime without "
+        "`DOCBROKER_KUBECONFIG`): without it the broker refuses to start"
     ),
     "DATABASE_POOL_MIN": "connections each broker keeps to PostgreSQL, at least",
     "DATABASE_POOL_MAX": "connections each broker keeps to PostgreSQL, at most",
