@@ -416,9 +416,14 @@ def settings_table() -> list[str]:
     rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
     for read in sorted(reads, key=lambda r: r.name):
         shown = f"`{_FOLDERS[read.name]}`" if read.name in _FOLDERS else _default(read.default)
-        meaning = SETTINGS[read.name.removeprefix("DOCBROKER_")]
+        meaning = _from_docs(SETTINGS[read.name.removeprefix("DOCBROKER_")])
         rows.append(f"| `{read.name}` | {_cell(_type(read))} | {_cell(shown)} | {_cell(meaning)} |")
     return rows
+
+
+def _from_docs(meaning: str) -> str:
+    """The meanings link from the repository's root (`docs/policy.md`); the table is in docs/."""
+    return meaning.replace("](docs/", "](")
 
 
 # The two folders are set for the generator itself; their real defaults, relative to the
