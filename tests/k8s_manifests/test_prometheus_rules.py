@@ -137,4 +137,3 @@ def test_every_alert_is_explained_in_the_troubleshooting_section(rules: list[dic
     # and every audit counter the broker exports is in the section's table
     for name, _ in AUDIT_COUNTERS.values():
         assert f"`{name}_total`" in section, name
-
