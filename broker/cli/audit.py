@@ -11,12 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from broker.cli.base import CliError, Subparsers, load_settings
-
-if TYPE_CHECKING:
-    from broker.audit.checkpoint import Signer
 
 AuditCommands = Subparsers
 
@@ -94,52 +91,50 @@ def _add_audit_verify_proof(audit: AuditCommands) -> None:
     check.set_defaults(func=cmd_audit_verify_proof)
 
 
-def _print_public(signer: Signer, fmt: str) -> None:
-    from broker.audit.checkpoint import public_hex, public_pem
+def _key_file() -> Path:
+    key_file = load_settings().audit.key_file
+    assert key_file is not None  # from_env always names one
+    return key_file
 
+
+def _print_public(key_file: Path, fmt: str) -> int:
+    """The key's public half, for `verify --key`: PEM, or its id and the raw key in hex."""
+    from broker.audit.checkpoint import KeyFileError, load_signing_key, public_hex, public_pem
+
+    try:
+        signer = load_signing_key(key_file)
+    except KeyFileError as exc:
+        raise CliError(str(exc)) from None
     public = signer.private.public_key()
     if fmt == "pem":
         sys.stdout.write(public_pem(public))
     else:
         sys.stdout.write(f"{signer.key_id}\n{public_hex(public)}\n")
+    return 0
 
 
 def cmd_audit_key(args: argparse.Namespace) -> int:
     """Reads the key, never makes one: a backup or a rotation that ran it against a wrong path
     would hand the auditors a public key that signs nothing (issue 38)."""
-    from broker.audit.checkpoint import KeyFileError, load_signing_key
-
-    key_file = load_settings().audit.key_file
-    assert key_file is not None  # from_env always names one
+    key_file = _key_file()
     if not key_file.exists() and not key_file.is_symlink():
         raise CliError(
             "no audit signing key at DOCBROKER_AUDIT_KEY_FILE: the broker makes one at its first start, "
             "or `docbroker audit keygen`"
         )
-    try:
-        signer = load_signing_key(key_file)
-    except KeyFileError as exc:
-        raise CliError(str(exc)) from None
-    _print_public(signer, args.format)
-    return 0
+    return _print_public(key_file, args.format)
 
 
 def cmd_audit_keygen(args: argparse.Namespace) -> int:
     """A new key, before the first start (to hand its public half over first); never over one."""
-    from broker.audit.checkpoint import KeyFileError, create_signing_key, load_signing_key
+    from broker.audit.checkpoint import create_signing_key
 
-    key_file = load_settings().audit.key_file
-    assert key_file is not None
+    key_file = _key_file()
     if not create_signing_key(key_file):
         raise CliError(
             "an audit signing key is already at DOCBROKER_AUDIT_KEY_FILE: keygen never replaces one"
         )
-    try:
-        signer = load_signing_key(key_file)
-    except KeyFileError as exc:
-        raise CliError(str(exc)) from None
-    _print_public(signer, args.format)
-    return 0
+    return _print_public(key_file, args.format)
 
 
 def _format_flag(parser: argparse.ArgumentParser) -> None:
