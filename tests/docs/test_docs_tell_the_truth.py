@@ -2,7 +2,8 @@
 blocks and inline code) names commands and options the real CLI's `--help` lists; every
 `DOCBROKER_*` they name is a setting the broker reads, or one of the few other variables listed
 below and read where that list says; every link and `#anchor` between the pages, and every
-"README, "Section"" pointer anywhere in the repository, leads somewhere.
+pointer such as `README, "Replicas"` or `(kubernetes.md, "Lab")` anywhere in the repository
+(docs, comments, docstrings), leads to a section that exists.
 
 Values are not checked (`ID`, `acme`, a path): only that a reader who copies the line gets a
 command that exists, with options it takes. The pages are read as they are when the test runs,
