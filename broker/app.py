@@ -163,7 +163,9 @@ def build_app(
         start_timeout=settings.runtime.start_timeout_seconds,
         on_event=sandbox_event,
     )
-    metrics = Metrics(runtime.running_count, store.pending_count, lambda: len(upstreams))
+    metrics = Metrics(
+        runtime.running_count, store.pending_count, lambda: len(upstreams), lambda: audit.stats.totals()
+    )
     engine = LivePolicy(
         settings.policies_dir, first, on_reload=lambda result: metrics.policy_reloads.labels(result).inc()
     )

@@ -2,12 +2,62 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+# The audit log's own totals (broker/audit/log.py `AuditStats.totals()`, by field name) as
+# /metrics names them, each `<name>_total`. The alert rules in k8s/components/prometheus-rules
+# and docs/audit.md ("Troubleshooting") are written against these names.
+AUDIT_COUNTERS: dict[str, tuple[str, str]] = {
+    "written": ("docbroker_audit_events", "Audit events written (the log's checkpoint and gap lines aside)"),
+    "keys_dropped": (
+        "docbroker_audit_keys_dropped",
+        "Audit keys outside the schema dropped, their count written under `dropped` (a broker bug)",
+    ),
+    "values_invalid": (
+        "docbroker_audit_values_invalid",
+        "Audit values that did not fit their key, its name written under `invalid` (a broker bug)",
+    ),
+    "write_failures": (
+        "docbroker_audit_write_failures",
+        "Audit writes that failed: the log refuses requests (503) until it can write again",
+    ),
+    "sync_failures": ("docbroker_audit_sync_failures", "Audit fsyncs that failed"),
+    "recoveries": ("docbroker_audit_recoveries", "Times the audit log could write again after failing"),
+    "checkpoints": ("docbroker_audit_checkpoints", "Signed audit checkpoints written"),
+    "gaps": ("docbroker_audit_gaps", "Signed audit gap records written (requests refused while unwritable)"),
+    "rotations": ("docbroker_audit_rotations", "Audit log files rotated"),
+    "witness_failures": (
+        "docbroker_audit_witness_failures",
+        "Checkpoints and gap records not copied to the witness file (the log has them)",
+    ),
+    "stdout_failures": (
+        "docbroker_audit_stdout_failures",
+        "Audit lines not copied to stdout (DOCBROKER_AUDIT_STDOUT; the log has them)",
+    ),
+}
+
+
+class _AuditTotals(Collector):
+    """Reads the audit log's totals at each scrape: the log keeps them, nothing is copied."""
+
+    def __init__(self, totals: Callable[[], Mapping[str, int]]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        totals = self._totals()
+        for key, (name, documentation) in AUDIT_COUNTERS.items():
+            yield CounterMetricFamily(name, documentation, value=float(totals.get(key, 0)))
+
+    def describe(self) -> Iterator[Metric]:
+        for name, documentation in AUDIT_COUNTERS.values():
+            yield CounterMetricFamily(name, documentation)
 
 
 class Metrics:
@@ -18,8 +68,10 @@ class Metrics:
         sandboxes_running: Callable[[], int],
         approvals_pending: Callable[[], int],
         upstream_clients: Callable[[], int],
+        audit_totals: Callable[[], Mapping[str, int]],
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_AuditTotals(audit_totals))
         self.requests = Counter(
             "docbroker_requests",
             "MCP requests by JSON-RPC method, tool and outcome",

@@ -252,6 +252,26 @@ class DatabaseSettings:
                 )
 
 
+def _one_approvals_store(database: DatabaseSettings, *, replicas: int, runtime: RuntimeSettings) -> None:
+    """SQLite is one broker's file: replicas each on their own would each keep their own
+    approvals (one proposes, another never sees it), and a broker Pod's data dir goes with the
+    Pod. Refused at start rather than found out when an approval goes missing (issue 38). A
+    broker Pod is the Kubernetes runtime on the in-cluster config (no DOCBROKER_KUBECONFIG); one
+    on a host with a kubeconfig keeps its file like any host broker."""
+    if database.url is not None:
+        return
+    if replicas > 1:
+        raise SettingsError(
+            f"{PREFIX}REPLICAS above 1 needs {PREFIX}DATABASE_URL (PostgreSQL): "
+            "with SQLite each replica would keep approvals of its own"
+        )
+    if runtime.kind == "kubernetes" and runtime.kubernetes.kubeconfig is None:
+        raise SettingsError(
+            f"{PREFIX}RUNTIME=kubernetes in a Pod needs {PREFIX}DATABASE_URL (PostgreSQL): "
+            "SQLite in the Pod's data dir is lost with the Pod and not shared with other replicas"
+        )
+
+
 def _verified_or_local(params: Mapping[str, object], libpq_env: Mapping[str, str]) -> bool:
     """Whether libpq will reach the server only over a unix socket, or over TLS that checks
     both the certificate chain and the host name (`verify-full`; `require` and `verify-ca`
@@ -479,6 +499,9 @@ class Settings:
         own_origin = origin_of(public_url)
         if own_origin is None:
             raise SettingsError(f"{PREFIX}PUBLIC_URL must be an http(s) URL")
+        replicas = r.integer("REPLICAS", 1, low=1, high=1000)
+        database = _database_settings(r)
+        _one_approvals_store(database, replicas=replicas, runtime=runtime)
         return cls(
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
@@ -533,9 +556,9 @@ class Settings:
                 trusted_proxies=r.networks("TRUSTED_PROXIES"),
             ),
             allowed_origins=r.origins("ALLOWED_ORIGINS", own_origin),
-            replicas=r.integer("REPLICAS", 1, low=1, high=1000),
+            replicas=replicas,
             ops_token_file=r.path("OPS_TOKEN_FILE"),
-            database=_database_settings(r),
+            database=database,
             oidc=_oidc_settings(r, public_url),
             webhook=_webhook_settings(r),
         )

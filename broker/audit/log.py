@@ -34,7 +34,7 @@ import errno
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any
 
@@ -65,7 +65,18 @@ class AuditStats:
     checkpoints: int = 0
     gaps: int = 0
     rotations: int = 0
-    copy_failures: int = 0  # witness file or stdout lines that could not be written (the log has them)
+    # Copies that could not be written (the log has the lines): a failing witness means the
+    # checkpoints stop reaching the place that can catch a cut-back log.
+    witness_failures: int = 0
+    stdout_failures: int = 0
+
+    @property
+    def copy_failures(self) -> int:
+        return self.witness_failures + self.stdout_failures
+
+    def totals(self) -> dict[str, int]:
+        """Every counter by its field name: what /metrics exports (broker/metrics.py)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class _ChainedWriter:
@@ -236,7 +247,8 @@ class AuditLog:
                 checkpoints=self._checkpoints,
                 gaps=self._gaps,
                 rotations=self._rotations,
-                copy_failures=sum(c.failures for c in (self._evidence.witness, self._evidence.stdout) if c),
+                witness_failures=self._evidence.witness.failures if self._evidence.witness else 0,
+                stdout_failures=self._evidence.stdout.failures if self._evidence.stdout else 0,
             )
 
     async def close(self) -> None:

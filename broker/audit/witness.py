@@ -2,7 +2,8 @@
 operator to ship off the host) and stdout (every line, for a log collector).
 
 A copy is best effort: the log file is the record and fails closed; a copy that cannot be
-written is counted (`AuditStats.copy_failures`) and logged, and requests go on.
+written is counted (`AuditStats.witness_failures`, `stdout_failures`; on /metrics) and logged,
+and requests go on.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ errors, `--json`, tables — is in `base.py`.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Iterator
@@ -45,12 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="docbroker", description="Multi-tenant MCP broker for document tools", epilog=EPILOG
     )
+    parser.add_argument("--version", action="version", version=f"docbroker {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.register(sub)
     for command in commands(parser):
         command.set_defaults(prog=command.prog)  # names the command in its error lines
     return parser
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, as the wheel recorded it)."""
+    try:
+        return importlib.metadata.version("docbroker")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, never installed
+        return "(not installed)"
 
 
 def commands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

@@ -1,4 +1,4 @@
-"""`docbroker audit ...`: verify, prove, verify-proof, key, query, export.
+"""`docbroker audit ...`: verify, prove, verify-proof, key, keygen, query, export.
 
 One `_add_*` function per subcommand, each adding its parser and setting `func`; `register`
 adds them all. Heavy imports stay inside the command functions (start-up time of the CLI).
@@ -9,9 +9,9 @@ The commands' own modules (broker/audit/) keep their documented exit codes: 0 in
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from broker.cli.base import CliError, Subparsers, load_settings
 
@@ -91,30 +91,69 @@ def _add_audit_verify_proof(audit: AuditCommands) -> None:
     check.set_defaults(func=cmd_audit_verify_proof)
 
 
-def cmd_audit_key(args: argparse.Namespace) -> int:
-    from broker.audit.checkpoint import KeyFileError, create_signing_key, load_signing_key, public_pem
-
+def _key_file() -> Path:
     key_file = load_settings().audit.key_file
     assert key_file is not None  # from_env always names one
-    if create_signing_key(key_file):
-        logging.getLogger("docbroker").warning("created a new audit signing key")
+    return key_file
+
+
+def _print_public(key_file: Path, fmt: str) -> int:
+    """The key's public half, for `verify --key`: PEM, or its id and the raw key in hex."""
+    from broker.audit.checkpoint import KeyFileError, load_signing_key, public_hex, public_pem
+
     try:
         signer = load_signing_key(key_file)
     except KeyFileError as exc:
         raise CliError(str(exc)) from None
     public = signer.private.public_key()
-    sys.stdout.write(public_pem(public) if args.format == "pem" else signer.key_id + "\n")
-    if args.format == "hex":
-        from broker.audit.checkpoint import public_hex
-
-        sys.stdout.write(public_hex(public) + "\n")
+    if fmt == "pem":
+        sys.stdout.write(public_pem(public))
+    else:
+        sys.stdout.write(f"{signer.key_id}\n{public_hex(public)}\n")
     return 0
 
 
+def cmd_audit_key(args: argparse.Namespace) -> int:
+    """Reads the key, never makes one: a backup or a rotation that ran it against a wrong path
+    would hand the auditors a public key that signs nothing (issue 38)."""
+    key_file = _key_file()
+    if not key_file.exists() and not key_file.is_symlink():
+        raise CliError(
+            "no audit signing key at DOCBROKER_AUDIT_KEY_FILE: the broker makes one at its first start, "
+            "or `docbroker audit keygen`"
+        )
+    return _print_public(key_file, args.format)
+
+
+def cmd_audit_keygen(args: argparse.Namespace) -> int:
+    """A new key, before the first start (to hand its public half over first); never over one."""
+    from broker.audit.checkpoint import create_signing_key
+
+    key_file = _key_file()
+    if not create_signing_key(key_file):
+        raise CliError(
+            "an audit signing key is already at DOCBROKER_AUDIT_KEY_FILE: keygen never replaces one"
+        )
+    return _print_public(key_file, args.format)
+
+
+def _format_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=["pem", "hex"], default="pem", help="hex: key id, then the raw key"
+    )
+
+
 def _add_audit_key(audit: AuditCommands) -> None:
-    key = audit.add_parser("key", help="print this replica's public audit key (for `verify --key`)")
-    key.add_argument("--format", choices=["pem", "hex"], default="pem", help="hex: key id, then the raw key")
+    key = audit.add_parser(
+        "key", help="print this replica's public audit key (for `verify --key`); exit 1 when there is none"
+    )
+    _format_flag(key)
     key.set_defaults(func=cmd_audit_key)
+    keygen = audit.add_parser(
+        "keygen", help="make this replica's audit signing key (never over one) and print its public key"
+    )
+    _format_flag(keygen)
+    keygen.set_defaults(func=cmd_audit_keygen)
 
 
 # `audit query` and `audit export`: the same filters over the same streaming scan (broker/audit/query.py).

@@ -253,8 +253,8 @@ SETTINGS: dict[str, str] = {
     "AUDIT_FSYNC_INTERVAL": "seconds between forced writes with `interval` (0.01-10)",
     "AUDIT_KEY_FILE": (
         "the replica's Ed25519 key for signing checkpoints (not the master key); created, mode 0600, on "
-        "first start; `docbroker audit key` prints its public key; `audit-signing-<id>.key` with a "
-        "replica id"
+        "first start or by `docbroker audit keygen`; `docbroker audit key` prints its public key (and "
+        "fails when there is none); `audit-signing-<id>.key` with a replica id"
     ),
     "AUDIT_WITNESS_FILE": (
         "a copy of every checkpoint and gap record, to ship off the host; `audit-witness-<id>.jsonl` "
@@ -274,7 +274,8 @@ SETTINGS: dict[str, str] = {
     ),
     "REPLICAS": (
         "how many replicas serve the deployment (1-1000): each enforces ceil(limit / N) of every tenant's"
-        " rate, burst and `max_concurrent` (see Replicas)"
+        " rate, burst and `max_concurrent` (see Replicas); above 1 it needs `DOCBROKER_DATABASE_URL` (the"
+        " broker refuses to start on SQLite)"
     ),
     "MAX_BODY_BYTES": "request body cap",
     "MAX_RESPONSE_BYTES": (
@@ -321,7 +322,9 @@ SETTINGS: dict[str, str] = {
     "DATABASE_URL": (
         "a `postgresql://` URL: approvals in PostgreSQL, shared by replicas (see below). Over the network"
         " it must say `sslmode=verify-full` (a unix socket needs nothing); else the broker refuses to "
-        "start. It may hold a password: it is never logged, audited or printed"
+        "start. It may hold a password: it is never logged, audited or printed. Required with "
+        "`DOCBROKER_REPLICAS` above 1 and for a broker Pod (the Kubernetes runtime without "
+        "`DOCBROKER_KUBECONFIG`): without it the broker refuses to start"
     ),
     "DATABASE_POOL_MIN": "connections each broker keeps to PostgreSQL, at least",
     "DATABASE_POOL_MAX": "connections each broker keeps to PostgreSQL, at most",
@@ -413,9 +416,14 @@ def settings_table() -> list[str]:
     rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
     for read in sorted(reads, key=lambda r: r.name):
         shown = f"`{_FOLDERS[read.name]}`" if read.name in _FOLDERS else _default(read.default)
-        meaning = SETTINGS[read.name.removeprefix("DOCBROKER_")]
+        meaning = _from_docs(SETTINGS[read.name.removeprefix("DOCBROKER_")])
         rows.append(f"| `{read.name}` | {_cell(_type(read))} | {_cell(shown)} | {_cell(meaning)} |")
     return rows
+
+
+def _from_docs(meaning: str) -> str:
+    """The meanings link from the repository's root (`docs/policy.md`); the table is in docs/."""
+    return meaning.replace("](docs/", "](")
 
 
 # The two folders are set for the generator itself; their real defaults, relative to the

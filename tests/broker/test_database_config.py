@@ -74,3 +74,41 @@ def test_the_broker_refuses_to_start_on_a_plain_tcp_database_in_one_line(tmp_pat
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "DOCBROKER_DATABASE_ALLOW_INSECURE_TRANSPORT" in lines[0]
     assert "s3cret" not in done.stderr and "example.com" not in done.stderr
+
+
+# SQLite is one broker's file (issue 38): replicas each with their own would each keep
+# their own approvals, and a broker Pod's data dir goes with the Pod.
+KUBE = {"DOCBROKER_RUNTIME": "kubernetes", "DOCBROKER_KUBE_SERVER_IMAGE": "s@sha256:" + "a" * 64,
+        "DOCBROKER_KUBE_KEEPER_IMAGE": "k@sha256:" + "b" * 64}  # fmt: skip
+SOCKET_DB = {"DOCBROKER_DATABASE_URL": "postgresql://docbroker@/docbroker"}
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"DOCBROKER_REPLICAS": "2"}, "DOCBROKER_REPLICAS"),
+        (KUBE, "DOCBROKER_RUNTIME"),
+        (KUBE | {"DOCBROKER_REPLICAS": "3"}, "DOCBROKER_REPLICAS"),
+    ],
+)
+def test_sqlite_is_refused_with_replicas_or_in_a_broker_pod(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match="DOCBROKER_DATABASE_URL") as err:
+        Settings.from_env(BASE | env)
+    assert named in str(err.value)
+    assert Settings.from_env(BASE | env | SOCKET_DB).database.url is not None  # PostgreSQL: fine
+
+
+def test_sqlite_stays_for_one_broker_and_for_a_host_broker_on_a_kubeconfig() -> None:
+    assert Settings.from_env(BASE).replicas == 1
+    # A broker process on a host with a kubeconfig (development, the lab's host broker) keeps
+    # its data dir across restarts like any host broker.
+    on_host = Settings.from_env(BASE | KUBE | {"DOCBROKER_KUBECONFIG": "/etc/docbroker/kubeconfig"})
+    assert on_host.runtime.kind == "kubernetes" and on_host.database.url is None
+
+
+def test_the_broker_refuses_sqlite_with_two_replicas_in_one_line(tmp_path: Path) -> None:
+    done = serve_once(make_broker(tmp_path, env={"DOCBROKER_REPLICAS": "2"}))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "DOCBROKER_REPLICAS" in lines[0] and "DOCBROKER_DATABASE_URL" in lines[0]

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,10 +166,11 @@ def test_replica_id_names_the_audit_files_only_when_given(tmp_path: Path) -> Non
             Settings.from_env(base | {"DOCBROKER_REPLICA_ID": bad})
         assert bad not in str(err.value)
     assert Settings.from_env(base).replicas == 1
-    assert Settings.from_env(base | {"DOCBROKER_REPLICAS": "3"}).replicas == 3
+    shared = {"DOCBROKER_DATABASE_URL": "postgresql://docbroker@/docbroker"}  # replicas need one
+    assert Settings.from_env(base | shared | {"DOCBROKER_REPLICAS": "3"}).replicas == 3
     for bad in ("0", "two", "-1"):
         with pytest.raises(SettingsError, match="DOCBROKER_REPLICAS") as err:
-            Settings.from_env(base | {"DOCBROKER_REPLICAS": bad})
+            Settings.from_env(base | shared | {"DOCBROKER_REPLICAS": bad})
 
 
 def test_a_replica_killed_and_restarted_under_load_fails_no_request(tmp_path: Path) -> None:
@@ -251,9 +253,23 @@ def admitted(lb: RoundRobin, token: str, count: int) -> int:
     return statuses.count(200)
 
 
-def test_a_tenants_limit_holds_across_two_replicas_within_the_stated_bound(tmp_path: Path) -> None:
+@pytest.fixture
+def shared_database() -> Iterator[str]:
+    """DOCBROKER_REPLICAS above 1 runs on a shared database only (SQLite is refused, issue 38)."""
+    with fresh_schema() as url:
+        yield url
+
+
+def test_a_tenants_limit_holds_across_two_replicas_within_the_stated_bound(
+    tmp_path: Path, shared_database: str
+) -> None:
     replicas = make_replicas(
-        tmp_path, 2, env={"DOCBROKER_REPLICAS": "2"}, tenants=("metered", "pinned"), limits=METERED
+        tmp_path,
+        2,
+        env={"DOCBROKER_REPLICAS": "2"},
+        tenants=("metered", "pinned"),
+        limits=METERED,
+        database_url=shared_database,
     )
     a = replicas[0]
     with replicas:
@@ -280,12 +296,19 @@ def test_a_tenants_limit_holds_across_two_replicas_within_the_stated_bound(tmp_p
     assert len(limited) == (16 - got) + (8 - got_pinned)
 
 
-def test_a_tenants_concurrency_cap_is_shared_out_across_two_replicas(tmp_path: Path) -> None:
+def test_a_tenants_concurrency_cap_is_shared_out_across_two_replicas(
+    tmp_path: Path, shared_database: str
+) -> None:
     # max_concurrent = 2 over 2 replicas: one request in flight on each, two in all. (A data dir
     # each: a sandbox of its own, so this does not depend on the sandboxes replicas share.)
     limits = "[limits]\nrate_per_minute = 100000\nburst = 10000\nmax_concurrent = 2\n"
     replicas = make_replicas(
-        tmp_path, 2, env={"DOCBROKER_REPLICAS": "2"}, limits=limits, share_data_dir=False
+        tmp_path,
+        2,
+        env={"DOCBROKER_REPLICAS": "2"},
+        limits=limits,
+        share_data_dir=False,
+        database_url=shared_database,
     )
     listing = {"jsonrpc": "2.0", "id": 5, "method": "tools/list"}
     with replicas, contextlib.ExitStack() as stack:

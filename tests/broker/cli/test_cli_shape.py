@@ -109,3 +109,13 @@ def test_an_unexpected_failure_is_one_line_naming_its_kind_never_a_traceback(tmp
     }
     line = one_line_error(cli(env, "tenant", "add", "acme"), 1)
     assert line.startswith("docbroker tenant add: failed unexpectedly (") and str(planted) not in line
+
+
+def test_version_prints_the_package_version() -> None:
+    # Issue 38: an operator upgrading (or filing a bug) needs to know which broker runs.
+    import tomllib
+
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    result = cli({"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"docbroker {expected}\n"

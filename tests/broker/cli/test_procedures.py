@@ -111,8 +111,10 @@ def test_rotating_the_audit_key_the_ops_token_and_the_master_key(
     old_secret = (broker.data_dir / "secrets" / "acme.key").read_text()
     broker.stop()
 
-    # The audit signing key: moved away, a new one is made at start.
+    # The audit signing key: moved away, a new one made (`audit keygen`, its public key printed).
     (broker.data_dir / "audit-signing.key").rename(tmp_path / "retired-audit-signing.key")
+    made = cli(broker.env, "audit", "keygen")
+    assert made.returncode == 0, made.stderr
     # The ops token: a second line while rotating.
     ops_file = Path(broker.env["DOCBROKER_OPS_TOKEN_FILE"])
     old_ops, new_ops = broker.ops_token, secrets.token_urlsafe(32)
@@ -129,7 +131,7 @@ def test_rotating_the_audit_key_the_ops_token_and_the_master_key(
             == 200
         )
     new_pub = _public_key(broker, tmp_path / "new.pub")
-    assert new_pub.read_text() != old_pub.read_text()
+    assert new_pub.read_text() == made.stdout != old_pub.read_text()  # the key it signs with
     broker.stop()
 
     ops_file.write_text(f"{new_ops}\n")
