@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The official MCP conformance runner (npm @modelcontextprotocol/conformance) and the Node 22
+# it needs (npm's `node` package ships the binary), installed from .ci/conformance/'s lock
+# (every package pinned, integrity-checked by `npm ci`) into a cache outside the checkout, so
+# a clean clone finds it and re-running skips it. tests/conformance/ runs it.
+#
+#   bash .ci/conformance.sh    → /var/cache/docbroker/conformance-$VERSION/node_modules
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+VERSION=0.1.16
+NODE_VERSION=22.23.3
+CACHE=/var/cache/docbroker/conformance-$VERSION
+step() { printf '\033[1m--> %s\033[0m\n' "$*" >&2; }
+
+if [ ! -x /usr/bin/npm ]; then
+  step "installing nodejs and npm (to install the conformance runner)"
+  apt-get update -q && apt-get install -y -q nodejs npm
+fi
+# Installed means: this lock's packages, and a Node 22 that runs (its binary is fetched by the
+# `node` package's install script, so a half-finished install has the lock but no binary).
+if cmp -s "$HERE/conformance/package-lock.json" "$CACHE/package-lock.json" \
+  && [ "$("$CACHE/node_modules/.bin/node" --version 2>/dev/null)" = "v$NODE_VERSION" ] \
+  && [ -f "$CACHE/node_modules/@modelcontextprotocol/conformance/package.json" ]; then
+  step "conformance $VERSION (Node $NODE_VERSION) already in $CACHE"
+  exit 0
+fi
+step "installing conformance $VERSION and Node $NODE_VERSION into $CACHE"
+rm -rf "$CACHE"
+mkdir -p "$CACHE"
+cp "$HERE/conformance/package.json" "$HERE/conformance/package-lock.json" "$CACHE/"
+/usr/bin/npm ci --prefix "$CACHE" --no-audit --no-fund --loglevel=error
+step "conformance $VERSION ready ($("$CACHE/node_modules/.bin/node" --version))"
