@@ -15,10 +15,9 @@ if absent" do), so a page that sent an empty one would be refused, not rescued.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, Self
+from typing import Self
 
-from tests.broker.loop_thread import LoopThread
+from tests.broker.loop_thread import LoopThread, first
 
 _MAX_HEAD = 256 * 1024
 
@@ -76,7 +75,7 @@ class ForwardingProxy(LoopThread):
             self.forwarded += 1
             try:
                 # The client sends nothing after its request: a read that ends is its hang-up.
-                await _first(_copy(up_reader, writer), reader.read(1))
+                await first(_copy(up_reader, writer), reader.read(1))
             finally:
                 up_writer.close()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -90,14 +89,3 @@ async def _copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
     while chunk := await source.read(64 * 1024):
         sink.write(chunk)
         await sink.drain()
-
-
-async def _first(*steps: Coroutine[Any, Any, object]) -> None:
-    """Run `steps` until one ends; cancel the others."""
-    tasks = [asyncio.ensure_future(step) for step in steps]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
