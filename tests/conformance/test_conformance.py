@@ -134,3 +134,5 @@ def test_the_broker_passes(front: Front, broker_runs: dict[str, runner.Run], sce
         # and audited; no other scenario sends an Origin.
         refused = [e for e in front.broker.audit_events() if e.get("reason") == "origin_not_allowed"]
         assert [(e["outcome"], e["status"]) for e in refused] == [("denied", 403)]
+        broker = front.broker
+        assert "evil.example.com" not in broker.audit_file.read_text() + broker.logs()
