@@ -10,15 +10,17 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-VERSION=0.1.16
-NODE_VERSION=22.23.3
-CACHE=/var/cache/docbroker/conformance-$VERSION
 step() { printf '\033[1m--> %s\033[0m\n' "$*" >&2; }
 
-if [ ! -x /usr/bin/npm ]; then
+if [ ! -x /usr/bin/node ] || [ ! -x /usr/bin/npm ]; then
   step "installing nodejs and npm (to install the conformance runner)"
   apt-get update -q && apt-get install -y -q nodejs npm
 fi
+# The pins are .ci/conformance/package.json's (tests/conformance/runner.py reads them too).
+pin() { /usr/bin/node -p "require('$HERE/conformance/package.json').dependencies['$1']"; }
+VERSION=$(pin @modelcontextprotocol/conformance)
+NODE_VERSION=$(pin node)
+CACHE=/var/cache/docbroker/conformance-$VERSION
 # Installed means: this lock's packages, and a Node 22 that runs (its binary is fetched by the
 # `node` package's install script, so a half-finished install has the lock but no binary).
 if cmp -s "$HERE/conformance/package-lock.json" "$CACHE/package-lock.json" \
