@@ -4,7 +4,8 @@
 It listens on `host`, connects to the upstream *from* `host` (so the broker sees every client
 at the proxy's address, as behind an ingress), and appends its peer's address to whatever
 `X-Forwarded-For` the client sent. One request per client connection, answered verbatim
-(`Connection: close` both ways): enough for JSON requests and answers, and for a browser.
+(`Connection: close` both ways) as the upstream writes it, so an event stream flows; a client
+that hangs up ends its upstream connection too (as a proxy drops a stream nobody reads).
 
 With `authorization`, it is also an authenticating proxy: it sets that `Authorization` on a
 request that comes without one and keeps the one a client sent (as proxies that "set the header
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Self
 
-from tests.broker.loop_thread import LoopThread
+from tests.broker.loop_thread import LoopThread, first
 
 _MAX_HEAD = 256 * 1024
 
@@ -71,12 +72,20 @@ class ForwardingProxy(LoopThread):
             body = await reader.readexactly(length)
             up_reader, up_writer = await asyncio.open_connection(*self.upstream, local_addr=(self.host, 0))
             up_writer.write(b"\r\n".join([request_line, *kept]) + b"\r\n\r\n" + body)
-            answer = await up_reader.read()  # to the upstream's close
-            up_writer.close()
             self.forwarded += 1
-            writer.write(answer)
-            await writer.drain()
+            try:
+                # The client sends nothing after its request: a read that ends is its hang-up.
+                await first(_copy(up_reader, writer), reader.read(1))
+            finally:
+                up_writer.close()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+
+async def _copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """The upstream's answer to the client, chunk by chunk, to the upstream's close."""
+    while chunk := await source.read(64 * 1024):
+        sink.write(chunk)
+        await sink.drain()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Coroutine
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 
 class LoopThread:
@@ -39,3 +40,14 @@ class LoopThread:
         assert self._server is not None
         self._server.close()
         await self._server.wait_closed()
+
+
+async def first(*steps: Coroutine[Any, Any, object]) -> None:
+    """Run `steps` (a proxy's directions of one connection) until one ends; cancel the others."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

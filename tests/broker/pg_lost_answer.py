@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from tests.broker.loop_thread import LoopThread
+from tests.broker.loop_thread import LoopThread, first
 
 _SOCKET = ".s.PGSQL.5432"
 _READY_FOR_QUERY = b"Z"
@@ -94,12 +94,8 @@ class LostAnswerProxy(LoopThread):
                         return
                 await client_w.drain()
 
-        tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await first(up(), down())
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             for writer in (client_w, server_w):
                 writer.close()
