@@ -15,7 +15,6 @@ and `policy explain` refuse it alike, naming it.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from broker.settings import (
 )
 from broker.testing import ROOT, Broker, make_broker
 from tests.broker.cli.cli_helpers import cli, json_out, token_file
-from tests.broker.pgtest import fresh_schema
+from tests.broker.policy.policy_support import broker_on, set_in_force
 from tests.broker.support import APPROVER_SCOPE, WRITE_SCOPE, call_modern, open_http, rpc_reply
 
 # Refuses saves over 5000 bytes; past 9223 bytes the product overflows: Cedar's evaluation of
@@ -53,30 +52,14 @@ TABLE = (
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    database = fresh_schema() if request.param == "postgres" else contextlib.nullcontext(None)
-    with database as url:
-        env = {"DOCBROKER_INSTANCE": "alike", "DOCBROKER_KUBE_NAMESPACE": "alike-tenants"}
-        if url is not None:
-            env["DOCBROKER_DATABASE_URL"] = url
-        b = make_broker(tmp_path_factory.mktemp(f"alike-{request.param}"), env=env)
-        (Path(b.env["DOCBROKER_POLICIES_DIR"]) / "big-saves.cedar").write_text(BIG_SAVES)
-        if url is not None:
-            assert cli(b.env, "db", "upgrade").returncode == 0
-        b.start()
-        try:
-            yield b
-        finally:
-            b.stop()
-
-
-def serves_set(broker: Broker) -> str:
-    with open_http(broker) as http:
-        state: str = http.get("/readyz", headers=broker.ops_headers).json()["checks"]["policy"]["set"]
-    return state
+    env = {"DOCBROKER_INSTANCE": "alike", "DOCBROKER_KUBE_NAMESPACE": "alike-tenants"}
+    tmp = tmp_path_factory.mktemp(f"alike-{request.param}")
+    with broker_on(tmp, request.param, {"big-saves.cedar": BIG_SAVES}, env) as b:
+        yield b
 
 
 def test_the_policy_commands_check_the_set_serve_loads(broker: Broker, tmp_path: Path) -> None:
-    in_force = serves_set(broker)
+    in_force = set_in_force(broker)
     validated = cli(broker.env, "policy", "validate")
     assert validated.returncode == 0 and validated.stdout.endswith(f", set {in_force}\n"), validated.stdout
     shipped = cli({**broker.env, "DOCBROKER_POLICIES_DIR": str(ROOT / "policies")}, "policy", "validate")
@@ -102,7 +85,7 @@ def test_serve_and_policy_explain_refuse_a_policy_that_fails_to_evaluate_alike(b
         denied = [
             e for e in broker.audit_events() if e["event"] == "policy.denied" and e.get("subject") == "rita"
         ]
-        assert denied[-1]["policy_ids"] == ["ops.big_saves"] and denied[-1]["policy_hash"] == serves_set(
+        assert denied[-1]["policy_ids"] == ["ops.big_saves"] and denied[-1]["policy_hash"] == set_in_force(
             broker
         )
         explained = json_out(

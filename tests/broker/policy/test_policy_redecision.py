@@ -6,16 +6,14 @@ by that needs the count the set in force asks for, whoever completes it."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker.testing import ROOT, Broker, make_broker
-from tests.broker.cli.cli_helpers import cli
-from tests.broker.pgtest import fresh_schema
+from broker.testing import ROOT, Broker
+from tests.broker.policy.policy_support import broker_on, set_in_force
 from tests.broker.support import (
     APPROVER_SCOPE,
     WRITE_SCOPE,
@@ -32,27 +30,10 @@ BIG = "b" * 5000  # over 4 kB: the example asks two approvers
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    database = fresh_schema() if request.param == "postgres" else contextlib.nullcontext(None)
-    with database as url:
-        env = {"DOCBROKER_POLICY_RELOAD": "0.2"}
-        if url is not None:
-            env["DOCBROKER_DATABASE_URL"] = url
-        b = make_broker(tmp_path_factory.mktemp(f"redecision-{request.param}"), env=env)
-        if url is not None:
-            upgraded = cli(b.env, "db", "upgrade")
-            assert upgraded.returncode == 0, upgraded.stderr
-        shutil.copy(TWO_APPROVERS, Path(b.env["DOCBROKER_POLICIES_DIR"]) / TWO_APPROVERS.name)
-        b.start()
-        try:
-            yield b
-        finally:
-            b.stop()
-
-
-def set_in_force(broker: Broker) -> str:
-    with open_http(broker) as http:
-        state: str = http.get("/readyz", headers=broker.ops_headers).json()["checks"]["policy"]["set"]
-    return state
+    tmp = tmp_path_factory.mktemp(f"redecision-{request.param}")
+    files = {TWO_APPROVERS.name: TWO_APPROVERS.read_text()}
+    with broker_on(tmp, request.param, files, {"DOCBROKER_POLICY_RELOAD": "0.2"}) as b:
+        yield b
 
 
 @contextlib.contextmanager
