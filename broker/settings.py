@@ -4,7 +4,10 @@ Every value is validated when the object is built and every default is named her
 misconfigured broker refuses to start with a message that names the variable. Nothing reads
 the environment after this module has run; the object is passed down explicitly. Commands
 that need only a part (`docbroker db`, `image build`, `tenant manifest`) read that part here
-too (`*_from_env` below), so an operator's shell needs no DOCBROKER_AUTH_* to run them.
+too (`*_from_env` below), so an operator's shell needs no DOCBROKER_AUTH_* to run them; each
+reads its part with the very function `Settings.from_env` reads it with (`_data_dir`,
+`_policies_dir`, `_public_url`, ...), so a command and `serve` given one environment read one
+value (tests/broker/cli/test_settings_alike.py runs both).
 """
 
 from __future__ import annotations
@@ -442,7 +445,7 @@ class Settings:
         start_timeout = r.number("START_TIMEOUT", 20.0, low=1, high=600)
         docker = DockerSettings(
             base_url=r.optional("DOCKER_HOST"),
-            image=r.text("DOCKER_IMAGE", "docbroker-server:latest"),
+            image=_docker_image(r),
             require_rootless=r.flag("DOCKER_REQUIRE_ROOTLESS", False),
             memory_bytes=r.integer("DOCKER_MEMORY_MB", 128, low=32, high=65_536) * 1024 * 1024,
             nano_cpus=int(r.number("DOCKER_CPUS", 1.0, low=0.05, high=64) * 1e9),
@@ -454,16 +457,14 @@ class Settings:
             api_timeout_seconds=min(r.number("DOCKER_API_TIMEOUT", 10.0, low=1, high=120), start_timeout),
             # Beside the tenant policies unless named: one folder holds every policy file.
             seccomp_profile=Path(
-                r.text(
-                    "DOCKER_SECCOMP_PROFILE", str(Path(r.text("POLICIES_DIR", "policies")) / "seccomp.json")
-                )
+                r.text("DOCKER_SECCOMP_PROFILE", str(_policies_dir(r) / "seccomp.json"))
             ).absolute(),
         )
         kind = r.choice("RUNTIME", "docker", ("docker", "kubernetes", "local"))
         kubernetes = _kubernetes_settings(r, by_digest=kind == "kubernetes")
         runtime = RuntimeSettings(
             kind=kind,
-            instance=r.text("INSTANCE", "default"),
+            instance=_instance(r),
             allow_insecure_local=r.flag("ALLOW_INSECURE_LOCAL_RUNTIME", False),
             local_command=tuple(shlex.split(r.text("LOCAL_SERVER_COMMAND", ""))) or None,
             max_sandboxes=r.integer("MAX_SANDBOXES", 100, low=1, high=10_000),
@@ -485,8 +486,6 @@ class Settings:
             raise SettingsError(
                 f"{PREFIX}MAX_HEAD_BYTES must exceed {PREFIX}AUTH_MAX_HEADER_BYTES by at least 4096"
             )
-        if not INSTANCE_RE.fullmatch(runtime.instance):
-            raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
         if runtime.kind == "local" and not runtime.allow_insecure_local:
             raise SettingsError(
                 f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
@@ -495,16 +494,15 @@ class Settings:
         replica = r.optional("REPLICA_ID")
         # Replicas sharing a data dir: each its own chain, key and witness, named by its id.
         own = f"-{replica}" if replica else ""
-        public_url = r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/")
+        public_url = _public_url(r)
         own_origin = origin_of(public_url)
-        if own_origin is None:
-            raise SettingsError(f"{PREFIX}PUBLIC_URL must be an http(s) URL")
+        assert own_origin is not None  # _public_url refuses a URL without one
         replicas = r.integer("REPLICAS", 1, low=1, high=1000)
         database = _database_settings(r)
         _one_approvals_store(database, replicas=replicas, runtime=runtime)
         return cls(
             data_dir=data_dir,
-            policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
+            policies_dir=_policies_dir(r),
             policy_reload_seconds=r.number("POLICY_RELOAD", 2.0, low=0, high=3600),
             tracing=r.flag("TRACING", False),
             supply=_image_supply(r, data_dir),
@@ -588,9 +586,7 @@ def kubernetes_from_env(
     (`docbroker tenant manifest`): an operator's shell has no DOCBROKER_AUTH_* to set.
     `by_digest` False: for a command that makes no Pod (the manifest: volumes and a Secret)."""
     r = _Reader(env)
-    instance = r.text("INSTANCE", "default")
-    if not INSTANCE_RE.fullmatch(instance):
-        raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
+    instance = _instance(r)
     return _kubernetes_settings(r, by_digest=by_digest), instance
 
 
@@ -609,13 +605,13 @@ def master_key_file_from_env(env: Mapping[str, str] = os.environ) -> Path:
 def public_url_from_env(env: Mapping[str, str] = os.environ) -> str:
     """DOCBROKER_PUBLIC_URL, or `http://HOST:PORT`, as the broker derives it: where the client
     commands (`docbroker approvals`, `client-config`) reach a broker."""
-    r = _Reader(env)
-    host = r.text("HOST", "127.0.0.1")
-    port = r.integer("PORT", 8080, low=1, high=65535)
-    url = r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/")
-    if origin_of(url) is None:
-        raise SettingsError(f"{PREFIX}PUBLIC_URL must be an http(s) URL")
-    return url
+    return _public_url(_Reader(env))
+
+
+def policies_dir_from_env(env: Mapping[str, str] = os.environ) -> Path:
+    """DOCBROKER_POLICIES_DIR, or its default: the folder `serve` loads, which `docbroker
+    policy validate|test|explain` check (an operator validates the set their broker runs)."""
+    return _policies_dir(_Reader(env))
 
 
 def docker_host_from_env(env: Mapping[str, str] = os.environ) -> str | None:
@@ -625,7 +621,7 @@ def docker_host_from_env(env: Mapping[str, str] = os.environ) -> str | None:
 
 def docker_image_from_env(env: Mapping[str, str] = os.environ) -> str:
     """DOCBROKER_DOCKER_IMAGE alone: the image `docbroker image verify` checks by default."""
-    return _Reader(env).text("DOCKER_IMAGE", "docbroker-server:latest")
+    return _docker_image(_Reader(env))
 
 
 def image_supply_from_env(env: Mapping[str, str] = os.environ) -> ImageSupplySettings:
@@ -643,6 +639,30 @@ def _image_supply(r: _Reader, data_dir: Path) -> ImageSupplySettings:
 
 def _data_dir(r: _Reader) -> Path:
     return Path(r.text("DATA_DIR", "var")).absolute()
+
+
+def _policies_dir(r: _Reader) -> Path:
+    return Path(r.text("POLICIES_DIR", "policies")).absolute()
+
+
+def _public_url(r: _Reader) -> str:
+    host = r.text("HOST", "127.0.0.1")
+    port = r.integer("PORT", 8080, low=1, high=65535)
+    url = r.text("PUBLIC_URL", f"http://{host}:{port}").rstrip("/")
+    if origin_of(url) is None:
+        raise SettingsError(f"{PREFIX}PUBLIC_URL must be an http(s) URL")
+    return url
+
+
+def _instance(r: _Reader) -> str:
+    instance = r.text("INSTANCE", "default")
+    if not INSTANCE_RE.fullmatch(instance):
+        raise SettingsError(f"{PREFIX}INSTANCE must be 1-32 of a-z 0-9 - (a DNS label's characters)")
+    return instance
+
+
+def _docker_image(r: _Reader) -> str:
+    return r.text("DOCKER_IMAGE", "docbroker-server:latest")
 
 
 def _master_key_file(r: _Reader, data_dir: Path) -> Path:

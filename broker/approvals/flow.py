@@ -355,17 +355,22 @@ class ApprovalFlow:
         return approved
 
     async def _decided_again(self, draft: Draft, taken: Approval) -> Answer | None:
-        """An approval granted under another policy set than the one in force is decided again
-        before its report is written: each yes, as its approver's `approve` decision now, and
-        the count the permits now ask for. Still granted: None (the write goes on). Not: the
-        consumption is undone, the record reopened with the yeses that still hold to collect
-        decisions again, and the save refused with the policies that decided (the forbids,
-        or the permits asking for more approvers)."""
-        if taken.policy_hash is None or taken.policy_hash == self._engine.hash:
-            return None  # granted under the set in force (or before approvals recorded one)
+        """An approval with a yes cast under another policy set than the one in force — any
+        yes, not only the one that completed the count (the record names only that one's
+        set) — is decided again before its report is written: each yes, as its approver's
+        `approve` decision now, and the count the permits now ask for. Still granted: None
+        (the write goes on). Not: the consumption is undone, the record reopened with the
+        yeses that still hold to collect decisions again, and the save refused with the
+        policies that decided (the forbids, or the permits asking for more approvers)."""
+        if taken.policy_hash is None:
+            return None  # answered in-band (under the set in force), or before votes were kept
+        votes = await self._store.votes(taken.id, draft.tenant)
+        in_force = self._engine.hash
+        if taken.policy_hash == in_force and all(vote.policy_hash == in_force for vote in votes):
+            return None
         kept: list[str] = []
         required, refusing, asking = 1, None, None
-        for vote in await self._store.votes(taken.id, draft.tenant):
+        for vote in votes:
             approver = Principal(
                 tenant=draft.tenant,
                 subject=vote.approver,

@@ -388,8 +388,8 @@ class PostgresApprovalStore:
                 now = self._clock()
                 current = approval_from_row(row).as_of(now) if row else None
                 refused = refusal(current, vote.approver, require_distinct)
-                if refused is not None:
-                    return refused
+                if refused is not None or current is None:
+                    return refused or DecisionError.NOT_FOUND
                 inserted = await conn.execute(
                     INSERT_VOTE.format(p="%s") + " ON CONFLICT DO NOTHING RETURNING approver",
                     vote_row(approval_id, vote, approve, now),
@@ -405,6 +405,8 @@ class PostgresApprovalStore:
                 totals = await counted.fetchone()
                 assert totals is not None
                 yes, required = totals
+                # The record's count stands too: a reopen set it, for the set in force (`reopen`).
+                required = max(required, current.required)
                 state = "denied" if not approve else "approved" if yes >= required else "pending"
                 updated = await conn.execute(
                     _returning(
@@ -451,6 +453,11 @@ class PostgresApprovalStore:
             await conn.execute(
                 "DELETE FROM approval_votes WHERE approval_id = %s AND approver <> ALL(%s)",
                 (approval_id, list(keep)),
+            )
+            # The kept votes were decided again: the count they now ask for is the reopen's,
+            # not the one they asked when cast (`decide` takes the most of the votes').
+            await conn.execute(
+                "UPDATE approval_votes SET required = %s WHERE approval_id = %s", (required, approval_id)
             )
         return True
 

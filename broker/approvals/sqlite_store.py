@@ -267,8 +267,8 @@ class SqliteApprovalStore:
         with self._transaction():
             current = self._get(approval_id, tenant)
             refused = refusal(current, vote.approver, require_distinct)
-            if refused is not None:
-                return refused
+            if refused is not None or current is None:
+                return refused or DecisionError.NOT_FOUND
             now = self._clock()
             try:
                 self._db.execute(INSERT_VOTE.format(p="?"), vote_row(approval_id, vote, approve, now))
@@ -279,6 +279,8 @@ class SqliteApprovalStore:
                 "WHERE approval_id = ? AND approve",
                 (approval_id,),
             ).fetchone()
+            # The record's count stands too: a reopen set it, for the set in force (`reopen`).
+            required = max(required, current.required)
             state = "denied" if not approve else "approved" if yes >= required else "pending"
             self._db.execute(
                 "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, approvals = ?, "
@@ -321,6 +323,11 @@ class SqliteApprovalStore:
             self._db.execute(
                 f"DELETE FROM approval_votes WHERE approval_id = ? AND approver NOT IN ({kept})",  # noqa: S608
                 (approval_id, *keep),
+            )
+            # The kept votes were decided again: the count they now ask for is the reopen's,
+            # not the one they asked when cast (`_decide` takes the most of the votes').
+            self._db.execute(
+                "UPDATE approval_votes SET required = ? WHERE approval_id = ?", (required, approval_id)
             )
         return True
 

@@ -73,6 +73,8 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _CALL_ONLY = frozenset({"protocol", "request_bytes", "document"})  # not in an approval's context
 _ACTION = f"{_NS}::Action"
 _COMPARISONS = frozenset({"<", "<=", ">", ">=", "==", "!="})
+# How Cedar reports a policy whose evaluation failed (its id is ours: the set is keyed by @id).
+_EVALUATION_ERROR = re.compile(r"error while evaluating policy `([^`]*)`")
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,16 @@ class Call:
 class Decision:
     allowed: bool
     # The determining policies: the permits that allowed, or the forbids that denied (empty
-    # when nothing permitted: Cedar's default deny).
+    # when nothing permitted: Cedar's default deny), or the policies whose evaluation failed.
     policy_ids: tuple[str, ...]
     policy_hash: str
     # `approve`: how many distinct approvers the report needs, the largest `@approvers("N")`
     # of the permits that allowed (1 when none says): the two-person rule (docs/policy.md).
     approvers: int = 1
+    # Refused because a policy's evaluation failed (an overflow, a bad extension value): Cedar
+    # skips such a policy and decides without it, so a forbid that errs would stop refusing.
+    # Any error refuses instead (fail closed), naming the policies that erred.
+    errored: bool = False
 
 
 class Decider(Protocol):
@@ -530,9 +536,10 @@ class PolicyEngine:
             whole = self._compiled_set(piece.policies).policies
             entities = self._entities_of(call.principal)
             result = cedarpy.is_authorized(self.request(call), whole, entities, self._schema)
-            if result.diagnostics.errors:
-                raise PolicyError(f"request does not conform ({_one_line(result.diagnostics.errors[0])})")
-            return self._decision(result.allowed, result.diagnostics.reasons)
+            misfit = [e for e in result.diagnostics.errors if not _EVALUATION_ERROR.match(e)]
+            if misfit:
+                raise PolicyError(f"request does not conform ({_one_line(misfit[0])})")
+            return self._decision(result)
         # The principal (its scopes) chooses the lean slice or the whole: it is in the key.
         lean = piece.scope is None or piece.scope in call.principal.scopes
         narrowed = self._for_caller(call, piece, lean)
@@ -546,13 +553,19 @@ class PolicyEngine:
         entities = self._entities_of(call.principal)
         request = self.request(call, _COMPACT.encode(context))
         result = cedarpy.is_authorized(request, narrowed.policies, entities)
-        found = self._decision(result.allowed, result.diagnostics.reasons)
+        # Remembered, a refusal by an error is as exact as any decision: the inputs an
+        # expression computes with (`context.x * 10`) are in the key by value, not by bucket.
+        found = self._decision(result)
         if len(self._decisions) >= DECISION_CACHE_SIZE:
             del self._decisions[next(iter(self._decisions))]  # the oldest: a bounded table
         self._decisions[key] = found
         return found
 
-    def _decision(self, allowed: bool, reasons: Iterable[str]) -> Decision:
-        ids = tuple(sorted(reasons))
-        approvers = max((self._approvers.get(pid, 1) for pid in ids), default=1) if allowed else 1
-        return Decision(allowed, ids, self.hash, approvers)
+    def _decision(self, result: cedarpy.AuthzResult) -> Decision:
+        errors = result.diagnostics.errors
+        if errors:  # fail closed: a policy Cedar could not evaluate might have refused
+            erred = {m.group(1) for m in map(_EVALUATION_ERROR.match, errors) if m}
+            return Decision(False, tuple(sorted(erred & self._policies.keys())), self.hash, errored=True)
+        ids = tuple(sorted(result.diagnostics.reasons))
+        approvers = max((self._approvers.get(pid, 1) for pid in ids), default=1) if result.allowed else 1
+        return Decision(result.allowed, ids, self.hash, approvers)

@@ -14,7 +14,7 @@ import pytest
 
 from broker.testing import ROOT, Broker, make_broker, structured
 from tests.broker.cli.cli_helpers import cli, json_out, one_line_error, token_file
-from tests.broker.policy.policy_support import broker_with, set_hash
+from tests.broker.policy.policy_support import broker_with, set_hash, set_in_force
 from tests.broker.support import (
     APPROVER_SCOPE,
     WRITE_SCOPE,
@@ -85,12 +85,6 @@ def test_other_tenants_approvers_are_not_concerned(broker: Broker) -> None:
         waiting = tool_status(call_modern(http, "save_report", {"filename": unique(), "content": "x"}))
     with open_http(broker, broker.token("globex", "carol", APPROVER_SCOPE)) as http:
         assert http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve").status_code == 200
-
-
-def set_in_force(broker: Broker) -> str:
-    with open_http(broker) as http:
-        state: str = http.get("/readyz", headers=broker.ops_headers).json()["checks"]["policy"]["set"]
-    return state
 
 
 async def test_only_legal_approves_for_acme_in_band(broker: Broker) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,11 @@ SCOPED = """
   resource) when { context.request_bytes + 100 > 1000 };
 @id("at.cut") forbid (principal, action == Docbroker::Action::"read_document",
   resource in Docbroker::Tenant::"initech") when { context.request_bytes == 800 };
+@id("overflows") forbid (principal in Docbroker::Group::"legal", action == Docbroker::Action::"read_document",
+  resource) when { context.request_bytes * 20000000000000000 > 100000000000000000 };
+@id("permit.overflows") permit (principal in Docbroker::Group::"contractors",
+  action in [Docbroker::Action::"tools/call"], resource in Docbroker::Tenant::"acme")
+  when { context.request_bytes * 20000000000000000 > 0 };
 """
 
 
@@ -130,9 +136,10 @@ def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
     """Slicing by tenant and tool, narrowing to the policies a caller's scope can match, the
     context cut to what they read, and decisions remembered by where numbers fall among the
     constants they are compared with are optimisations only: over a grid of requests (sizes at,
-    between and beside the constants; one compared through arithmetic), the engine's decision
-    and determining ids — checked, first asked, and asked again — equal Cedar's over the whole,
-    unsliced set with the whole context."""
+    between and beside the constants; one compared through arithmetic, some overflowing), the
+    engine's decision and determining ids — checked, first asked, and asked again — equal
+    Cedar's over the whole, unsliced set with the whole context, where a policy whose evaluation
+    fails refuses, named (no slice leaves it out, no remembered decision forgets it)."""
     tenants = {"acme": "", "globex": '[tools]\nallowed = ["search_documents"]\n', "initech": ""}
     folder = folder_with(tmp_path, {"scoped.cedar": SCOPED}, tenants)
     engine = load(folder)
@@ -140,7 +147,13 @@ def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
     from broker.policy.compile import builtin_policies, tenant_policies
 
     compiled = [builtin_policies(), tenant_policies(Policies.load(folder))]
-    whole = cedarpy.PolicySet.from_str("\n".join([*compiled, *texts]))
+    # Keyed by @id, so Cedar's reasons and errors name policies as the audit log does.
+    parsed = json.loads(cedarpy.policies_to_json_str("\n".join([*compiled, *texts])))
+    by_id = {est["annotations"]["id"]: est for est in parsed["staticPolicies"].values()}
+    whole = cedarpy.PolicySet.from_json_str(
+        json.dumps({"staticPolicies": by_id, "templates": {}, "templateLinks": []})
+    )
+    erring = 0
     checked = 0
     groupings: tuple[frozenset[str], ...] = (frozenset(), frozenset({"legal"}), frozenset({"contractors"}))
     for tenant, subject, groups, scopes, tool, document, size, at in itertools.product(
@@ -157,12 +170,53 @@ def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
         request = engine.request(call)
         entities = engine._entities_of(call.principal)
         result = cedarpy.is_authorized(request, whole, entities)
-        # The whole set names policies by position; map them back to their @id.
-        named = result.diagnostics.id_annotations_by_reason
-        ids = tuple(sorted(named[r] for r in result.diagnostics.reasons))
-        assert (got.allowed, got.policy_ids) == (result.allowed, ids), (call, got)
+        erred = tuple(
+            sorted(
+                re.findall(r"error while evaluating policy `([^`]*)`", " ".join(result.diagnostics.errors))
+            )
+        )
+        if erred:  # fail closed: refused, naming the policies that erred
+            assert (got.allowed, got.policy_ids, got.errored) == (False, erred, True), (call, got)
+            erring += 1
+        else:
+            ids = tuple(sorted(result.diagnostics.reasons))
+            assert (got.allowed, got.policy_ids, got.errored) == (result.allowed, ids, False), (call, got)
         checked += 1
-    assert checked > 12000
+    assert checked > 12000 and erring > 1000
+
+
+OVERFLOW = """
+@id("ops.big_saves") forbid (principal, action == Docbroker::Action::"save_report", resource)
+  when { context has content_bytes && context.content_bytes * 1000000000000000 > 5000000000000000000 };
+"""
+
+
+def test_an_evaluation_error_refuses_naming_the_policy_that_erred(tmp_path: Path) -> None:
+    """Cedar skips a policy whose evaluation fails and decides without it: this forbid of
+    saves over 5000 bytes overflows past 9223 bytes, and would stop refusing. Any error
+    refuses instead, named — when checked (`policy explain`), when asked (`serve`), and when
+    asked again (a remembered decision) — and a permit that errs allows nothing either."""
+    permit = (
+        '@id("ops.erring_permit") permit (principal in Docbroker::Group::"ops",\n'
+        '  action in [Docbroker::Action::"tools/call"], resource)\n'
+        "  when { context.request_bytes * 1000000000000000 > 0 };\n"
+    )
+    engine = load(folder_with(tmp_path, {"big.cedar": OVERFLOW, "ops.cedar": permit}))
+    writer = Principal("acme", "carol", frozenset({OAuthScope.DOCS_WRITE}))
+    for size, allowed, ids, errored in (
+        (100, True, ("toml.tenants.acme",), False),
+        (6000, False, ("ops.big_saves",), False),
+        (10_000, False, ("ops.big_saves",), True),
+    ):
+        call = Call(writer, "save_report", document="q3.md", content_bytes=size)
+        for decision in (engine.decide(call, check_request=True), engine.decide(call), engine.decide(call)):
+            assert (decision.allowed, decision.policy_ids, decision.errored) == (allowed, ids, errored)
+    reader = Principal("acme", "olga", frozenset({OAuthScope.DOCS_READ}), frozenset({"ops"}))
+    small, huge = (Call(reader, "read_document", document="a.md", request_bytes=n) for n in (10, 10_000))
+    assert engine.decide(small).allowed
+    refused = engine.decide(huge)
+    assert (refused.allowed, refused.policy_ids, refused.errored) == (False, ("ops.erring_permit",), True)
+    assert engine.decide(huge, check_request=True) == refused
 
 
 def test_unknown_tools_are_refused_unasked(tmp_path: Path) -> None:
