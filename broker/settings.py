@@ -479,12 +479,19 @@ class Settings:
         own_origin = origin_of(public_url)
         if own_origin is None:
             raise SettingsError(f"{PREFIX}PUBLIC_URL must be an http(s) URL")
+        supply = _image_supply(r, data_dir)
+        if runtime.kind == "kubernetes" and supply.trust_keys:
+            # The node pulls the image there, not the broker: the keys would check nothing.
+            raise SettingsError(
+                f"{PREFIX}IMAGE_TRUST_KEYS does nothing with {PREFIX}RUNTIME=kubernetes: unset it and "
+                "verify signatures at admission (docs/supply-chain-kubernetes.md)"
+            )
         return cls(
             data_dir=data_dir,
             policies_dir=Path(r.text("POLICIES_DIR", "policies")).absolute(),
             policy_reload_seconds=r.number("POLICY_RELOAD", 2.0, low=0, high=3600),
             tracing=r.flag("TRACING", False),
-            supply=_image_supply(r, data_dir),
+            supply=supply,
             master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,
@@ -831,10 +838,16 @@ class _Reader:
         return Path(value).absolute() if value else None
 
     def paths(self, name: str) -> tuple[Path, ...]:
-        """A comma-separated list of paths; empty when unset."""
+        """A comma-separated list of paths; empty when unset. Set to nothing (or commas only),
+        it is refused: a list someone set and left empty (`KEYS=` from an unset shell variable)
+        must not read as "none wanted" when it turns a check off."""
         self._note(SettingRead(PREFIX + name, "list of paths"))
-        raw = self.optional(name) or ""
-        return tuple(Path(item).absolute() for item in (x.strip() for x in raw.split(",")) if item)
+        if PREFIX + name not in self._env:
+            return ()
+        items = [x.strip() for x in self._env[PREFIX + name].split(",")]
+        if not any(items):
+            raise SettingsError(f"{PREFIX}{name} is set but names no file: name one, or unset it")
+        return tuple(Path(item).absolute() for item in items if item)
 
     def integer(self, name: str, default: int, *, low: int, high: int) -> int:
         self._note(SettingRead(PREFIX + name, "integer", default, low, high))

@@ -174,7 +174,8 @@ SETTINGS: dict[str, str] = {
     ),
     "IMAGE_TRUST_KEYS": (
         "release public keys (Ed25519 PEM files, comma-separated) an image's provenance must be "
-        "signed with; two during a key rotation ([docs/supply-chain.md](docs/supply-chain.md))"
+        "signed with; two during a key rotation ([docs/supply-chain.md](docs/supply-chain.md)). Docker "
+        "only: refused with `DOCBROKER_RUNTIME=kubernetes`, and when set to no file"
     ),
     "DOCKER_HOST": "daemon socket, e.g. `unix:///run/user/1000/docker.sock`",
     "DOCKER_IMAGE": (
