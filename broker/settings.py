@@ -675,9 +675,13 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
     issuer = r.optional("OIDC_ISSUER")
     if issuer is None:
         return None  # no provider: the page takes a pasted bearer token (dev, or behind a proxy)
+    # The provider's discovery, keys and token endpoint are fetched from the issuer: over plain
+    # http anyone on the path could hand the broker keys of their own and sign in as anyone.
+    if origin_of(issuer) is None or not (issuer.startswith("https://") or _loopback(issuer)):
+        raise SettingsError(f"{PREFIX}OIDC_ISSUER must be an https URL (http only on loopback)")
     # The session cookie is `__Host-` and Secure: it is set only over https (or on loopback).
-    if origin_of(issuer) is None or (not public_url.startswith("https://") and not _loopback(public_url)):
-        raise SettingsError(f"{PREFIX}OIDC_ISSUER needs an http(s) issuer and an https {PREFIX}PUBLIC_URL")
+    if not public_url.startswith("https://") and not _loopback(public_url):
+        raise SettingsError(f"{PREFIX}OIDC_ISSUER needs an https {PREFIX}PUBLIC_URL")
     scopes = r.text("OIDC_SCOPES", "openid profile email")
     if "openid" not in scopes.split():
         raise SettingsError(f"{PREFIX}OIDC_SCOPES must include openid")
