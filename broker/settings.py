@@ -665,7 +665,6 @@ class OidcSettings:
     approver_claim: str | None = None
     approver_value: str = "docbroker-approvers"
     fetch_timeout_seconds: float = 5.0
-    max_open_signins: int = 10_000  # sign-ins begun and not finished (each a row for 10 minutes)
 
 
 _TENANT_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -697,7 +696,6 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
         tenant_map=_tenant_map(r.optional("OIDC_TENANT_MAP"), "OIDC_TENANT_MAP"),
         approver_claim=r.optional("OIDC_APPROVER_CLAIM"),
         approver_value=r.text("OIDC_APPROVER_VALUE", "docbroker-approvers"),
-        max_open_signins=r.integer("OIDC_MAX_OPEN_SIGNINS", 10_000, low=1, high=1_000_000),
     )
 
 
