@@ -31,12 +31,22 @@ from typing import Any
 
 import pytest
 
-from broker.runtime.base import ImageUntrusted
+from broker.runtime.base import ImageUntrusted, Runtime
 from broker.runtime.docker import DockerBackend
 from broker.runtime.imagetrust import ImageTrust
 from broker.settings import ImageSupplySettings
 from broker.testing import make_broker
-from tests.docker.conftest import IMAGE, SECCOMP, Daemon, Layout, remove_instance, unique_tenant
+from broker.types import SandboxInfo
+from tests.docker.conftest import (
+    IMAGE,
+    SECCOMP,
+    Daemon,
+    HostTenant,
+    Layout,
+    remove_instance,
+    unique_tenant,
+    wait_ready,
+)
 from tests.docker.test_docker_pool import containers, pool_dir, warm_backend
 from tests.signed_images import Release
 
@@ -329,3 +339,131 @@ def test_doctor_names_the_digest_and_says_whether_trust_is_on(
         and "has no readable provenance" in swapped["sandbox runtime"][1]
     )
     assert swapped["sandbox image"][0] == "FAIL"
+
+
+# --- issue 34 item 12: a running sandbox is checked again before it is adopted -----------------
+
+
+@dataclass
+class Leak:
+    """The documented key-leak procedure, half done: the image built and signed with the
+    leaked key runs; the new key signed a rebuild, and the broker now trusts only that key."""
+
+    leaked: ImageTrust  # what the broker trusted before
+    current: ImageTrust  # what it trusts now
+
+
+@pytest.fixture
+def leak(layout: Layout, swap: Swap) -> Leak:
+    records = layout.root / "images"
+    leaked, new = Release(layout.root / "keys", "leaked"), Release(layout.root / "keys", "new")
+    leaked.sign(records, swap.real)
+    new.sign(records, swap.other)  # the rebuild: another image, signed with the new key only
+
+    def trusting(release: Release) -> ImageTrust:
+        trust = ImageTrust.from_settings(
+            ImageSupplySettings(records_dir=records, trust_keys=(release.public,))
+        )
+        assert trust is not None
+        return trust
+
+    return Leak(trusting(leaked), trusting(new))
+
+
+Events = list[tuple[str, str, dict[str, Any]]]
+
+
+def runtime_on(backend: DockerBackend, tenant: HostTenant, events: Events) -> Runtime:
+    async def record(event: str, name: str, sandbox: str, details: dict[str, Any]) -> None:
+        events.append((event, name, details))
+
+    return Runtime(
+        backend, lambda _: tenant.spec, max_sandboxes=5, idle_timeout=300, start_timeout=30, on_event=record
+    )
+
+
+def test_a_sandbox_from_a_withdrawn_key_is_removed_at_start_up_not_adopted(
+    daemon: Daemon, layout: Layout, instance: str, swap: Swap, leak: Leak
+) -> None:
+    """A broker restarted with only the new key meets the sandbox it (or a peer) started from
+    the leaked key's image: removed, audited, and the tenant's next call gets the rebuild."""
+    tenant = layout.tenant(unique_tenant())
+    events: Events = []
+
+    async def scenario() -> tuple[SandboxInfo | None, str]:
+        before = await DockerBackend.connect(
+            daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.leaked
+        )
+        try:
+            old = await before.create(tenant.spec)
+            await wait_ready(old)
+        finally:
+            await before.close()
+        swap.point_at(swap.other)  # the rebuild, under the same name
+        after = await DockerBackend.connect(
+            daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.current
+        )
+        runtime = runtime_on(after, tenant, events)
+        await runtime.start()
+        try:
+            adopted = runtime.get(tenant.spec.tenant)
+            await runtime.ensure(tenant.spec.tenant)
+            info = runtime.get(tenant.spec.tenant)
+            assert info is not None
+            assert old.backend_id not in {a["Id"] for a in containers(daemon, instance).values()}
+            return adopted, image_of(daemon, info.backend_id)[0]  # before close stops it
+        finally:
+            await runtime.close()
+
+    adopted, runs = asyncio.run(scenario())
+    assert adopted is None  # not served on
+    assert (
+        "sandbox.stopped",
+        tenant.spec.tenant,
+        {"reason": "image_untrusted", "image_digest": swap.real},
+    ) in events
+    assert runs == swap.other
+
+
+def test_a_peers_sandbox_from_a_withdrawn_key_is_not_taken_over_at_a_start(
+    daemon: Daemon, layout: Layout, instance: str, swap: Swap, leak: Leak
+) -> None:
+    """A replica still on the old keys started the tenant's sandbox after this one came up;
+    this replica's first call for the tenant finds it running (the daemon's name conflict) and
+    would share it: removed instead, and this replica starts its own from the rebuild."""
+    tenant = layout.tenant(unique_tenant())
+    events: Events = []
+
+    async def scenario() -> tuple[str, str, dict[str, Any]]:
+        swap.point_at(swap.other)
+        current = await DockerBackend.connect(
+            daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.current
+        )
+        runtime = runtime_on(current, tenant, events)
+        await runtime.start()
+        try:
+            swap.point_at(swap.real)  # the peer resolves the name as it was, with its old key
+            peer = await DockerBackend.connect(
+                daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.leaked
+            )
+            try:
+                theirs = await peer.create(tenant.spec)
+                await wait_ready(theirs)
+            finally:
+                await peer.close()
+            swap.point_at(swap.other)
+            await runtime.ensure(tenant.spec.tenant)
+            info = runtime.get(tenant.spec.tenant)
+            assert info is not None
+            assert theirs.backend_id not in {a["Id"] for a in containers(daemon, instance).values()}
+            return theirs.backend_id, info.backend_id, info.details, image_of(daemon, info.backend_id)[0]
+        finally:
+            await runtime.close()
+
+    theirs, mine, details, runs = asyncio.run(scenario())
+    assert mine != theirs and not details.get("adopted")
+    assert runs == swap.other
+    stopped = [e for e in events if e[0] == "sandbox.stopped" and e[2]["reason"] != "shutdown"]
+    assert stopped == [
+        ("sandbox.stopped", tenant.spec.tenant, {"reason": "image_untrusted", "image_digest": swap.real})
+    ]
