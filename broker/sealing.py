@@ -4,6 +4,9 @@
     token = sealer.seal(plain, aad)    # prefix + unpadded base64url(nonce ‖ ciphertext ‖ tag)
     sealer.open(token, aad)            # the plain bytes, or None
 
+    records = RecordSealer(Pending, key, prefix="dbl1.", aad=b"...", max_chars=1024)
+    records.open(records.seal(Pending(..., expires=t)))   # the record until `expires`, or None
+
 What the broker would otherwise keep in a table — in-band approval state (approvals/sealing.py),
 legacy session ids (gateway/sessions.py), a sign-in under way (web/signin.py) — travels with
 the client instead, opaque and tamper-evident: there is no table to fill or to lose in a
@@ -17,8 +20,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -52,6 +60,50 @@ class Sealer:
             return self._aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], aad)
         except (ValueError, InvalidTag):
             return None
+
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+R = TypeVar("R", bound="DataclassInstance")
+
+
+class RecordSealer(Generic[R]):
+    """Records of one dataclass, sealed as JSON, each good until its own `expires` field
+    (Unix seconds)."""
+
+    def __init__(
+        self,
+        kind: type[R],
+        key: bytes,
+        *,
+        prefix: str,
+        aad: bytes,
+        max_chars: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kind = kind
+        self._sealer = Sealer(key, prefix, max_chars=max_chars)
+        self._aad = aad
+        self._clock = clock
+
+    def seal(self, record: R) -> str:
+        plain = json.dumps(asdict(record), separators=(",", ":"), sort_keys=True).encode()
+        return self._sealer.seal(plain, self._aad)
+
+    def open(self, token: object) -> R | None:
+        """The record if `token` is one of ours, intact and unexpired; otherwise None."""
+        plain = self._sealer.open(token, self._aad)
+        if plain is None:
+            return None
+        try:
+            record = self._kind(**json.loads(plain))
+        except (ValueError, TypeError):
+            return None
+        expires = getattr(record, "expires", None)
+        if isinstance(expires, bool) or not isinstance(expires, (int, float)) or expires <= self._clock():
+            return None
+        return record
 
 
 def canonical_bytes(body: str) -> bytes | None:

@@ -8,15 +8,12 @@ is one opaque `None`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from broker.sealing import Sealer
+from broker.sealing import RecordSealer
 
-_PREFIX = "dbs1."
-_AAD = b"docbroker/request-state/v1"
 MAX_STATE_CHARS = 4096
 
 
@@ -30,24 +27,13 @@ class SealedApproval:
     expires: int
 
 
-class StateSealer:
+class StateSealer(RecordSealer[SealedApproval]):
     def __init__(self, key: bytes, clock: Callable[[], float] = time.time) -> None:
-        self._sealer = Sealer(key, _PREFIX, max_chars=MAX_STATE_CHARS)
-        self._clock = clock
-
-    def seal(self, state: SealedApproval) -> str:
-        plain = json.dumps(asdict(state), separators=(",", ":"), sort_keys=True).encode()
-        return self._sealer.seal(plain, _AAD)
-
-    def open(self, token: str) -> SealedApproval | None:
-        """The state if it is ours, intact and unexpired; otherwise None."""
-        plain = self._sealer.open(token, _AAD)
-        if plain is None:
-            return None
-        try:
-            state = SealedApproval(**json.loads(plain))
-        except (ValueError, TypeError):
-            return None
-        if not isinstance(state.expires, int) or state.expires <= self._clock():
-            return None
-        return state
+        super().__init__(
+            SealedApproval,
+            key,
+            prefix="dbs1.",
+            aad=b"docbroker/request-state/v1",
+            max_chars=MAX_STATE_CHARS,
+            clock=clock,
+        )

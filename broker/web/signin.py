@@ -38,12 +38,11 @@ Defences, each tested from the attacker's side (tests/oidc/):
 from __future__ import annotations
 
 import hmac
-import json
 import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.requests import Request
@@ -55,7 +54,7 @@ from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
 from broker.auth.claims_map import ClaimMapping
 from broker.auth.preauth import PreAuthLimiter, client_address
-from broker.sealing import Sealer
+from broker.sealing import RecordSealer
 from broker.settings import OidcSettings
 from broker.types import Outcome
 from broker.web.oidc import OidcProvider, SignInFailed
@@ -65,8 +64,6 @@ SESSION_COOKIE = "__Host-docbroker-session"
 SIGNIN_COOKIE = "__Host-docbroker-signin"
 CSRF_HEADER = "x-csrf-token"
 SIGNIN_SECONDS = 600
-_SIGNIN_PREFIX = "dbl1."
-_SIGNIN_AAD = b"docbroker/web-signin/v1"
 MAX_SIGNIN_COOKIE_CHARS = 1024  # a sealed sign-in is about 400
 PAGE = "/approvals"
 _RETURN_TO = re.compile(r"/approvals(\?id=[0-9a-f]{32})?")
@@ -98,25 +95,12 @@ class Pending:
     expires: float
 
 
-class PendingSealer:
+def pending_sealer(key: bytes, clock: Callable[[], float]) -> RecordSealer[Pending]:
     """Pending sign-ins into cookie values and back; None for anything forged, altered or old."""
-
-    def __init__(self, key: bytes, clock: Callable[[], float] = time.time) -> None:
-        self._sealer = Sealer(key, _SIGNIN_PREFIX, max_chars=MAX_SIGNIN_COOKIE_CHARS)
-        self._clock = clock
-
-    def seal(self, pending: Pending) -> str:
-        return self._sealer.seal(json.dumps(asdict(pending), separators=(",", ":")).encode(), _SIGNIN_AAD)
-
-    def open(self, cookie: str | None) -> Pending | None:
-        plain = self._sealer.open(cookie, _SIGNIN_AAD)
-        if plain is None:
-            return None
-        try:
-            pending = Pending(**json.loads(plain))
-        except (ValueError, TypeError):
-            return None
-        return pending if pending.expires > self._clock() else None
+    return RecordSealer(
+        Pending, key, prefix="dbl1.", aad=b"docbroker/web-signin/v1", max_chars=MAX_SIGNIN_COOKIE_CHARS,
+        clock=clock,
+    )  # fmt: skip
 
 
 def _cookie(response: Response, name: str, value: str, *, max_age: int, same_site: SameSite) -> None:
@@ -153,7 +137,7 @@ class SignIn:
         self._settings = settings
         self._provider = provider
         self._sessions = sessions
-        self._pending = PendingSealer(signin_key, clock)
+        self._pending = pending_sealer(signin_key, clock)
         self._mapping = ClaimMapping(
             settings.tenant_claim, settings.tenant_map, settings.approver_claim, settings.approver_value
         )

@@ -373,6 +373,24 @@ def leak(layout: Layout, swap: Swap) -> Leak:
 Events = list[tuple[str, str, dict[str, Any]]]
 
 
+async def connected(daemon: Daemon, instance: str, swap: Swap, trust: ImageTrust) -> DockerBackend:
+    return await DockerBackend.connect(
+        daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=trust
+    )
+
+
+async def started_by(daemon: Daemon, instance: str, swap: Swap, trust: ImageTrust, tenant: HostTenant) -> str:
+    """The tenant's sandbox as a broker trusting `trust` starts it (this one before a restart,
+    or a peer), running and ready: its container id."""
+    backend = await connected(daemon, instance, swap, trust)
+    try:
+        info = await backend.create(tenant.spec)
+        await wait_ready(info)
+        return info.backend_id
+    finally:
+        await backend.close()
+
+
 def runtime_on(backend: DockerBackend, tenant: HostTenant, events: Events) -> Runtime:
     async def record(event: str, name: str, sandbox: str, details: dict[str, Any]) -> None:
         events.append((event, name, details))
@@ -380,6 +398,25 @@ def runtime_on(backend: DockerBackend, tenant: HostTenant, events: Events) -> Ru
     return Runtime(
         backend, lambda _: tenant.spec, max_sandboxes=5, idle_timeout=300, start_timeout=30, on_event=record
     )
+
+
+async def serve(
+    runtime: Runtime, daemon: Daemon, instance: str, tenant: HostTenant, untrusted: str
+) -> SandboxInfo:
+    """The tenant's next call: its sandbox, once the untrusted container is gone."""
+    await runtime.ensure(tenant.spec.tenant)
+    info = runtime.get(tenant.spec.tenant)
+    assert info is not None
+    assert untrusted not in {a["Id"] for a in containers(daemon, instance).values()}
+    return info
+
+
+def removed_untrusted(events: Events, tenant: HostTenant, digest: str) -> None:
+    """One stop, audited `image_untrusted` with the digest it ran (the shutdown's aside)."""
+    found = [e for e in events if e[0] == "sandbox.stopped" and e[2]["reason"] != "shutdown"]
+    assert found == [
+        ("sandbox.stopped", tenant.spec.tenant, {"reason": "image_untrusted", "image_digest": digest})
+    ]
 
 
 def test_a_sandbox_from_a_withdrawn_key_is_removed_at_start_up_not_adopted(
@@ -391,37 +428,20 @@ def test_a_sandbox_from_a_withdrawn_key_is_removed_at_start_up_not_adopted(
     events: Events = []
 
     async def scenario() -> tuple[SandboxInfo | None, str]:
-        before = await DockerBackend.connect(
-            daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.leaked
-        )
-        try:
-            old = await before.create(tenant.spec)
-            await wait_ready(old)
-        finally:
-            await before.close()
+        old = await started_by(daemon, instance, swap, leak.leaked, tenant)
         swap.point_at(swap.other)  # the rebuild, under the same name
-        after = await DockerBackend.connect(
-            daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.current
-        )
-        runtime = runtime_on(after, tenant, events)
+        runtime = runtime_on(await connected(daemon, instance, swap, leak.current), tenant, events)
         await runtime.start()
         try:
             adopted = runtime.get(tenant.spec.tenant)
-            await runtime.ensure(tenant.spec.tenant)
-            info = runtime.get(tenant.spec.tenant)
-            assert info is not None
-            assert old.backend_id not in {a["Id"] for a in containers(daemon, instance).values()}
+            info = await serve(runtime, daemon, instance, tenant, old)
             return adopted, image_of(daemon, info.backend_id)[0]  # before close stops it
         finally:
             await runtime.close()
 
     adopted, runs = asyncio.run(scenario())
     assert adopted is None  # not served on
-    assert (
-        "sandbox.stopped",
-        tenant.spec.tenant,
-        {"reason": "image_untrusted", "image_digest": swap.real},
-    ) in events
+    removed_untrusted(events, tenant, swap.real)
     assert runs == swap.other
 
 
@@ -434,36 +454,20 @@ def test_a_peers_sandbox_from_a_withdrawn_key_is_not_taken_over_at_a_start(
     tenant = layout.tenant(unique_tenant())
     events: Events = []
 
-    async def scenario() -> tuple[str, str, dict[str, Any]]:
+    async def scenario() -> tuple[str, SandboxInfo, str]:
         swap.point_at(swap.other)
-        current = await DockerBackend.connect(
-            daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.current
-        )
-        runtime = runtime_on(current, tenant, events)
+        runtime = runtime_on(await connected(daemon, instance, swap, leak.current), tenant, events)
         await runtime.start()
         try:
             swap.point_at(swap.real)  # the peer resolves the name as it was, with its old key
-            peer = await DockerBackend.connect(
-                daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=leak.leaked
-            )
-            try:
-                theirs = await peer.create(tenant.spec)
-                await wait_ready(theirs)
-            finally:
-                await peer.close()
+            theirs = await started_by(daemon, instance, swap, leak.leaked, tenant)
             swap.point_at(swap.other)
-            await runtime.ensure(tenant.spec.tenant)
-            info = runtime.get(tenant.spec.tenant)
-            assert info is not None
-            assert theirs.backend_id not in {a["Id"] for a in containers(daemon, instance).values()}
-            return theirs.backend_id, info.backend_id, info.details, image_of(daemon, info.backend_id)[0]
+            info = await serve(runtime, daemon, instance, tenant, theirs)
+            return theirs, info, image_of(daemon, info.backend_id)[0]
         finally:
             await runtime.close()
 
-    theirs, mine, details, runs = asyncio.run(scenario())
-    assert mine != theirs and not details.get("adopted")
+    theirs, mine, runs = asyncio.run(scenario())
+    assert mine.backend_id != theirs and not mine.details.get("adopted")
     assert runs == swap.other
-    stopped = [e for e in events if e[0] == "sandbox.stopped" and e[2]["reason"] != "shutdown"]
-    assert stopped == [
-        ("sandbox.stopped", tenant.spec.tenant, {"reason": "image_untrusted", "image_digest": swap.real})
-    ]
+    removed_untrusted(events, tenant, swap.real)
