@@ -51,16 +51,19 @@ def test_keys_set_to_nothing_are_refused_not_read_as_trust_off(tmp_path: Path, v
     for read in (image_supply_from_env, lambda e: Settings.from_env(BROKER_ENV | e)):
         with pytest.raises(SettingsError) as caught:
             read(env)
-        assert str(caught.value) == "DOCBROKER_IMAGE_TRUST_KEYS is set but names no file: name one, or unset it"
+        message = "DOCBROKER_IMAGE_TRUST_KEYS is set but names no file: name one, or unset it"
+        assert str(caught.value) == message
 
 
 def test_keys_on_kubernetes_are_refused_in_one_line(tmp_path: Path) -> None:
     """The node pulls a tenant Pod's image, the broker never sees it: keys there were ignored."""
     env = KUBERNETES | {"DOCBROKER_IMAGE_TRUST_KEYS": str(tmp_path / "release.pub")}
-    with pytest.raises(SettingsError, match="^DOCBROKER_IMAGE_TRUST_KEYS does nothing with DOCBROKER_RUNTIME="):
+    with pytest.raises(SettingsError) as caught:
         Settings.from_env(BROKER_ENV | env)
+    assert str(caught.value).startswith("DOCBROKER_IMAGE_TRUST_KEYS does nothing with DOCBROKER_RUNTIME=")
     Settings.from_env(BROKER_ENV | KUBERNETES)  # without them: starts as before
-    assert image_supply_from_env(env).trust_keys == (tmp_path / "release.pub",)  # `image verify` still reads them
+    # `docbroker image verify` still reads them
+    assert image_supply_from_env(env).trust_keys == (tmp_path / "release.pub",)
 
     broker = make_broker(tmp_path / "broker")
     broker.env.update(env)
