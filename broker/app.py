@@ -44,7 +44,7 @@ from broker.gateway.handler import McpGateway
 from broker.gateway.pinning import Pinning
 from broker.gateway.relay import Relay
 from broker.gateway.sessions import SessionSealer
-from broker.master_key import keeper_key, load_master_key, sealing_key, session_key
+from broker.master_key import keeper_key, load_master_key, sealing_key, session_key, signin_key
 from broker.metrics import Metrics
 from broker.origin import REASON as ORIGIN_REFUSED
 from broker.origin import Origins
@@ -223,7 +223,7 @@ def build_app(
     tracing = Tracing.from_settings(settings.tracing, metrics.sandbox_spans_dropped.inc)
     gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics, tracing)  # fmt: skip
-    signin = _signin(settings, store, policies, audit, preauth)
+    signin = _signin(settings, store, policies, audit, preauth, signin_key(master_key))
     api = ApprovalsApi(
         auth=auth,
         store=store,
@@ -336,7 +336,12 @@ def build_app(
 
 
 def _signin(
-    settings: Settings, store: ApprovalStore, policies: Policies, audit: AuditLog, preauth: PreAuthLimiter
+    settings: Settings,
+    store: ApprovalStore,
+    policies: Policies,
+    audit: AuditLog,
+    preauth: PreAuthLimiter,
+    key: bytes,
 ) -> SignIn | None:
     """Approvers' sign-in with the OpenID Provider, when one is configured (DESIGN §12)."""
     if settings.oidc is None:
@@ -348,7 +353,13 @@ def _signin(
     )
     sessions = web_sessions_for(store)
     return SignIn(
-        settings.oidc, provider, sessions, known_tenant=policies.known, audit=audit.emit, preauth=preauth
+        settings.oidc,
+        provider,
+        sessions,
+        signin_key=key,
+        known_tenant=policies.known,
+        audit=audit.emit,
+        preauth=preauth,
     )
 
 

@@ -119,6 +119,18 @@ def read_bounded(path: str | Path, limit: int, *, private: bool = False, follow_
     return data
 
 
+def read_secret(path: str | Path, limit: int) -> str:
+    """A secret kept in a file (a client secret, a webhook key): its text, stripped; chmod 600
+    like every key file. A link is followed (a Kubernetes Secret volume is links to its
+    files); what it points to is what must be private. UnsafeFileError, or on bytes that are
+    not UTF-8 an UnsafeFileError too (never the bytes)."""
+    data = read_bounded(path, limit, private=True, follow_links=True)
+    try:
+        return data.decode().strip()
+    except UnicodeDecodeError:
+        raise _refuse(printable(Path(path).name), "is not UTF-8 text") from None
+
+
 def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[bytes]:
     """The lines of `stream`, each with its newline (the last may lack one), never more than
     `limit + 1` bytes held.

@@ -2,8 +2,8 @@
 
 One master key (≥ 32 random bytes, hex in a file) on the broker. Each tenant's approval
 secret is derived from it, so only that tenant's sandbox can verify tokens minted for it,
-and the keys that seal in-band request state and legacy session ids are derived under labels
-of their own.
+and the keys that seal in-band request state, legacy session ids and sign-ins under way are
+derived under labels of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _MAX_MASTER_KEY_FILE_BYTES = 4096  # 64 hex digits and a newline; the cap bounds
 _APPROVAL_LABEL = b"docbroker/approval/v1/"
 _SEAL_LABEL = b"docbroker/request-state/v1"
 _SESSION_LABEL = b"docbroker/mcp-session/v1"
+_SIGNIN_LABEL = b"docbroker/web-signin/v1"
 _SANDBOX_LABEL = b"docbroker/sandbox/v1/"
 _KEEPER_LABEL = b"docbroker/keeper/v1/"
 
@@ -50,6 +51,11 @@ def sealing_key(master_key: bytes) -> bytes:
 def session_key(master_key: bytes) -> bytes:
     """Seals legacy session ids (broker/gateway/sessions.py): any replica can open them."""
     return hmac.new(master_key, _SESSION_LABEL, hashlib.sha256).digest()
+
+
+def signin_key(master_key: bytes) -> bytes:
+    """Seals a sign-in under way into the browser's cookie (broker/web/signin.py)."""
+    return hmac.new(master_key, _SIGNIN_LABEL, hashlib.sha256).digest()
 
 
 def load_master_key(path: Path) -> bytes:

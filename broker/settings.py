@@ -500,12 +500,19 @@ class Settings:
         replicas = r.integer("REPLICAS", 1, low=1, high=1000)
         database = _database_settings(r)
         _one_approvals_store(database, replicas=replicas, runtime=runtime)
+        supply = _image_supply(r, data_dir)
+        if runtime.kind == "kubernetes" and supply.trust_keys:
+            # The node pulls the image there, not the broker: the keys would check nothing.
+            raise SettingsError(
+                f"{PREFIX}IMAGE_TRUST_KEYS does nothing with {PREFIX}RUNTIME=kubernetes: unset it and "
+                "verify signatures at admission (docs/supply-chain-kubernetes.md)"
+            )
         return cls(
             data_dir=data_dir,
             policies_dir=_policies_dir(r),
             policy_reload_seconds=r.number("POLICY_RELOAD", 2.0, low=0, high=3600),
             tracing=r.flag("TRACING", False),
-            supply=_image_supply(r, data_dir),
+            supply=supply,
             master_key_file=_master_key_file(r, data_dir),
             public_url=public_url,
             host=host,
@@ -701,7 +708,6 @@ class OidcSettings:
     approver_claim: str | None = None
     approver_value: str = "docbroker-approvers"
     fetch_timeout_seconds: float = 5.0
-    max_open_signins: int = 10_000  # sign-ins begun and not finished (each a row for 10 minutes)
 
 
 _TENANT_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -711,9 +717,13 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
     issuer = r.optional("OIDC_ISSUER")
     if issuer is None:
         return None  # no provider: the page takes a pasted bearer token (dev, or behind a proxy)
+    # The provider's discovery, keys and token endpoint are fetched from the issuer: over plain
+    # http anyone on the path could hand the broker keys of their own and sign in as anyone.
+    if origin_of(issuer) is None or not (issuer.startswith("https://") or _loopback(issuer)):
+        raise SettingsError(f"{PREFIX}OIDC_ISSUER must be an https URL (http only on loopback)")
     # The session cookie is `__Host-` and Secure: it is set only over https (or on loopback).
-    if origin_of(issuer) is None or (not public_url.startswith("https://") and not _loopback(public_url)):
-        raise SettingsError(f"{PREFIX}OIDC_ISSUER needs an http(s) issuer and an https {PREFIX}PUBLIC_URL")
+    if not public_url.startswith("https://") and not _loopback(public_url):
+        raise SettingsError(f"{PREFIX}OIDC_ISSUER needs an https {PREFIX}PUBLIC_URL")
     scopes = r.text("OIDC_SCOPES", "openid profile email")
     if "openid" not in scopes.split():
         raise SettingsError(f"{PREFIX}OIDC_SCOPES must include openid")
@@ -729,7 +739,6 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
         tenant_map=_tenant_map(r.optional("OIDC_TENANT_MAP"), "OIDC_TENANT_MAP"),
         approver_claim=r.optional("OIDC_APPROVER_CLAIM"),
         approver_value=r.text("OIDC_APPROVER_VALUE", "docbroker-approvers"),
-        max_open_signins=r.integer("OIDC_MAX_OPEN_SIGNINS", 10_000, low=1, high=1_000_000),
     )
 
 
@@ -874,10 +883,16 @@ class _Reader:
         return Path(value).absolute() if value else None
 
     def paths(self, name: str) -> tuple[Path, ...]:
-        """A comma-separated list of paths; empty when unset."""
+        """A comma-separated list of paths; empty when unset. Set to nothing (or commas only),
+        it is refused: a list someone set and left empty (`KEYS=` from an unset shell variable)
+        must not read as "none wanted" when it turns a check off."""
         self._note(SettingRead(PREFIX + name, "list of paths"))
-        raw = self.optional(name) or ""
-        return tuple(Path(item).absolute() for item in (x.strip() for x in raw.split(",")) if item)
+        if PREFIX + name not in self._env:
+            return ()
+        items = [x.strip() for x in self._env[PREFIX + name].split(",")]
+        if not any(items):
+            raise SettingsError(f"{PREFIX}{name} is set but names no file: name one, or unset it")
+        return tuple(Path(item).absolute() for item in items if item)
 
     def integer(self, name: str, default: int, *, low: int, high: int) -> int:
         self._note(SettingRead(PREFIX + name, "integer", default, low, high))

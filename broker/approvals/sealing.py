@@ -1,25 +1,19 @@
 """Sealed `requestState` for in-band approvals (DESIGN §4).
 
-The state travels through the client between the question and the answer. AES-GCM with a key
-derived from the master key makes it opaque and tamper-evident, and any broker replica with
-the same master key can open it. Every failure is one opaque `None`.
+The state travels through the client between the question and the answer. Sealed
+(broker/sealing.py: AES-GCM) with a key derived from the master key, it is opaque and
+tamper-evident, and any broker replica with the same master key can open it. Every failure
+is one opaque `None`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from broker.sealing import RecordSealer
 
-_PREFIX = "dbs1."
-_AAD = b"docbroker/request-state/v1"
 MAX_STATE_CHARS = 4096
 
 
@@ -33,28 +27,13 @@ class SealedApproval:
     expires: int
 
 
-class StateSealer:
+class StateSealer(RecordSealer[SealedApproval]):
     def __init__(self, key: bytes, clock: Callable[[], float] = time.time) -> None:
-        self._aead = AESGCM(key)
-        self._clock = clock
-
-    def seal(self, state: SealedApproval) -> str:
-        nonce = os.urandom(12)
-        plain = json.dumps(asdict(state), separators=(",", ":"), sort_keys=True).encode()
-        sealed = nonce + self._aead.encrypt(nonce, plain, _AAD)
-        return _PREFIX + base64.urlsafe_b64encode(sealed).decode().rstrip("=")
-
-    def open(self, token: str) -> SealedApproval | None:
-        """The state if it is ours, intact and unexpired; otherwise None."""
-        if not isinstance(token, str) or len(token) > MAX_STATE_CHARS or not token.startswith(_PREFIX):
-            return None
-        body = token.removeprefix(_PREFIX)
-        try:
-            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-            plain = self._aead.decrypt(raw[:12], raw[12:], _AAD)
-            state = SealedApproval(**json.loads(plain))
-        except (binascii.Error, ValueError, InvalidTag, TypeError):
-            return None
-        if not isinstance(state.expires, int) or state.expires <= self._clock():
-            return None
-        return state
+        super().__init__(
+            SealedApproval,
+            key,
+            prefix="dbs1.",
+            aad=b"docbroker/request-state/v1",
+            max_chars=MAX_STATE_CHARS,
+            clock=clock,
+        )

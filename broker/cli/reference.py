@@ -97,11 +97,6 @@ SETTINGS: dict[str, str] = {
         " to approve at all"
     ),
     "OIDC_APPROVER_VALUE": "the approver role's value in `DOCBROKER_OIDC_APPROVER_CLAIM`",
-    "OIDC_MAX_OPEN_SIGNINS": (
-        "sign-ins begun and not yet finished (each kept 10 minutes); past it `/approvals/login` answers "
-        "503 until some finish or expire. Refused sign-ins count against the client's address like failed"
-        " tokens (`DOCBROKER_PREAUTH_*`)"
-    ),
     "WEBHOOK_URL": (
         "where a notice of each new pending approval is POSTed (https, or http on loopback): Slack's or "
         "Teams' incoming-webhook URL, or your own. Never the content or file name: id, tenant, size, "
@@ -174,7 +169,8 @@ SETTINGS: dict[str, str] = {
     ),
     "IMAGE_TRUST_KEYS": (
         "release public keys (Ed25519 PEM files, comma-separated) an image's provenance must be "
-        "signed with; two during a key rotation ([docs/supply-chain.md](docs/supply-chain.md))"
+        "signed with; two during a key rotation ([docs/supply-chain.md](docs/supply-chain.md)). Docker "
+        "only: refused with `DOCBROKER_RUNTIME=kubernetes`, and when set to no file"
     ),
     "DOCKER_HOST": "daemon socket, e.g. `unix:///run/user/1000/docker.sock`",
     "DOCKER_IMAGE": (

@@ -114,6 +114,13 @@ class SandboxBackend(ABC):
     async def delete(self, info: SandboxInfo) -> None:
         """Stop and remove the sandbox; must succeed for one that is already gone."""
 
+    async def vouched_for(self, info: SandboxInfo) -> bool:
+        """May this running sandbox, made by another replica or an earlier broker, be adopted:
+        is its image one the trust keys vouch for now? Asked before adopting, since the keys
+        may have changed since it started (a leaked key withdrawn). True where the broker
+        checks no image (no keys, or a runtime whose node pulls the image)."""
+        return True
+
     @abstractmethod
     async def discover(self) -> list[SandboxInfo]:
         """The sandboxes of this deployment the engine holds, each with `details["replica"]`
@@ -324,7 +331,7 @@ class Runtime:
         # A use before the start: a replica sweeping orphans must not take this one for idle.
         self._use.touch(tenant, force=True)
         try:
-            info = await self.backend.create(self._spec_for(tenant))
+            info = await self._create_vouched(self._spec_for(tenant))
         except RuntimeErrorBase as exc:
             # The backend's own fixed phrase (never a value): what an operator needs to act.
             log.warning("sandbox start failed: %s", exc, extra={"backend": self.backend.name})
@@ -350,6 +357,24 @@ class Runtime:
                 details["image_digest"] = info.details["image_digest"]
             await self._on_event(AuditEvent.SANDBOX_STARTED, tenant, info.backend_id, details)
         return info.endpoint
+
+    async def _create_vouched(self, spec: SandboxSpec) -> SandboxInfo:
+        """`backend.create`; a peer's running sandbox it hands back instead is taken only if its
+        image is vouched for now, else removed and the start made again (once: what is made
+        then is this replica's, from the image it has just checked)."""
+        for _ in range(2):
+            info = await self.backend.create(spec)
+            if not info.details.get("adopted") or await self.backend.vouched_for(info):
+                return info
+            await self._remove_untrusted(info)
+        raise ImageUntrusted("the tenant's sandbox kept being started from an image nothing vouches for")
+
+    async def _remove_untrusted(self, info: SandboxInfo) -> None:
+        """Stop a running sandbox whose image the keys no longer vouch for (DESIGN §13: after a
+        leaked key is withdrawn, nothing made from its images serves on until idle)."""
+        await self.backend.delete(info)
+        details = {"reason": ImageUntrusted.reason, "image_digest": info.details.get("image_digest", "")}
+        await self._on_event(AuditEvent.SANDBOX_STOPPED, info.tenant, info.backend_id, details)
 
     async def _remove(self, tenant: str, *, reason: str, event: str = AuditEvent.SANDBOX_STOPPED) -> None:
         info = self._sandboxes.pop(tenant, None)
@@ -439,6 +464,9 @@ class Runtime:
             and await self.backend.alive(info)
             and await wait_ready(info.endpoint, 0.05 if peer else 2.0)
         ):
+            if not await self.backend.vouched_for(info):
+                await self._remove_untrusted(info)  # a live peer's too: no replica may serve it
+                return
             idle = await self._use.idle_for(info.tenant)
             info.state = SandboxState.RUNNING
             info.last_used = self._clock() - (idle or 0.0)

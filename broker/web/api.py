@@ -194,12 +194,16 @@ class ApprovalsApi:
             return Reply(503, {"error": "approvals_unavailable"}, route.event, Outcome.ERROR,
                          "approval_store_unavailable", headers={"retry-after": "5"}), None  # fmt: skip
         if session is None:  # unknown, ended at logout, idle too long or past its lifetime
-            return _refused(401, "unauthorized", AuditEvent.AUTH_DENIED, "session_invalid"), None
+            reply = _refused(401, "unauthorized", AuditEvent.AUTH_DENIED, "session_invalid")
+            reply.counted = signin.counted(request, reply.reason)  # as a bad token is
+            return reply, None
         tenant = await self._session_tenant(request, route, session)
         principal = Principal(tenant=tenant or session.tenants[0], subject=session.subject,
                               scopes=frozenset({OAuthScope.REPORTS_APPROVE}))  # fmt: skip
         if request.method not in ("GET", "HEAD") and not signin.csrf_ok(request, session):
-            return _refused(403, "csrf", route.event, "csrf_token_invalid"), principal
+            reply = _refused(403, "csrf", route.event, "csrf_token_invalid")
+            reply.counted = signin.counted(request, reply.reason)
+            return reply, principal
         if tenant is None:
             return _refused(403, "forbidden", route.event, "tenant_not_mapped"), principal
         return await self._serve(request, route, principal, session.issuer), principal

@@ -26,7 +26,7 @@ import httpx2
 from authlib.integrations.base_client import OAuthError
 from authlib.integrations.starlette_client import OAuth
 
-from broker.files import UnsafeFileError, read_bounded
+from broker.files import UnsafeFileError, read_secret
 from broker.settings import PREFIX, OidcSettings, SettingsError
 
 DISCOVERY = "/.well-known/openid-configuration"
@@ -55,11 +55,9 @@ def load_client_secret(settings: OidcSettings) -> str | None:
     if settings.client_secret_file is None:
         return None
     try:
-        secret = (
-            read_bounded(settings.client_secret_file, MAX_SECRET_BYTES, follow_links=True).decode().strip()
-        )
-    except (UnsafeFileError, UnicodeDecodeError):
-        raise SettingsError(f"{PREFIX}OIDC_CLIENT_SECRET_FILE cannot be read") from None
+        secret = read_secret(settings.client_secret_file, MAX_SECRET_BYTES)
+    except UnsafeFileError as exc:  # the reason names no content: safe in the one line
+        raise SettingsError(f"{PREFIX}OIDC_CLIENT_SECRET_FILE {exc.reason}") from None
     if not secret:
         raise SettingsError(f"{PREFIX}OIDC_CLIENT_SECRET_FILE is empty")
     return secret

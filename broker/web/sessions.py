@@ -7,8 +7,8 @@ session another began, and a logout on one ends it on all.
 
 A session ends at the first of: its lifetime from sign-in (`expires_at`), its idle timeout
 since its last request (`idle_until`, moved on by every request, never past `expires_at`),
-logout. A sign-in under way (`Login`: state, nonce, PKCE verifier, where to go back) is a
-row too, taken exactly once by the callback, so a replayed callback finds nothing.
+logout. A sign-in under way is no row: it travels sealed in the browser's cookie
+(broker/web/signin.py), so starts that never finish cannot fill the store.
 """
 
 from __future__ import annotations
@@ -45,16 +45,6 @@ class WebSession:
     idle_until: float
 
 
-@dataclass(frozen=True)
-class Login:
-    id: str  # digest of the sign-in cookie
-    state: str
-    nonce: str
-    verifier: str
-    return_to: str
-    expires_at: float
-
-
 class WebSessions(Protocol):
     async def create(self, session: WebSession) -> None: ...
 
@@ -64,17 +54,7 @@ class WebSessions(Protocol):
 
     async def end(self, session_id: str) -> bool: ...
 
-    async def begin_login(self, login: Login) -> None: ...
-
-    async def take_login(self, login_id: str, now: float) -> Login | None:
-        """The sign-in under way, removed (once: a second call finds nothing); None if expired."""
-        ...
-
     async def purge(self, now: float) -> None: ...
-
-    async def open_logins(self, now: float) -> int:
-        """Sign-ins under way (begun, neither completed nor expired)."""
-        ...
 
 
 # One statement per operation, the same in both dialects but for the placeholders (and
@@ -88,13 +68,7 @@ _TOUCH = (
     "AND expires_at > ? RETURNING id, issuer, subject, tenants, csrf, created_at, expires_at, idle_until"
 )
 _END = "DELETE FROM web_sessions WHERE id = ?"
-_BEGIN = (
-    "INSERT INTO web_logins (id, state, nonce, verifier, return_to, expires_at) VALUES (?, ?, ?, ?, ?, ?)"
-)
-_TAKE = "DELETE FROM web_logins WHERE id = ? RETURNING id, state, nonce, verifier, return_to, expires_at"
 _PURGE_SESSIONS = "DELETE FROM web_sessions WHERE idle_until <= ?"
-_PURGE_LOGINS = "DELETE FROM web_logins WHERE expires_at <= ?"
-_OPEN_LOGINS = "SELECT COUNT(*) FROM web_logins WHERE expires_at > ?"
 
 
 def _pg(statement: str) -> str:
@@ -109,10 +83,6 @@ def _session(row: Any) -> WebSession:
 def _session_params(s: WebSession) -> tuple[Any, ...]:
     tenants = json.dumps(list(s.tenants))
     return (s.id, s.issuer, s.subject, tenants, s.csrf, s.created_at, s.expires_at, s.idle_until)
-
-
-def _login_params(login: Login) -> tuple[Any, ...]:
-    return (login.id, login.state, login.nonce, login.verifier, login.return_to, login.expires_at)
 
 
 class SqliteWebSessions:
@@ -141,20 +111,8 @@ class SqliteWebSessions:
     async def end(self, session_id: str) -> bool:
         return bool(await self._run(_END, (session_id,)))
 
-    async def begin_login(self, login: Login) -> None:
-        await self._run(_BEGIN, _login_params(login))
-
-    async def take_login(self, login_id: str, now: float) -> Login | None:
-        row = await self._run(_TAKE, (login_id,))
-        return Login(*row) if row and row[5] > now else None
-
     async def purge(self, now: float) -> None:
         await self._run(_PURGE_SESSIONS, (now,))
-        await self._run(_PURGE_LOGINS, (now,))
-
-    async def open_logins(self, now: float) -> int:
-        row = await self._run(_OPEN_LOGINS, (now,))
-        return int(row[0])
 
 
 class PostgresWebSessions(SqliteWebSessions):

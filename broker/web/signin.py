@@ -9,16 +9,23 @@
     POST /approvals/logout     (X-CSRF-Token)  → {"logout_url": the provider's, or null}
 
 Cookies, both `__Host-` (Secure, Path=/, no Domain: no sibling host can set or read them),
-HttpOnly, opaque random values whose digests are the store's keys:
-- `__Host-docbroker-signin` for the sign-in under way: SameSite=Lax, because it must come
-  back on the provider's cross-site redirect to the callback; 10 minutes; single use.
-- `__Host-docbroker-session`: SameSite=Strict. The page is static and its script's fetches
+HttpOnly:
+- `__Host-docbroker-signin` for the sign-in under way: its state, nonce, PKCE verifier and
+  return_to, sealed (broker/sealing.py, a key of its own from the master key) with its expiry,
+  10 minutes. Nothing of a sign-in is stored before its callback: starts that never finish
+  cost the broker nothing to keep, so no flood of them can fill a table and lock approvers
+  out (issue 34 item 10), and any replica completes a sign-in another began. SameSite=Lax,
+  because it must come back on the provider's cross-site redirect to the callback; dropped
+  there.
+- `__Host-docbroker-session`: an opaque random value whose digest is the store's key;
+  SameSite=Strict. The page is static and its script's fetches
   are same-site, so Strict costs nothing; the session cookie never rides a cross-site request.
 
 Defences, each tested from the attacker's side (tests/oidc/):
-- state: the callback's `state` must equal the one stored for this browser's sign-in (login
-  CSRF), the sign-in row is taken once (a replayed callback finds nothing), and a provider
-  that names another issuer in `iss` (RFC 9207, mix-up) is refused;
+- state: the callback's `state` must equal the one sealed in this browser's sign-in cookie
+  (login CSRF; another site cannot set a `__Host-` cookie), a code is redeemed once by the
+  provider (a replayed callback is `code_refused`), and a provider that names another issuer
+  in `iss` (RFC 9207, mix-up) is refused;
 - nonce and PKCE bind the id_token and the code to this sign-in (broker/web/oidc.py);
 - session fixation: a new session id is made at every sign-in; a cookie the browser brought
   is never promoted, and is ended;
@@ -35,6 +42,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.requests import Request
@@ -46,15 +54,17 @@ from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
 from broker.auth.claims_map import ClaimMapping
 from broker.auth.preauth import PreAuthLimiter, client_address
+from broker.sealing import RecordSealer
 from broker.settings import OidcSettings
 from broker.types import Outcome
 from broker.web.oidc import OidcProvider, SignInFailed
-from broker.web.sessions import Login, WebSession, WebSessions, digest, new_secret
+from broker.web.sessions import WebSession, WebSessions, digest, new_secret
 
 SESSION_COOKIE = "__Host-docbroker-session"
 SIGNIN_COOKIE = "__Host-docbroker-signin"
 CSRF_HEADER = "x-csrf-token"
 SIGNIN_SECONDS = 600
+MAX_SIGNIN_COOKIE_CHARS = 1024  # a sealed sign-in is about 400
 PAGE = "/approvals"
 _RETURN_TO = re.compile(r"/approvals(\?id=[0-9a-f]{32})?")
 _HEADERS = {
@@ -72,6 +82,25 @@ def safe_return_to(value: str | None) -> str:
 
 
 SameSite = Literal["lax", "strict"]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A sign-in under way, as sealed into the browser's sign-in cookie (never stored here)."""
+
+    state: str
+    nonce: str
+    verifier: str
+    return_to: str
+    expires: float
+
+
+def pending_sealer(key: bytes, clock: Callable[[], float]) -> RecordSealer[Pending]:
+    """Pending sign-ins into cookie values and back; None for anything forged, altered or old."""
+    return RecordSealer(
+        Pending, key, prefix="dbl1.", aad=b"docbroker/web-signin/v1", max_chars=MAX_SIGNIN_COOKIE_CHARS,
+        clock=clock,
+    )  # fmt: skip
 
 
 def _cookie(response: Response, name: str, value: str, *, max_age: int, same_site: SameSite) -> None:
@@ -99,6 +128,7 @@ class SignIn:
         provider: OidcProvider,
         sessions: WebSessions,
         *,
+        signin_key: bytes,
         known_tenant: Callable[[str], bool],
         audit: Audit,
         preauth: PreAuthLimiter,
@@ -107,6 +137,7 @@ class SignIn:
         self._settings = settings
         self._provider = provider
         self._sessions = sessions
+        self._pending = pending_sealer(signin_key, clock)
         self._mapping = ClaimMapping(
             settings.tenant_claim, settings.tenant_map, settings.approver_claim, settings.approver_value
         )
@@ -134,6 +165,12 @@ class SignIn:
             return None
         return await self._sessions.touch(digest(secret), self._clock(), self._settings.session_idle_seconds)
 
+    def counted(self, request: Request, reason: str) -> bool:
+        """A request refused for its cookie (`session_invalid`, `csrf_token_invalid`): charged to
+        the client's address like a bad token. True if it is counted on the interval's
+        `auth.denied` line instead of a line of its own, so a flood cannot fill the audit log."""
+        return not self._preauth.failed(client_address(request.scope), reason)
+
     @staticmethod
     def csrf_ok(request: Request, session: WebSession) -> bool:
         sent = request.headers.getlist(CSRF_HEADER)
@@ -142,39 +179,25 @@ class SignIn:
     # -- the sign-in flow ------------------------------------------------------------------
 
     async def login(self, request: Request) -> Response:
-        now = self._clock()
-        # Each sign-in under way is a row until its callback or its expiry: a flood of starts
-        # that never finish must not grow the store without bound.
-        if await self._sessions.open_logins(now) >= self._settings.max_open_signins:
-            await self._record(Outcome.DENIED, "too_many_signins", 503, request=request)
-            return _failure(503, "too_many_signins")
-        secret, state, nonce = new_secret(), secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        state, nonce = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         verifier = secrets.token_urlsafe(48)  # 64 characters: RFC 7636 asks 43 to 128
         return_to = safe_return_to(request.query_params.get("return_to"))
         try:
             url = await self._provider.authorization_url(state=state, nonce=nonce, verifier=verifier)
-            await self._sessions.purge(now)
-            await self._sessions.begin_login(
-                Login(digest(secret), state, nonce, verifier, return_to, now + SIGNIN_SECONDS)
-            )
         except SignInFailed as exc:
             await self._record(Outcome.ERROR, exc.reason, 503)
             return _failure(503, exc.reason)
-        except StoreUnavailable:
-            await self._record(Outcome.ERROR, "approval_store_unavailable", 503)
-            return _failure(503, "sessions_unavailable")
+        # Sealed into the cookie, not stored: nothing here grows with starts that never finish.
+        sealed = self._pending.seal(
+            Pending(state, nonce, verifier, return_to, self._clock() + SIGNIN_SECONDS)
+        )
         response = RedirectResponse(url, 302, headers=_HEADERS)
-        _cookie(response, SIGNIN_COOKIE, secret, max_age=SIGNIN_SECONDS, same_site="lax")
+        _cookie(response, SIGNIN_COOKIE, sealed, max_age=SIGNIN_SECONDS, same_site="lax")
         return response
 
     async def callback(self, request: Request) -> Response:
         query = request.query_params
-        secret = request.cookies.get(SIGNIN_COOKIE)
-        try:
-            login = await self._sessions.take_login(digest(secret), self._clock()) if secret else None
-        except StoreUnavailable:
-            await self._record(Outcome.ERROR, "approval_store_unavailable", 503)
-            return _failure(503, "sessions_unavailable")
+        login = self._pending.open(request.cookies.get(SIGNIN_COOKIE))
         reason = self._refused(query, login)
         if reason is not None or login is None:
             reason = reason or "no_signin"
@@ -209,6 +232,7 @@ class SignIn:
             old = request.cookies.get(SESSION_COOKIE)
             if old and len(old) <= 128:
                 await self._sessions.end(digest(old))  # whoever planted it holds nothing now
+            await self._sessions.purge(now)  # ended sessions, at the pace sessions are made
             await self._sessions.create(session)
         except StoreUnavailable:
             await self._record(Outcome.ERROR, "approval_store_unavailable", 503, identity.subject)
@@ -220,12 +244,12 @@ class SignIn:
         _drop_cookie(response, SIGNIN_COOKIE, "lax")
         return response
 
-    def _refused(self, query: Any, login: Login | None) -> str | None:
+    def _refused(self, query: Any, login: Pending | None) -> str | None:
         """Why the callback's parameters cannot be this browser's sign-in, or None."""
         if "error" in query:
             return "provider_refused"  # the person cancelled, or the provider said no
         if login is None:
-            return "no_signin"  # no sign-in under way here, expired, or already completed
+            return "no_signin"  # no sign-in under way here, forged, or expired
         if not hmac.compare_digest(query.get("state", "").encode(), login.state.encode()):
             return "bad_state"
         if "iss" in query and query["iss"] != self._settings.issuer:

@@ -39,7 +39,7 @@ from typing import Any
 import httpx2
 
 from broker.approvals.store import Approval
-from broker.files import UnsafeFileError, read_bounded
+from broker.files import UnsafeFileError, read_bounded, read_secret
 from broker.settings import PREFIX, SettingsError, WebhookSettings
 
 log = logging.getLogger("docbroker")
@@ -68,9 +68,9 @@ class Notice:
 
 def load_secret(settings: WebhookSettings) -> bytes:
     try:
-        raw = read_bounded(settings.secret_file, 4096, follow_links=True).decode().strip()
-    except (UnsafeFileError, UnicodeDecodeError):
-        raise SettingsError(f"{PREFIX}WEBHOOK_SECRET_FILE cannot be read") from None
+        raw = read_secret(settings.secret_file, 4096)
+    except UnsafeFileError as exc:  # the reason names no content: safe in the one line
+        raise SettingsError(f"{PREFIX}WEBHOOK_SECRET_FILE {exc.reason}") from None
     if raw.startswith("whsec_"):
         try:
             key = base64.b64decode(raw.removeprefix("whsec_"), validate=True)

@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "broker.files": 0,  # opening a file someone may have planted (keys, audit inputs)
     "broker.protocol": 1,
     "broker.master_key": 1,  # the master key and every per-tenant key derived from it
+    "broker.sealing": 1,  # one AES-GCM framing for values sealed through a client
     "broker.supply": 1,  # the image's signed provenance, SBOM and content digest (DESIGN §13)
     "broker.audit": 2,
     "broker.tracing": 2,  # OpenTelemetry spans of /mcp requests, made from the gateway's record

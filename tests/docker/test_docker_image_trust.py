@@ -31,12 +31,22 @@ from typing import Any
 
 import pytest
 
-from broker.runtime.base import ImageUntrusted
+from broker.runtime.base import ImageUntrusted, Runtime
 from broker.runtime.docker import DockerBackend
 from broker.runtime.imagetrust import ImageTrust
 from broker.settings import ImageSupplySettings
 from broker.testing import make_broker
-from tests.docker.conftest import IMAGE, SECCOMP, Daemon, Layout, remove_instance, unique_tenant
+from broker.types import SandboxInfo
+from tests.docker.conftest import (
+    IMAGE,
+    SECCOMP,
+    Daemon,
+    HostTenant,
+    Layout,
+    remove_instance,
+    unique_tenant,
+    wait_ready,
+)
 from tests.docker.test_docker_pool import containers, pool_dir, warm_backend
 from tests.signed_images import Release
 
@@ -329,3 +339,135 @@ def test_doctor_names_the_digest_and_says_whether_trust_is_on(
         and "has no readable provenance" in swapped["sandbox runtime"][1]
     )
     assert swapped["sandbox image"][0] == "FAIL"
+
+
+# --- issue 34 item 12: a running sandbox is checked again before it is adopted -----------------
+
+
+@dataclass
+class Leak:
+    """The documented key-leak procedure, half done: the image built and signed with the
+    leaked key runs; the new key signed a rebuild, and the broker now trusts only that key."""
+
+    leaked: ImageTrust  # what the broker trusted before
+    current: ImageTrust  # what it trusts now
+
+
+@pytest.fixture
+def leak(layout: Layout, swap: Swap) -> Leak:
+    records = layout.root / "images"
+    leaked, new = Release(layout.root / "keys", "leaked"), Release(layout.root / "keys", "new")
+    leaked.sign(records, swap.real)
+    new.sign(records, swap.other)  # the rebuild: another image, signed with the new key only
+
+    def trusting(release: Release) -> ImageTrust:
+        trust = ImageTrust.from_settings(
+            ImageSupplySettings(records_dir=records, trust_keys=(release.public,))
+        )
+        assert trust is not None
+        return trust
+
+    return Leak(trusting(leaked), trusting(new))
+
+
+Events = list[tuple[str, str, dict[str, Any]]]
+
+
+async def connected(daemon: Daemon, instance: str, swap: Swap, trust: ImageTrust) -> DockerBackend:
+    return await DockerBackend.connect(
+        daemon.settings(image=swap.tag, pool_size=0), instance=instance, trust=trust
+    )
+
+
+async def started_by(daemon: Daemon, instance: str, swap: Swap, trust: ImageTrust, tenant: HostTenant) -> str:
+    """The tenant's sandbox as a broker trusting `trust` starts it (this one before a restart,
+    or a peer), running and ready: its container id."""
+    backend = await connected(daemon, instance, swap, trust)
+    try:
+        info = await backend.create(tenant.spec)
+        await wait_ready(info)
+        return info.backend_id
+    finally:
+        await backend.close()
+
+
+def runtime_on(backend: DockerBackend, tenant: HostTenant, events: Events) -> Runtime:
+    async def record(event: str, name: str, sandbox: str, details: dict[str, Any]) -> None:
+        events.append((event, name, details))
+
+    return Runtime(
+        backend, lambda _: tenant.spec, max_sandboxes=5, idle_timeout=300, start_timeout=30, on_event=record
+    )
+
+
+async def serve(
+    runtime: Runtime, daemon: Daemon, instance: str, tenant: HostTenant, untrusted: str
+) -> SandboxInfo:
+    """The tenant's next call: its sandbox, once the untrusted container is gone."""
+    await runtime.ensure(tenant.spec.tenant)
+    info = runtime.get(tenant.spec.tenant)
+    assert info is not None
+    assert untrusted not in {a["Id"] for a in containers(daemon, instance).values()}
+    return info
+
+
+def removed_untrusted(events: Events, tenant: HostTenant, digest: str) -> None:
+    """One stop, audited `image_untrusted` with the digest it ran (the shutdown's aside)."""
+    found = [e for e in events if e[0] == "sandbox.stopped" and e[2]["reason"] != "shutdown"]
+    assert found == [
+        ("sandbox.stopped", tenant.spec.tenant, {"reason": "image_untrusted", "image_digest": digest})
+    ]
+
+
+def test_a_sandbox_from_a_withdrawn_key_is_removed_at_start_up_not_adopted(
+    daemon: Daemon, layout: Layout, instance: str, swap: Swap, leak: Leak
+) -> None:
+    """A broker restarted with only the new key meets the sandbox it (or a peer) started from
+    the leaked key's image: removed, audited, and the tenant's next call gets the rebuild."""
+    tenant = layout.tenant(unique_tenant())
+    events: Events = []
+
+    async def scenario() -> tuple[SandboxInfo | None, str]:
+        old = await started_by(daemon, instance, swap, leak.leaked, tenant)
+        swap.point_at(swap.other)  # the rebuild, under the same name
+        runtime = runtime_on(await connected(daemon, instance, swap, leak.current), tenant, events)
+        await runtime.start()
+        try:
+            adopted = runtime.get(tenant.spec.tenant)
+            info = await serve(runtime, daemon, instance, tenant, old)
+            return adopted, image_of(daemon, info.backend_id)[0]  # before close stops it
+        finally:
+            await runtime.close()
+
+    adopted, runs = asyncio.run(scenario())
+    assert adopted is None  # not served on
+    removed_untrusted(events, tenant, swap.real)
+    assert runs == swap.other
+
+
+def test_a_peers_sandbox_from_a_withdrawn_key_is_not_taken_over_at_a_start(
+    daemon: Daemon, layout: Layout, instance: str, swap: Swap, leak: Leak
+) -> None:
+    """A replica still on the old keys started the tenant's sandbox after this one came up;
+    this replica's first call for the tenant finds it running (the daemon's name conflict) and
+    would share it: removed instead, and this replica starts its own from the rebuild."""
+    tenant = layout.tenant(unique_tenant())
+    events: Events = []
+
+    async def scenario() -> tuple[str, SandboxInfo, str]:
+        swap.point_at(swap.other)
+        runtime = runtime_on(await connected(daemon, instance, swap, leak.current), tenant, events)
+        await runtime.start()
+        try:
+            swap.point_at(swap.real)  # the peer resolves the name as it was, with its old key
+            theirs = await started_by(daemon, instance, swap, leak.leaked, tenant)
+            swap.point_at(swap.other)
+            info = await serve(runtime, daemon, instance, tenant, theirs)
+            return theirs, info, image_of(daemon, info.backend_id)[0]
+        finally:
+            await runtime.close()
+
+    theirs, mine, runs = asyncio.run(scenario())
+    assert mine.backend_id != theirs and not mine.details.get("adopted")
+    assert runs == swap.other
+    removed_untrusted(events, tenant, swap.real)

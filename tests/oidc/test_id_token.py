@@ -57,6 +57,7 @@ async def token_response(provider: Provider, broker: Broker, client_id: str, non
 def relying_party(provider: Provider, tmp_path: Path) -> OidcProvider:
     secret = tmp_path / "secret"
     secret.write_text(provider.secret)
+    secret.chmod(0o600)
     settings = OidcSettings(issuer=provider.issuer, client_id="docbroker", client_secret_file=secret)
     return OidcProvider(settings, redirect_uri="unused", post_logout_uri="unused")
 

@@ -100,10 +100,12 @@ def test_a_replayed_callback_or_code_is_refused(broker: Broker, browser: Browser
     callback = browser.authenticate(browser.start(), "ann")
     signin_cookie = browser.cookies[SIGNIN_COOKIE]
     assert browser.request("GET", callback).status_code == 303
-    # the same callback again, with the sign-in cookie it came with: that sign-in is done
+    # the same callback again, with the sign-in cookie it came with: the cookie still opens
+    # (the sign-in travels sealed in it, nothing is stored to take), but the provider
+    # redeems a code once
     replay = Browser(broker, cookies={SIGNIN_COOKIE: signin_cookie})
     again = replay.request("GET", callback)
-    assert again.status_code == 400 and "no_signin" in again.text and SESSION_COOKIE not in replay.cookies
+    assert again.status_code == 400 and "code_refused" in again.text and SESSION_COOKIE not in replay.cookies
     # the code inside a fresh sign-in of the attacker's (a state of their own): the provider
     # took it once already
     attacker = Browser(broker)

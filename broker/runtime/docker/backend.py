@@ -29,7 +29,14 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from broker.runtime.base import BackendRefused, ImageCheck, NoImageTrust, SandboxBackend, SandboxStartError
+from broker.runtime.base import (
+    BackendRefused,
+    ImageCheck,
+    ImageUntrusted,
+    NoImageTrust,
+    SandboxBackend,
+    SandboxStartError,
+)
 from broker.runtime.daemon import DaemonFacts, daemon_facts
 from broker.runtime.docker import hardening
 from broker.runtime.docker.hardening import SANDBOX_GID, load_seccomp_profile
@@ -315,6 +322,16 @@ class DockerBackend(SandboxBackend):
     async def discover(self) -> list[SandboxInfo]:
         return await self.blocking(self._discover)
 
+    async def vouched_for(self, info: SandboxInfo) -> bool:
+        # The image it runs, as the daemon listed it (discover) or inspected it (a winner).
+        digest = str(info.details.get("image_digest", ""))
+        try:
+            await self.blocking(self._trust.check, digest)
+        except ImageUntrusted as exc:
+            log.warning("running sandbox not adopted: %s", exc)  # the digest and why, as at a start
+            return False
+        return True
+
     async def remove_tenant(self, tenant: str, run_dir: str) -> int:
         return await self.blocking(self._remove_tenant, tenant)
 
@@ -388,7 +405,11 @@ class DockerBackend(SandboxBackend):
                     backend_id=str(container.id),
                     started_at=now,
                     last_used=now,
-                    details={"container": str(container.id)[:12], "adopted": True},
+                    details={
+                        "container": str(container.id)[:12],
+                        "adopted": True,
+                        "image_digest": str(container.attrs.get("Image", "")),
+                    },
                 )
             if container.status in ("created", "restarting") and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -483,7 +504,10 @@ class DockerBackend(SandboxBackend):
                     backend_id=container_id,
                     started_at=now,
                     last_used=now,
-                    details={"replica": labels.get(LABEL_REPLICA, "")},
+                    details={
+                        "replica": labels.get(LABEL_REPLICA, ""),
+                        "image_digest": str(container.get("ImageID", "")),
+                    },
                 )
             )
         return found

@@ -196,5 +196,6 @@ def test_a_template_with_an_unknown_placeholder_is_refused_at_start(tmp_path: Pa
             "DOCBROKER_WEBHOOK_TEMPLATE_FILE": str(template),
         })  # fmt: skip
         (tmp_path / "s").write_text(SECRET)
+        (tmp_path / "s").chmod(0o600)
         with pytest.raises(RuntimeError, match="WEBHOOK_TEMPLATE_FILE may use only"):
             broker.start()
