@@ -40,6 +40,8 @@ KUBERNETES = {
     "DOCBROKER_RUNTIME": "kubernetes",
     "DOCBROKER_KUBE_SERVER_IMAGE": "docbroker-server@sha256:" + "ab" * 32,
     "DOCBROKER_KUBE_KEEPER_IMAGE": "docbroker-broker@sha256:" + "cd" * 32,
+    # A broker Pod keeps its approvals in PostgreSQL (SQLite there is refused first).
+    "DOCBROKER_DATABASE_URL": "postgresql://docbroker@/docbroker?host=/run/postgresql",
 }
 
 
