@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from broker.errors import Denial, Denied
+from broker.protocol import inbound
 from broker.protocol import jsonrpc as rpc
 from server import contracts as c
 
@@ -82,8 +83,8 @@ def check_routing_headers(msg: rpc.RpcMessage, headers: dict[str, str]) -> None:
     method_header = headers.get("mcp-method")
     if method_header is not None and method_header != msg.method:
         raise Denied(Denial.BAD_REQUEST, "routing_header_mismatch")
-    name_header = headers.get("mcp-name")
-    if name_header is not None and msg.method == "tools/call" and name_header != msg.tool:
+    name_header = inbound.name_header(headers)  # a `=?base64?...?=` value decoded, as the SDK does
+    if "mcp-name" in headers and msg.method == "tools/call" and name_header != msg.tool:
         raise Denied(Denial.BAD_REQUEST, "routing_header_mismatch")
 
 

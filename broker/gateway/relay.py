@@ -34,7 +34,7 @@ from broker.gateway.pinning import Pinning, legacy_session
 from broker.gateway.record import CallRecord
 from broker.gateway.responder import AuditLike, Responder
 from broker.gateway.sessions import SessionSealer
-from broker.protocol import answers, sse
+from broker.protocol import answers, inbound, sse
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.codec import loads_sandbox
 from broker.protocol.methods import audit_method, sandbox_may_send
@@ -334,6 +334,10 @@ class Relay:
         else:
             _sandbox_spans(parsed, record)
             reply = await self._consumer(passed.principal, parsed, len(raw), request, descriptor, record)
+            error = reply.get("error")
+            if isinstance(error, dict) and record.reason == "request_invalid":
+                # the status the SDK gives the code (2026-07-28), or the sandbox's as relayed
+                status = inbound.error_status(error["code"]) if record.typed_results else leg.status
         await out.json(status, reply, {k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
 
     def _headers(self, passed: Passed, response: UpstreamResponse, status: int) -> list[tuple[bytes, bytes]]:

@@ -172,7 +172,7 @@ def _check(
     if size > max_bytes:
         return "result_too_large"
     if "error" in reply:
-        return "upstream_error"
+        return "sandbox_refused"
     result = reply.get("result")
     if not isinstance(result, dict):
         return "result_not_object"
