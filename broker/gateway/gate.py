@@ -110,8 +110,6 @@ class Gate:
         record.principal = principal = await self._auth.authenticate(
             _all_values(scope, b"authorization"), client_address(scope)
         )
-        if http_method not in ("POST", "GET", "DELETE"):
-            raise Denied(Denial.METHOD_NOT_ALLOWED, "http_method_not_allowed")
         record.header_names = forwarding.param_header_names(headers)
         # The SDK's own ladder (broker.protocol.inbound), in its order, for every method: the
         # client gets the answer the server alone would give (DESIGN §15).
@@ -119,6 +117,8 @@ class Gate:
         refusal = inbound.http_layer(http_method, headers, modern)
         if refusal is not None:
             return _answered(refusal, record)
+        if http_method not in ("POST", "GET", "DELETE"):
+            raise Denied(Denial.METHOD_NOT_ALLOWED, "http_method_not_allowed")
         if modern:
             headers.pop("mcp-session-id", None)  # the 2026-07-28 entry has no sessions
 

@@ -65,6 +65,10 @@ def legacy(method: str, params: dict[str, Any] | None = None, rid: Any = 1) -> d
 ACCEPT = "application/json, text/event-stream"
 MODERN_HEADERS = {"content-type": "application/json", "accept": ACCEPT, "mcp-protocol-version": MODERN}
 LEGACY_HEADERS = {"content-type": "application/json", "accept": ACCEPT}
+# The entries of docs/architecture.md's list of broker-first answers.
+UNKNOWN_TOOL = "an unknown tool"
+ALLOW_LIST = "the method allow-list"
+HTTP_METHOD = "an HTTP method other than POST, GET or DELETE"
 VERSIONS_2099 = {**META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}
 
 
@@ -75,7 +79,9 @@ class V:
     headers: dict[str, str | None] = field(default_factory=dict)
     http_method: str = "POST"
     legacy: bool = False  # the handshake era's headers (no version header, no routing headers)
-    broker_first: str | None = None  # the docs/architecture.md entry that explains a difference
+    session: bool = False  # sent in a handshake-era session opened (initialize) just before
+    # A difference docs/architecture.md explains: its entry's name and the broker's answer.
+    broker_first: tuple[str, tuple[int, int | None, str]] | None = None
 
 
 # fmt: off
@@ -107,7 +113,7 @@ VARIANTS = [
     V("id null", req("tools/list", rid=None)),
     V("id a boolean", req("tools/list", rid=True)),
     V("ping", req("ping"), {"mcp-method": "ping"}),
-    V("unknown method", req("resources/list"), {"mcp-method": "resources/list"}, broker_first="method allow-list"),
+    V("unknown method", req("resources/list"), {"mcp-method": "resources/list"}, broker_first=(ALLOW_LIST, (404, -32601, "error"))),
     V("accept json only", req("tools/list"), {"accept": "application/json"}),
     V("accept html", req("tools/list"), {"accept": "text/html"}),
     V("accept missing", req("tools/list"), {"accept": None}),
@@ -115,7 +121,7 @@ VARIANTS = [
     V("content-type text/plain", req("tools/list"), {"content-type": "text/plain"}),
     V("content-type missing", req("tools/list"), {"content-type": None}),
     V("content-type with charset", req("tools/list"), {"content-type": "application/json; charset=utf-8"}),
-    V("unknown tool", call("nope", {}), broker_first="spec-over-sdk: unknown tool"),
+    V("unknown tool", call("nope", {}), broker_first=(UNKNOWN_TOOL, (400, -32602, "error"))),
     V("tools/list cursor not a string", req("tools/list", {"cursor": 5})),
     V("params not an object", {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": [1]}),
     V("jsonrpc 1.0", {**req("tools/list"), "jsonrpc": "1.0"}),
@@ -127,7 +133,7 @@ VARIANTS = [
     V("empty batch", []),
     V("huge id", req("tools/list", rid=10**30)),
     V("long string id", req("tools/list", rid="x" * 2000)),
-    V("unicode mcp-name (base64)", call("söch", {}), {"mcp-name": "=?base64?c8O2Y2g=?="}, broker_first="spec-over-sdk: unknown tool"),
+    V("unicode mcp-name (base64)", call("söch", {}), {"mcp-name": "=?base64?c8O2Y2g=?="}, broker_first=(UNKNOWN_TOOL, (400, -32602, "error"))),
     V("mcp-name bad base64", call(), {"mcp-name": "=?base64?!!?="}),
     V("mcp-name base64 of the tool", call(), {"mcp-name": "=?base64?c2VhcmNoX2RvY3VtZW50cw==?="}),
     V("mcp-param header unknown", call(), {"mcp-param-query": "x"}),
@@ -135,7 +141,8 @@ VARIANTS = [
     V("session id on a modern request", req("tools/list"), {"mcp-session-id": "abc"}),
     V("GET modern", None, http_method="GET"),
     V("DELETE modern", None, http_method="DELETE"),
-    V("PUT", req("tools/list"), http_method="PUT", broker_first="http method"),
+    V("PUT", req("tools/list"), http_method="PUT"),
+    V("legacy PUT", init(), http_method="PUT", legacy=True, broker_first=(HTTP_METHOD, (405, -32600, "error"))),
     # -- the handshake era (2025-11-25) ------------------------------------------------------------
     V("initialize", init(), legacy=True),
     V("initialize 2025-06-18", init("2025-06-18"), legacy=True),
@@ -143,15 +150,26 @@ VARIANTS = [
     V("initialize without params", {"jsonrpc": "2.0", "id": 1, "method": "initialize"}, legacy=True),
     V("initialize with a modern header", init(), {"mcp-protocol-version": MODERN}, legacy=True),
     V("legacy tools/list without a session", legacy("tools/list"), legacy=True),
-    V("legacy tools/list unknown session", legacy("tools/list"), {"mcp-session-id": "abc"}, legacy=True, broker_first="session"),
+    V("legacy tools/list unknown session", legacy("tools/list"), {"mcp-session-id": "abc"}, legacy=True),
     V("legacy ping without a session", legacy("ping"), legacy=True),
     V("legacy notification", legacy("notifications/initialized", rid=...), legacy=True),
     V("legacy batch", [init()], legacy=True),
     V("legacy not json", b"{", legacy=True),
     V("legacy content-type text/plain", init(), {"content-type": "text/plain"}, legacy=True),
     V("legacy accept html", init(), {"accept": "text/html"}, legacy=True),
-    V("legacy GET without a session", None, http_method="GET", legacy=True, broker_first="session"),
-    V("legacy DELETE without a session", None, http_method="DELETE", legacy=True, broker_first="session"),
+    V("legacy GET without a session", None, http_method="GET", legacy=True),
+    V("legacy DELETE without a session", None, http_method="DELETE", legacy=True),
+    V("legacy tools/list in a session", legacy("tools/list"), legacy=True, session=True),
+    V("legacy tools/call in a session", legacy("tools/call", {"name": "search_documents", "arguments": {"query": "x"}}), legacy=True, session=True),
+    V("legacy tools/call arguments a list", legacy("tools/call", {"name": "search_documents", "arguments": [1]}), legacy=True, session=True),
+    V("legacy tools/call without a name", legacy("tools/call", {"arguments": {}}), legacy=True, session=True),
+    V("legacy unknown tool", legacy("tools/call", {"name": "nope", "arguments": {}}), legacy=True, session=True, broker_first=(UNKNOWN_TOOL, (200, -32602, "error"))),
+    V("legacy ping in a session", legacy("ping"), legacy=True, session=True),
+    V("legacy unknown method in a session", legacy("resources/list"), legacy=True, session=True, broker_first=(ALLOW_LIST, (200, -32601, "error"))),
+    V("legacy modern envelope in a session", req("tools/list"), legacy=True, session=True),
+    V("legacy notification in a session", legacy("notifications/initialized", rid=...), legacy=True, session=True),
+    V("legacy initialize again in a session", init(), legacy=True, session=True),
+    V("legacy DELETE in a session", None, http_method="DELETE", legacy=True, session=True),
 ]
 # fmt: on
 
@@ -209,9 +227,23 @@ def _read(response: httpx2.Response) -> Answer:
     return Answer(response.status_code, None, "result")
 
 
-def _send(client: httpx2.Client, v: V, extra: dict[str, str]) -> Answer:
-    request = client.build_request(v.http_method, "/mcp", content=_content(v.body), headers={**_headers(v), **extra})
+def _send(client: httpx2.Client, v: V) -> Answer:
+    headers = _headers(v)
+    if v.session:
+        headers["mcp-session-id"] = _open_session(client)
+    request = client.build_request(v.http_method, "/mcp", content=_content(v.body), headers=headers)
     return _read(client.send(request))
+
+
+def _open_session(client: httpx2.Client) -> str:
+    """A handshake-era session, initialized: its id."""
+    opened = client.post("/mcp", content=encode(init()), headers=LEGACY_HEADERS)
+    assert opened.status_code == 200, opened.text
+    session = opened.headers["mcp-session-id"]
+    done = legacy("notifications/initialized", rid=...)
+    ack = client.post("/mcp", content=encode(done), headers={**LEGACY_HEADERS, "mcp-session-id": session})
+    assert ack.status_code == 202, ack.text
+    return session
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +288,9 @@ def through_broker(broker: Broker) -> Iterator[httpx2.Client]:
         yield client
 
 
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
+
+
 def test_the_table_has_enough_variants() -> None:
     assert len(VARIANTS) >= 40
     assert len({v.name for v in VARIANTS}) == len(VARIANTS)
@@ -265,9 +300,13 @@ def test_the_table_has_enough_variants() -> None:
 def test_the_broker_answers_as_the_server_alone(
     variant: V, server_alone: httpx2.Client, through_broker: httpx2.Client
 ) -> None:
-    alone = _send(server_alone, variant, {})
-    brokered = _send(through_broker, variant, {})
+    alone = _send(server_alone, variant)
+    brokered = _send(through_broker, variant)
     if variant.broker_first is None:
         assert brokered.key() == alone.key(), f"{variant.name}: alone {alone}, broker {brokered}"
+    else:  # a documented difference: the broker's answer is the documented one
+        entry, expected = variant.broker_first
+        assert entry in ARCHITECTURE, f"{entry!r} is not in docs/architecture.md's list"
+        assert brokered.key() == expected, f"{variant.name}: alone {alone}, broker {brokered}"
 
 
