@@ -134,6 +134,9 @@ class Gate:
             record.read(msg, msg.protocol_version or headers.get("mcp-protocol-version"))
             if not client_may_send(msg.method, is_notification=msg.id is None):
                 raise Denied(Denial.METHOD_NOT_FOUND, "method_not_allowed")
+            refusal = inbound.check_params(msg)
+            if refusal is not None:
+                return _answered(refusal, record)
             forwarding.check_routing_headers(msg, headers)
             if not modern and msg.method != "initialize" and "mcp-session-id" not in headers:
                 return _answered(_NO_SESSION, record)

@@ -242,10 +242,13 @@ class Relay:
             record.save = None
             raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_claim_lost", retry_after=1)
         headers = forwarding.request_headers(passed.headers.items())
+        body = passed.body
         if record.traceparent is not None:
             headers["traceparent"] = record.traceparent  # the broker's span: the sandbox's parent
+            if passed.msg is not None:
+                body = forwarding.traced_body(passed.msg, body, record.traceparent)
             record.sent_ns = time.time_ns()  # before the bytes leave: the sandbox's window starts here
-        in_flight = await client.start(passed.http_method, headers, passed.body or None)
+        in_flight = await client.start(passed.http_method, headers, body or None)
         record.sent()  # while the sandbox works
         response = await in_flight.response()
         try:

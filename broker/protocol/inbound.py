@@ -13,7 +13,8 @@ for 2026-07-28, `mcp.server.streamable_http` for the handshake era):
    drops it) once its version is served (-32022);
 4. 2026-07-28: routing headers given once (-32020), `mcp.shared.inbound.classify_inbound_request`
    (`_meta` keys -32602, headers against the body -32020, the version -32022 with
-   `data.supported`), then the method's params against the SDK's own request models
+   `data.supported`); then, once the broker's method allow-list has passed it (the SDK's
+   dispatch finds the method first), the params against the SDK's own request models
    (`mcp_types.methods.validate_client_request`: -32602, or -32601 for a method the version
    has not).
 
@@ -139,13 +140,22 @@ def parse(raw: bytes, headers: Mapping[str, str], raw_headers: list[tuple[str, s
     verdict = classify_inbound_request(decoded, headers=dict(headers))
     if isinstance(verdict, InboundLadderRejection):
         return _refusal(msg.id, verdict.code, verdict.message, verdict.data)
+    return msg
+
+
+def check_params(msg: rpc.RpcMessage) -> Refusal | None:
+    """A 2026-07-28 request's params against the SDK's own request model of its method and
+    version (what the SDK's dispatch does once it has found the method's handler: the broker's
+    method allow-list comes first). -32601 for a method the version has not (`ping`)."""
+    if msg.id is None or msg.protocol_version is None:
+        return None
     try:
-        sdk_methods.validate_client_request(msg.method or "", verdict.protocol_version, msg.params)
+        sdk_methods.validate_client_request(msg.method or "", msg.protocol_version, msg.body.get("params"))
     except KeyError:
         return _refusal(msg.id, rpc.METHOD_NOT_FOUND, "Method not found", None)
     except ValidationError:
         return _refusal(msg.id, rpc.INVALID_PARAMS, "Invalid request parameters", "")
-    return msg
+    return None
 
 
 def name_header(headers: Mapping[str, str]) -> str | None:
