@@ -15,8 +15,7 @@ from starlette.types import Send
 
 from broker.errors import Denial
 from broker.gateway.record import CallRecord
-from broker.protocol import answers
-from broker.protocol import inbound
+from broker.protocol import answers, inbound
 from broker.protocol import jsonrpc as rpc
 from server import contracts as c
 

@@ -75,9 +75,12 @@ _FIXED_TEXTS: Final[Mapping[int, str]] = {
 }
 _INVALID_BODY = "Body must be a single JSON-RPC request or notification object"
 _NOT_ACCEPTABLE = "Not Acceptable: Client must accept both application/json and text/event-stream"
-_SDK_TEXTS: Final = frozenset(
-    {*_FIXED_TEXTS.values(), _INVALID_BODY, _NOT_ACCEPTABLE, "Bad Request: Missing session ID"}
-)
+_SDK_TEXTS: Final[Mapping[int, frozenset[str]]] = {
+    **{code: frozenset({text}) for code, text in _FIXED_TEXTS.items()},
+    rpc.INVALID_REQUEST: frozenset(
+        {"Invalid request", _INVALID_BODY, _NOT_ACCEPTABLE, "Bad Request: Missing session ID"}
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,9 @@ def http_layer(http_method: str, headers: Mapping[str, str], modern: bool) -> Re
     return _refusal(None, rpc.INVALID_REQUEST, _NOT_ACCEPTABLE, None, status=406)
 
 
-def parse(raw: bytes, headers: Mapping[str, str], raw_headers: list[tuple[str, str]]) -> rpc.RpcMessage | Refusal:
+def parse(
+    raw: bytes, headers: Mapping[str, str], raw_headers: list[tuple[str, str]]
+) -> rpc.RpcMessage | Refusal:
     """The body through the SDK's ladder of its era: the message, or the SDK's refusal."""
     try:
         decoded = loads_client(raw)
@@ -167,10 +172,10 @@ def sandbox_error(request_id: rpc.RequestId | None, error: Any) -> dict[str, Any
     """A JSON-RPC error a sandbox answered, as the client gets it: the code kept, the message
     only if it is one of the SDK's fixed texts, else the fixed text of its code."""
     code = error.get("code") if isinstance(error, dict) else None
-    if not isinstance(code, int) or isinstance(code, bool) or not -2**31 <= code < 2**31:
+    if not isinstance(code, int) or isinstance(code, bool) or not -(2**31) <= code < 2**31:
         code = rpc.INTERNAL_ERROR
     message = error.get("message") if isinstance(error, dict) else None
-    if message not in _SDK_TEXTS:
+    if message not in _SDK_TEXTS.get(code, ()):
         message = _FIXED_TEXTS.get(code, "Request refused")
     return rpc.error(request_id, code, str(message))
 

@@ -67,7 +67,10 @@ def test_body_that_is_not_json_is_a_parse_error(http: httpx2.Client) -> None:
 )
 def test_an_id_past_64_bits_is_answered_with_exactly_that_id(http: httpx2.Client, request_id: int) -> None:
     # JSON-RPC ids are the client's; the fast JSON path would turn these into floats.
-    meta = b'{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}'
+    meta = (
+        b'{"io.modelcontextprotocol/protocolVersion":"2026-07-28",'
+        + b'"io.modelcontextprotocol/clientCapabilities":{}}'
+    )
     raw = b'{"jsonrpc":"2.0","id":%d,"method":"resources/list","params":{"_meta":%s}}' % (request_id, meta)
     response = http.post("/mcp", content=raw, headers=modern_headers("resources/list"))
     assert response.status_code == 404  # -32601: the status the SDK gives it at 2026-07-28

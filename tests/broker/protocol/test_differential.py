@@ -8,6 +8,8 @@ as JSON), bytes (sent as they are) or a callable of the modern body; `headers` a
 the modern request's headers (None removes one).
 """
 
+# ruff: noqa: E501 - a row of the table is one line, however long
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +26,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from broker.testing import ROOT, Broker, free_port
 from broker.protocol.codec import encode
+from broker.testing import ROOT, Broker, free_port
 from tests.broker.support import LEGACY, MODERN, open_http
 
 META = {
@@ -47,7 +49,9 @@ def req(method: str, params: dict[str, Any] | None = None, rid: Any = 1, meta: A
 
 
 def call(tool: str = "search_documents", arguments: Any = None, **kw: Any) -> dict[str, Any]:
-    return req("tools/call", {"name": tool, "arguments": {"query": "x"} if arguments is None else arguments}, **kw)
+    return req(
+        "tools/call", {"name": tool, "arguments": {"query": "x"} if arguments is None else arguments}, **kw
+    )
 
 
 def init(version: str = LEGACY, **extra: Any) -> dict[str, Any]:
@@ -308,5 +312,3 @@ def test_the_broker_answers_as_the_server_alone(
         entry, expected = variant.broker_first
         assert entry in ARCHITECTURE, f"{entry!r} is not in docs/architecture.md's list"
         assert brokered.key() == expected, f"{variant.name}: alone {alone}, broker {brokered}"
-
-
