@@ -40,6 +40,9 @@ class Denial(Enum):
     )
     METHOD_NOT_ALLOWED = _Row(405, rpc.INVALID_REQUEST, "Method not allowed", _DENIED, _REQUEST)
     SESSION_NOT_FOUND = _Row(404, rpc.INVALID_REQUEST, "Session not found", _DENIED, _REQUEST)
+    # The SDK's own text: a handshake-era request the broker answers itself (`tools/list`)
+    # without the session its sandbox requires, answered as the sandbox would.
+    SESSION_REQUIRED = _Row(400, rpc.INVALID_REQUEST, "Bad Request: Missing session ID", _ERROR, _REQUEST)
     METHOD_NOT_FOUND = _Row(200, rpc.METHOD_NOT_FOUND, "Method not found", _DENIED, _POLICY)
     TOOL_NOT_ALLOWED = _Row(200, rpc.INVALID_PARAMS, "Unknown tool", _DENIED, _POLICY)
     RATE_LIMITED = _Row(429, rpc.RATE_LIMITED, "Too many requests", _DENIED, _REQUEST)

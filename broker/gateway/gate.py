@@ -58,15 +58,6 @@ class Answered:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-# The SDK's handshake-era transport (a stateful server) refuses any message but `initialize`
-# that names no session, before it reads the method.
-_NO_SESSION = inbound.Refusal(
-    400,
-    "session_required",
-    body=rpc.error(None, rpc.INVALID_REQUEST, "Bad Request: Missing session ID"),
-)
-
-
 def _answered(refusal: inbound.Refusal, record: CallRecord) -> Answered:
     if refusal is inbound.ACKNOWLEDGED:
         record.end(Outcome.OK, refusal.reason)
@@ -138,8 +129,6 @@ class Gate:
             if refusal is not None:
                 return _answered(refusal, record)
             forwarding.check_routing_headers(msg, headers)
-            if not modern and msg.method != "initialize" and "mcp-session-id" not in headers:
-                return _answered(_NO_SESSION, record)
 
         self._limit(principal.tenant, record)
         sealed_session = headers.get("mcp-session-id")

@@ -182,6 +182,11 @@ class Relay:
                 pin = await self._pinning.pinned(passed.principal.tenant, sandbox, client)
                 if msg is not None and msg.method == "tools/list":
                     session = legacy_session(passed.headers, passed.sealed_session)
+                    if session is None and not inbound.is_modern(passed.headers):
+                        # Answered from the pin, so first what the sandbox would say to a
+                        # handshake-era request without a session (the SDK's stateful 400).
+                        if await listing.needs_session(client):
+                            raise Denied(Denial.SESSION_REQUIRED, "session_required")
                     answer = await self._pinning.tools_list(
                         passed.principal, msg, session, sandbox, client, pin, record.request_id
                     )
@@ -319,13 +324,19 @@ class Relay:
                 raise
             await self._too_large(passed, request, descriptor, limit, out, record, stream=False)
             return
+        parsed = loads_sandbox(raw)
+        if status >= 400 and _transport_refusal(parsed) and record.save is None:
+            # The SDK's transport refusing the client's message before reading it (no id:
+            # "Missing session ID", "Not Acceptable"): the client's error, passed on as checked.
+            record.end(Outcome.ERROR, "request_invalid")
+            await out.json(status, inbound.sandbox_error(None, parsed["error"]))
+            return
         if request is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.
             record.end(*_plain_outcome(status))
             await out.raw(status, b"", headers)
             return
-        parsed = loads_sandbox(raw)
         if descriptor is not None:
             status = 200  # a tool's answer is the broker's checked (or own) result, whatever the sandbox said
         if not _answers(parsed, request):
@@ -415,6 +426,11 @@ class _Leg:
 def _answers(parsed: Any, request: rpc.RpcMessage) -> bool:
     """Is this sandbox message the answer to `request` (its id, and no method)?"""
     return isinstance(parsed, dict) and parsed.get("id") == request.id and "method" not in parsed
+
+
+def _transport_refusal(parsed: Any) -> bool:
+    """Is this sandbox message a JSON-RPC error of no request (`id: null`)?"""
+    return isinstance(parsed, dict) and parsed.get("id") is None and isinstance(parsed.get("error"), dict)
 
 
 def _sandbox_spans(answer: Any, record: CallRecord) -> None:
