@@ -120,6 +120,8 @@ class Gate:
             record.bytes_in = len(body)
             parsed = inbound.parse(body, headers, _raw_headers(scope))
             if isinstance(parsed, inbound.Refusal):
+                if parsed.msg is not None:  # audited by its method and tool, by name
+                    record.read(parsed.msg, headers.get("mcp-protocol-version"))
                 return _answered(parsed, record)
             msg = parsed
             record.read(msg, msg.protocol_version or headers.get("mcp-protocol-version"))

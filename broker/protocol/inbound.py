@@ -92,6 +92,7 @@ class Refusal:
     body: dict[str, Any] | None = None  # a JSON-RPC error
     text: bytes = b""  # or a plain-text body (the SDK's HTTP-layer refusals), or nothing
     headers: dict[str, str] = field(default_factory=dict)
+    msg: rpc.RpcMessage | None = None  # the request refused, when it was read (for the audit)
 
 
 ACKNOWLEDGED: Final = Refusal(202, "notification_dropped")  # not a refusal: the SDK's 202
@@ -141,10 +142,11 @@ def parse(
     msg = rpc.RpcMessage(decoded)
     duplicated = find_duplicated_routing_header(raw_headers)
     if duplicated is not None:
-        return _refusal(msg.id, HEADER_MISMATCH, f"{duplicated} header appears more than once", None)
+        refusal = _refusal(msg.id, HEADER_MISMATCH, f"{duplicated} header appears more than once", None)
+        return replace(refusal, msg=msg)
     verdict = classify_inbound_request(decoded, headers=dict(headers))
     if isinstance(verdict, InboundLadderRejection):
-        return _refusal(msg.id, verdict.code, verdict.message, verdict.data)
+        return replace(_refusal(msg.id, verdict.code, verdict.message, verdict.data), msg=msg)
     return msg
 
 
