@@ -35,9 +35,6 @@ class Denial(Enum):
     BAD_REQUEST = _Row(400, rpc.INVALID_REQUEST, "Invalid request", _ERROR, _REQUEST)
     READ_TIMEOUT = _Row(408, rpc.INVALID_REQUEST, "Request not received in time", _ERROR, _REQUEST)
     TOO_LARGE = _Row(413, rpc.INVALID_REQUEST, "Request body too large", _ERROR, _REQUEST)
-    UNSUPPORTED_MEDIA = _Row(
-        415, rpc.INVALID_REQUEST, "Content-Type must be application/json", _ERROR, _REQUEST
-    )
     METHOD_NOT_ALLOWED = _Row(405, rpc.INVALID_REQUEST, "Method not allowed", _DENIED, _REQUEST)
     SESSION_NOT_FOUND = _Row(404, rpc.INVALID_REQUEST, "Session not found", _DENIED, _REQUEST)
     # The SDK's own text: a handshake-era request the broker answers itself (`tools/list`)
