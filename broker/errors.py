@@ -35,11 +35,11 @@ class Denial(Enum):
     BAD_REQUEST = _Row(400, rpc.INVALID_REQUEST, "Invalid request", _ERROR, _REQUEST)
     READ_TIMEOUT = _Row(408, rpc.INVALID_REQUEST, "Request not received in time", _ERROR, _REQUEST)
     TOO_LARGE = _Row(413, rpc.INVALID_REQUEST, "Request body too large", _ERROR, _REQUEST)
-    UNSUPPORTED_MEDIA = _Row(
-        415, rpc.INVALID_REQUEST, "Content-Type must be application/json", _ERROR, _REQUEST
-    )
     METHOD_NOT_ALLOWED = _Row(405, rpc.INVALID_REQUEST, "Method not allowed", _DENIED, _REQUEST)
     SESSION_NOT_FOUND = _Row(404, rpc.INVALID_REQUEST, "Session not found", _DENIED, _REQUEST)
+    # The SDK's own text: a handshake-era request the broker answers itself (`tools/list`)
+    # without the session its sandbox requires, answered as the sandbox would.
+    SESSION_REQUIRED = _Row(400, rpc.INVALID_REQUEST, "Bad Request: Missing session ID", _ERROR, _REQUEST)
     METHOD_NOT_FOUND = _Row(200, rpc.METHOD_NOT_FOUND, "Method not found", _DENIED, _POLICY)
     TOOL_NOT_ALLOWED = _Row(200, rpc.INVALID_PARAMS, "Unknown tool", _DENIED, _POLICY)
     RATE_LIMITED = _Row(429, rpc.RATE_LIMITED, "Too many requests", _DENIED, _REQUEST)

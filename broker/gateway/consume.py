@@ -14,7 +14,7 @@ from typing import Any
 from broker.approvals.reports import Accepted, Reports
 from broker.gateway import results
 from broker.gateway.record import CallRecord
-from broker.protocol import answers
+from broker.protocol import answers, inbound
 from broker.protocol import jsonrpc as rpc
 from broker.types import Outcome, Principal
 from server import contracts as c
@@ -37,15 +37,22 @@ class Consumer:
         record: CallRecord,
     ) -> dict[str, Any]:
         """The client's answer to `msg`, given the sandbox's `reply` of `size` bytes."""
+        save = record.save
+        if save is None and "result" not in reply and isinstance(reply.get("error"), dict):
+            # The server refused the client's own request (its params, its version, its
+            # method): the client's error, passed on as one, not a sandbox failure — never
+            # counted by the breaker (the sandbox answered). A save is another matter: what
+            # the sandbox did with an approved write is only known from a valid result.
+            record.end(Outcome.ERROR, "request_invalid")
+            return inbound.sandbox_error(msg.id, reply["error"])
         if msg.method != "tools/call" or descriptor is None:
             result = reply.get("result")
             clean = results.handshake(msg.method or "", result) if isinstance(result, dict) else None
-            if "error" in reply or clean is None:
-                record.end(Outcome.ERROR, "upstream_error")
+            if clean is None:
+                record.end(Outcome.ERROR, "upstream_invalid")
                 return rpc.error(msg.id, rpc.INTERNAL_ERROR, "Tool sandbox returned an error")
             record.end(Outcome.OK, "ok")
             return rpc.result(msg.id, clean)
-        save = record.save
         arguments = save.arguments if save is not None else msg.arguments
         consumed = results.consume(reply, record.tool or "", arguments, size, self._max_response)
         record.end(_OUTCOMES[consumed.status], consumed.reason)

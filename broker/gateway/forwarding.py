@@ -12,7 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from broker.errors import Denial, Denied
+from broker.protocol import inbound
 from broker.protocol import jsonrpc as rpc
+from broker.protocol.codec import loads_client
 from server import contracts as c
 
 # Request headers forwarded to the sandbox (lower-case); `mcp-param-*` is matched by prefix.
@@ -82,8 +84,8 @@ def check_routing_headers(msg: rpc.RpcMessage, headers: dict[str, str]) -> None:
     method_header = headers.get("mcp-method")
     if method_header is not None and method_header != msg.method:
         raise Denied(Denial.BAD_REQUEST, "routing_header_mismatch")
-    name_header = headers.get("mcp-name")
-    if name_header is not None and msg.method == "tools/call" and name_header != msg.tool:
+    name_header = inbound.name_header(headers)  # a `=?base64?...?=` value decoded, as the SDK does
+    if "mcp-name" in headers and msg.method == "tools/call" and name_header != msg.tool:
         raise Denied(Denial.BAD_REQUEST, "routing_header_mismatch")
 
 
@@ -92,3 +94,16 @@ def forward_body(msg: rpc.RpcMessage, arguments: dict[str, Any]) -> bytes:
     params = {k: v for k, v in msg.params.items() if k not in ("requestState", "inputResponses")}
     params["arguments"] = arguments
     return rpc.encode({**msg.body, "params": params})
+
+
+def traced_body(msg: rpc.RpcMessage, body: bytes, traceparent: str) -> bytes:
+    """A 2026-07-28 request's body as forwarded while the broker traces it: its
+    `_meta.traceparent` (SEP-414) is the broker's span, the parent the SDK in the sandbox gives
+    its own spans, as the `traceparent` header is for the sandbox's span records. The caller's
+    `tracestate` is not followed (docs/tracing.md), so it is not passed on either."""
+    if msg.protocol_version is None:
+        return body  # the handshake era: the header alone carries it
+    message = loads_client(body)
+    params = message["params"]
+    meta = {k: v for k, v in params["_meta"].items() if k not in ("traceparent", "tracestate")}
+    return rpc.encode({**message, "params": {**params, "_meta": {**meta, "traceparent": traceparent}}})

@@ -12,7 +12,7 @@ session still exists, before its approval.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Receive, Scope
@@ -28,10 +28,10 @@ from broker.gateway.responder import AuditLike
 from broker.gateway.sessions import SessionSealer
 from broker.http_edge import READ_DEADLINE
 from broker.policy import Call, Decider, Policies, TenantLimiter
-from broker.protocol import answers
+from broker.protocol import answers, inbound
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import client_may_send
-from broker.types import Principal
+from broker.types import Outcome, Principal
 from server import contracts as c
 
 
@@ -49,10 +49,21 @@ class Passed:
 
 @dataclass(frozen=True)
 class Answered:
-    """The broker's own answer (a parse error, an approval's result): no sandbox is asked."""
+    """The broker's own answer (a parse error, an approval's result): no sandbox is asked.
+    `body` is a JSON-RPC message; without one, `text` is the whole body (plain text, or none)."""
 
     status: int
-    body: dict[str, Any]
+    body: dict[str, Any] | None
+    text: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _answered(refusal: inbound.Refusal, record: CallRecord) -> Answered:
+    if refusal is inbound.ACKNOWLEDGED:
+        record.end(Outcome.OK, refusal.reason)
+    else:
+        record.end(Outcome.ERROR, refusal.reason)
+    return Answered(refusal.status, refusal.body, refusal.text, refusal.headers)
 
 
 class Gate:
@@ -90,25 +101,35 @@ class Gate:
         record.principal = principal = await self._auth.authenticate(
             _all_values(scope, b"authorization"), client_address(scope)
         )
+        record.header_names = forwarding.param_header_names(headers)
+        # The SDK's own ladder (broker.protocol.inbound), in its order, for every method: the
+        # client gets the answer the server alone would give (DESIGN §15).
+        modern = inbound.is_modern(headers)
+        refusal = inbound.http_layer(http_method, headers, modern)
+        if refusal is not None:
+            return _answered(refusal, record)
         if http_method not in ("POST", "GET", "DELETE"):
             raise Denied(Denial.METHOD_NOT_ALLOWED, "http_method_not_allowed")
-        record.header_names = forwarding.param_header_names(headers)
+        if modern:
+            headers.pop("mcp-session-id", None)  # the 2026-07-28 entry has no sessions
 
         msg: rpc.RpcMessage | None = None
         body = b""
         if http_method == "POST":
             body = await _read_body(scope, receive, self._max_body, headers)
             record.bytes_in = len(body)
-            try:
-                msg = rpc.parse(body)
-            except rpc.RpcParseError as exc:
-                # JSON-RPC's own code and a fixed text that says what was wrong (-32700 for
-                # non-JSON, "batches are not supported"), not a bare "Invalid request".
-                record.reason = exc.reason
-                return Answered(400, rpc.error(None, exc.code, exc.message))
+            parsed = inbound.parse(body, headers, _raw_headers(scope))
+            if isinstance(parsed, inbound.Refusal):
+                if parsed.msg is not None:  # audited by its method and tool, by name
+                    record.read(parsed.msg, headers.get("mcp-protocol-version"))
+                return _answered(parsed, record)
+            msg = parsed
             record.read(msg, msg.protocol_version or headers.get("mcp-protocol-version"))
             if not client_may_send(msg.method, is_notification=msg.id is None):
                 raise Denied(Denial.METHOD_NOT_FOUND, "method_not_allowed")
+            refusal = inbound.check_params(msg)
+            if refusal is not None:
+                return _answered(refusal, record)
             forwarding.check_routing_headers(msg, headers)
 
         self._limit(principal.tenant, record)
@@ -198,14 +219,17 @@ def _headers_of(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
+def _raw_headers(scope: Scope) -> list[tuple[str, str]]:
+    """Every header line as sent (a folded mapping hides a routing header given twice)."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+
+
 def _all_values(scope: Scope, name: bytes) -> list[str]:
     """Every value of a header: two Authorization headers must be refused, not merged."""
     return [v.decode("latin-1") for k, v in scope["headers"] if k == name]
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int, headers: dict[str, str]) -> bytes:
-    if not headers.get("content-type", "").lower().startswith("application/json"):
-        raise Denied(Denial.UNSUPPORTED_MEDIA, "unsupported_media_type")
     declared = headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise Denied(Denial.TOO_LARGE, "body_too_large")

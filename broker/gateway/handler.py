@@ -47,6 +47,16 @@ _AUTH_TEXT = {401: "Unauthorized", 403: "Forbidden", 429: "Too many requests"}
 _AUTH_CODE = {403: rpc.FORBIDDEN, 429: rpc.RATE_LIMITED}
 
 
+async def _answer(out: Responder, answered: Answered) -> None:
+    if answered.body is not None:
+        await out.json(answered.status, answered.body, answered.headers)
+        return
+    headers = [(k.encode(), v.encode()) for k, v in answered.headers.items()]
+    if answered.text:
+        headers.append((b"content-type", b"text/plain; charset=utf-8"))
+    await out.raw(answered.status, answered.text, headers)
+
+
 class McpGateway:
     def __init__(
         self,
@@ -75,7 +85,7 @@ class McpGateway:
             try:
                 passed = await self._gate(scope, receive, record)
                 if isinstance(passed, Answered):
-                    await out.json(passed.status, passed.body)
+                    await _answer(out, passed)
                 else:
                     meta = passed.msg.params.get("_meta") if passed.msg is not None else None
                     span = self._tracing.start(started_ns, passed.headers, meta)

@@ -83,6 +83,17 @@ async def session_alive(client: Upstream, session_id: str, protocol: str) -> boo
         return response.status_code != 404
 
 
+async def needs_session(client: Upstream) -> bool:
+    """Whether the sandbox refuses a handshake-era request that names no session (the SDK's
+    stateful server does: 400). Asked only before the broker answers such a `tools/list`
+    itself, so that the client is told what the sandbox would tell it."""
+    body = {"jsonrpc": "2.0", "id": f"broker-{next(_ids)}", "method": "ping"}
+    headers = {"host": "localhost", "content-type": "application/json",
+               "accept": "application/json, text/event-stream"}  # fmt: skip
+    async with client.stream("POST", headers, encode(body)) as response:
+        return response.status_code == 400
+
+
 async def list_all_tools(client: Upstream) -> tuple[list[Any], list[str]]:
     """All descriptors across pages, and the reasons (if any) the listing was cut short."""
     tools: list[Any] = []
@@ -119,4 +130,3 @@ def _result(message: dict[str, Any]) -> Any:
     if "error" in message:
         raise ListingError("upstream_error")
     return message.get("result")
-

@@ -34,7 +34,7 @@ from broker.gateway.pinning import Pinning, legacy_session
 from broker.gateway.record import CallRecord
 from broker.gateway.responder import AuditLike, Responder
 from broker.gateway.sessions import SessionSealer
-from broker.protocol import answers, sse
+from broker.protocol import answers, inbound, sse
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.codec import loads_sandbox
 from broker.protocol.methods import audit_method, sandbox_may_send
@@ -182,6 +182,11 @@ class Relay:
                 pin = await self._pinning.pinned(passed.principal.tenant, sandbox, client)
                 if msg is not None and msg.method == "tools/list":
                     session = legacy_session(passed.headers, passed.sealed_session)
+                    if session is None and not inbound.is_modern(passed.headers):
+                        # Answered from the pin, so first what the sandbox would say to a
+                        # handshake-era request without a session (the SDK's stateful 400).
+                        if await listing.needs_session(client):
+                            raise Denied(Denial.SESSION_REQUIRED, "session_required")
                     answer = await self._pinning.tools_list(
                         passed.principal, msg, session, sandbox, client, pin, record.request_id
                     )
@@ -242,10 +247,13 @@ class Relay:
             record.save = None
             raise Denied(Denial.APPROVALS_UNAVAILABLE, "approval_claim_lost", retry_after=1)
         headers = forwarding.request_headers(passed.headers.items())
+        body = passed.body
         if record.traceparent is not None:
             headers["traceparent"] = record.traceparent  # the broker's span: the sandbox's parent
+            if passed.msg is not None:
+                body = forwarding.traced_body(passed.msg, body, record.traceparent)
             record.sent_ns = time.time_ns()  # before the bytes leave: the sandbox's window starts here
-        in_flight = await client.start(passed.http_method, headers, passed.body or None)
+        in_flight = await client.start(passed.http_method, headers, body or None)
         record.sent()  # while the sandbox works
         response = await in_flight.response()
         try:
@@ -316,13 +324,19 @@ class Relay:
                 raise
             await self._too_large(passed, request, descriptor, limit, out, record, stream=False)
             return
+        parsed = loads_sandbox(raw)
+        if status >= 400 and _transport_refusal(parsed) and record.save is None:
+            # The SDK's transport refusing the client's message before reading it (no id:
+            # "Missing session ID", "Not Acceptable"): the client's error, passed on as checked.
+            record.end(Outcome.ERROR, "request_invalid")
+            await out.json(status, inbound.sandbox_error(None, parsed["error"]))
+            return
         if request is None:
             # Notifications, responses, GET and DELETE: the status is the answer; a body the
             # sandbox attaches has no reader and is not passed on.
             record.end(*_plain_outcome(status))
             await out.raw(status, b"", headers)
             return
-        parsed = loads_sandbox(raw)
         if descriptor is not None:
             status = 200  # a tool's answer is the broker's checked (or own) result, whatever the sandbox said
         if not _answers(parsed, request):
@@ -334,6 +348,10 @@ class Relay:
         else:
             _sandbox_spans(parsed, record)
             reply = await self._consumer(passed.principal, parsed, len(raw), request, descriptor, record)
+            error = reply.get("error")
+            if isinstance(error, dict) and record.reason == "request_invalid":
+                # the status the SDK gives the code (2026-07-28), or the sandbox's as relayed
+                status = inbound.error_status(error["code"]) if record.typed_results else leg.status
         await out.json(status, reply, {k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
 
     def _headers(self, passed: Passed, response: UpstreamResponse, status: int) -> list[tuple[bytes, bytes]]:
@@ -408,6 +426,11 @@ class _Leg:
 def _answers(parsed: Any, request: rpc.RpcMessage) -> bool:
     """Is this sandbox message the answer to `request` (its id, and no method)?"""
     return isinstance(parsed, dict) and parsed.get("id") == request.id and "method" not in parsed
+
+
+def _transport_refusal(parsed: Any) -> bool:
+    """Is this sandbox message a JSON-RPC error of no request (`id: null`)?"""
+    return isinstance(parsed, dict) and parsed.get("id") is None and isinstance(parsed.get("error"), dict)
 
 
 def _sandbox_spans(answer: Any, record: CallRecord) -> None:

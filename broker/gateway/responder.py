@@ -15,7 +15,7 @@ from starlette.types import Send
 
 from broker.errors import Denial
 from broker.gateway.record import CallRecord
-from broker.protocol import answers
+from broker.protocol import answers, inbound
 from broker.protocol import jsonrpc as rpc
 from server import contracts as c
 
@@ -54,9 +54,14 @@ class Responder:
         await self.raw(status, rpc.encode(body), [_JSON, *extra])
 
     async def refuse(self, denial: Denial, headers: dict[str, str] | None = None) -> None:
-        """The denial's own status, JSON-RPC code and fixed text."""
+        """The denial's own status, JSON-RPC code and fixed text. A JSON-RPC-level refusal (a
+        200 row) of a 2026-07-28 request takes the status the SDK gives its code (-32601: 404,
+        -32602: 400), as the server alone would answer it."""
         body = rpc.error(self._record.rpc_id, denial.code, denial.message)
-        await self.json(denial.status, body, headers)
+        status = denial.status
+        if status == 200 and self._record.typed_results:
+            status = inbound.error_status(denial.code)
+        await self.json(status, body, headers)
 
     async def raw(self, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         record = self._record

@@ -82,9 +82,7 @@ def consume(
             broker_result(c.Status.FAILED, c.Message.READ_FAILED.value), "failed", "tool_is_error"
         )
     if tool == c.TOOL_SAVE:
-        return Consumed(
-            write_unknown(), "result_unknown", checked
-        )
+        return Consumed(write_unknown(), "result_unknown", checked)
     return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", checked)
 
 
@@ -172,7 +170,7 @@ def _check(
     if size > max_bytes:
         return "result_too_large"
     if "error" in reply:
-        return "upstream_error"
+        return "sandbox_refused"
     result = reply.get("result")
     if not isinstance(result, dict):
         return "result_not_object"

@@ -7,4 +7,5 @@
 - methods.py: which methods may cross the gateway, and how a method is named in the audit
 - sse.py: Server-Sent Events, parsed one event at a time and framed
 - answers.py: the answers the broker writes itself (results of its own, typed results)
+- inbound.py: the `mcp` SDK's inbound ladder, run before routing (the SDK's answers)
 """

@@ -90,6 +90,31 @@ def test_a_trial_whose_client_leaves_does_not_lock_the_tenant_out(tmp_path: Path
             assert read_status(session) == (200, "ok")
 
 
+def test_a_hundred_malformed_calls_leave_the_breaker_closed(tmp_path: Path) -> None:
+    """A client's own malformed requests are its errors (issue 35 item 2): passed on as
+    JSON-RPC errors, audited as refused requests, never `upstream_error`, never a failure of
+    its sandbox. With a one-failure breaker and a long cool-down, one counted would show."""
+    env = {"DOCBROKER_BREAKER_THRESHOLD": "1", "DOCBROKER_BREAKER_COOLDOWN": "600"}
+    with running_broker(tmp_path, env=env) as broker:
+        broker.sources("acme").mkdir(parents=True, exist_ok=True)
+        (broker.sources("acme") / "notes.md").write_text("hello\n")
+        with open_http(broker, broker.token()) as http:
+            session = LegacySession(http)
+            seq = last_seq(broker)
+            for i in range(100):
+                # The sandbox itself refuses these (the SDK's -32602): arguments not an object.
+                bad = {"name": "read_document", "arguments": [i] if i % 2 else "notes.md"}
+                r = session.post({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": bad})
+                error = rpc_reply(r)["error"]
+                assert error == {"code": -32602, "message": "Invalid request parameters"}, r.text
+            ended = [e for e in events_since(broker, seq) if e["event"] == "mcp.request"]
+            assert len(ended) == 100
+            assert {(e["outcome"], e["reason"]) for e in ended} == {("error", "request_invalid")}
+            started = time.monotonic()
+            assert read_status(session) == (200, "ok")  # not 503: the breaker is closed
+            assert time.monotonic() - started < CALL_TIMEOUT
+
+
 # -- the breaker alone, on its own clock --------------------------------------------------------
 
 

@@ -52,7 +52,7 @@ def test_json_rpc_batch_is_rejected_with_a_clear_error(broker: Broker, http: htt
     before = last_seq(broker)
     batch = [modern_body("tools/list", request_id=1), modern_body("tools/list", request_id=2)]
     message = refused(http.post("/mcp", json=batch, headers=modern_headers("tools/list")), 400, -32600)
-    assert "batch" in message.lower()
+    assert message == "Body must be a single JSON-RPC request or notification object"  # the SDK's text
     [event] = terminal([e for e in broker.audit_events() if e["seq"] > before])
     assert (event["outcome"], event["reason"], event["status"]) == ("error", "batch_rejected", 400)
 
@@ -67,9 +67,13 @@ def test_body_that_is_not_json_is_a_parse_error(http: httpx2.Client) -> None:
 )
 def test_an_id_past_64_bits_is_answered_with_exactly_that_id(http: httpx2.Client, request_id: int) -> None:
     # JSON-RPC ids are the client's; the fast JSON path would turn these into floats.
-    raw = b'{"jsonrpc":"2.0","id":%d,"method":"resources/list","params":{}}' % request_id
+    meta = (
+        b'{"io.modelcontextprotocol/protocolVersion":"2026-07-28",'
+        + b'"io.modelcontextprotocol/clientCapabilities":{}}'
+    )
+    raw = b'{"jsonrpc":"2.0","id":%d,"method":"resources/list","params":{"_meta":%s}}' % (request_id, meta)
     response = http.post("/mcp", content=raw, headers=modern_headers("resources/list"))
-    assert response.status_code == 200
+    assert response.status_code == 404  # -32601: the status the SDK gives it at 2026-07-28
     assert f'"id":{request_id},'.encode() in response.content, response.content
 
 
@@ -79,7 +83,9 @@ def test_an_id_past_64_bits_is_answered_with_exactly_that_id(http: httpx2.Client
     ids=["not-an-object", "wrong-version", "no-method"],
 )
 def test_invalid_json_rpc_objects_are_invalid_requests(http: httpx2.Client, body: bytes) -> None:
-    refused(http.post("/mcp", content=body, headers=JSON), 400, -32600)
+    # The SDK's answers: -32600 at 2026-07-28; its handshake-era transport says -32602.
+    refused(http.post("/mcp", content=body, headers={**JSON, "mcp-protocol-version": MODERN}), 400, -32600)
+    refused(http.post("/mcp", content=body, headers=JSON), 400, -32602)
 
 
 def test_oversized_body_is_rejected_before_reading_it(broker: Broker, http: httpx2.Client) -> None:
@@ -108,7 +114,9 @@ def test_oversized_chunked_body_without_length_is_rejected(http: httpx2.Client) 
 
 
 def test_wrong_content_type_and_http_method(http: httpx2.Client) -> None:
-    refused(http.post("/mcp", content=b"{}", headers={"content-type": "text/plain"}), 415, -32600)
+    # the SDK's answer: 400, a plain-text body
+    response = http.post("/mcp", content=b"{}", headers={"content-type": "text/plain"})
+    assert (response.status_code, response.text) == (400, "Invalid Content-Type header")
     refused(http.put("/mcp", content=b"{}", headers=JSON), 405, -32600)
     refused(http.get("/mcp"), 400, -32600)  # a GET stream belongs to a session
 
@@ -119,7 +127,7 @@ def test_wrong_content_type_and_http_method(http: httpx2.Client) -> None:
 )
 def test_methods_the_tools_do_not_need_are_refused(http: httpx2.Client, method: str) -> None:
     response = post_modern(http, method, {})
-    assert response.status_code == 200
+    assert response.status_code == 404  # -32601's status at 2026-07-28 (the SDK's table)
     assert rpc_reply(response)["error"]["code"] == -32601
 
 
@@ -255,7 +263,7 @@ async def test_tool_outside_scope_or_policy_cannot_be_called(
 def test_tool_outside_policy_refused_on_raw_http_too(broker: Broker) -> None:
     with open_http(broker, broker.token(tenant="readonly")) as http:
         response = call_modern(http, "save_report", {"filename": unique(), "content": "x"})
-    assert response.status_code == 200
+    assert response.status_code == 400  # -32602's status at 2026-07-28 (the SDK's table)
     assert rpc_reply(response)["error"] == {"code": -32602, "message": "Unknown tool"}
 
 

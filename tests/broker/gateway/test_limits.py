@@ -40,7 +40,7 @@ def test_rate_limit_answers_429_with_retry_after(broker: Broker) -> None:
             statuses.append(response.status_code)
             if response.status_code == 429:
                 limited = response
-    assert statuses[:3] == [200, 200, 200] and statuses[3:] == [429, 429, 429]
+    assert statuses[:3] == [400, 400, 400] and statuses[3:] == [429, 429, 429]  # -32602, then 429
     assert 1 <= int(limited.headers["retry-after"]) <= 10
     assert limited.json()["error"] == {"code": -32002, "message": "Too many requests"}
     events = terminal(events_since(broker, before))
@@ -48,7 +48,7 @@ def test_rate_limit_answers_429_with_retry_after(broker: Broker) -> None:
     assert all(e["tenant"] == "ratelimited" and e["status"] == 429 for e in events[-3:])
     # other tenants are not affected
     with open_http(broker, broker.token(tenant="acme")) as http:
-        assert call_modern(http, "no_such_tool", {}).status_code == 200
+        assert call_modern(http, "no_such_tool", {}).status_code == 400
 
 
 async def test_rate_limited_mcp_client_gets_a_clean_error(broker: Broker) -> None:

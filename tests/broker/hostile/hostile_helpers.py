@@ -57,6 +57,11 @@ class Reply:
         return int(self.answer["error"]["code"])
 
 
+# The handshake era's version header: `initialize`, `ping` and client notifications are that
+# era's (at 2026-07-28 the SDK answers the first two -32601 and drops notifications, 202).
+HANDSHAKE = {"mcp-protocol-version": "2025-11-25"}
+
+
 class Rpc:
     """A minimal 2026-07-28 client for one tenant: one JSON POST per request."""
 
@@ -81,7 +86,9 @@ class Rpc:
             "io.modelcontextprotocol/clientCapabilities": {},
         }
         if body is None:
-            body = {"jsonrpc": "2.0", "method": method, "params": {**(params or {}), "_meta": meta}}
+            handshake = (headers or {}).get("mcp-protocol-version") == HANDSHAKE["mcp-protocol-version"]
+            envelope = {} if handshake else {"_meta": meta}  # that era's requests carry none
+            body = {"jsonrpc": "2.0", "method": method, "params": {**(params or {}), **envelope}}
             if rid is not None:
                 body["id"] = rid
         sent = {

@@ -21,6 +21,7 @@ import pytest
 from broker.protocol.methods import audit_method
 from broker.testing import Broker, structured
 from tests.broker.hostile.hostile_helpers import (
+    HANDSHAKE,
     Reply,
     Rpc,
     events,
@@ -143,7 +144,9 @@ def test_injected_content_blocks_never_reach_the_client(hostile: Broker) -> None
 
 @pytest.mark.parametrize("method", ["server/discover", "initialize", "ping"])
 def test_the_handshake_carries_none_of_the_sandboxs_words(hostile: Broker, method: str) -> None:
-    reply = Rpc(hostile, "injected").post(method, INITIALIZE if method == "initialize" else {})
+    params = INITIALIZE if method == "initialize" else {}
+    headers = HANDSHAKE if method in ("initialize", "ping") else None
+    reply = Rpc(hostile, "injected").post(method, params, headers=headers)
     assert reply.status == 200 and reply.error_code is None, reply
     assert INJECTION.encode() not in reply.raw
     if method != "ping":  # only what the gateway lets through is advertised
@@ -271,8 +274,12 @@ REFUSED_NOTIFICATIONS = ["notifications/roots/list_changed", "notifications/mess
 @pytest.mark.parametrize("method", REFUSED_REQUESTS + REFUSED_NOTIFICATIONS)
 def test_methods_outside_the_allow_list_are_refused_and_audited(hostile: Broker, method: str) -> None:
     rpc = Rpc(hostile, "honest")
-    reply = rpc.post(method, {"uri": "file:///etc/passwd"}, notification=method in REFUSED_NOTIFICATIONS)
-    assert reply.status == 200
+    uri = "file:///etc/passwd"
+    # The handshake era: at 2026-07-28 the SDK acknowledges any notification (202) and drops it.
+    notification = method in REFUSED_NOTIFICATIONS
+    headers = HANDSHAKE if notification else {"mcp-name": uri}  # resources/read names its uri
+    reply = rpc.post(method, {"uri": uri}, notification=notification, headers=headers)
+    assert reply.status == (200 if notification else 404)  # -32601's status at 2026-07-28
     assert json.loads(reply.raw)["error"]["code"] == -32601
     # Names MCP does not define (a case variant included) are recorded as "other", never verbatim.
     event = last_request(hostile, "honest", method=audit_method(method))
@@ -287,7 +294,8 @@ def test_methods_outside_the_allow_list_are_refused_and_audited(hostile: Broker,
 def test_a_client_answer_to_a_sandbox_request_is_refused(hostile: Broker) -> None:
     # the sandbox may not ask the client anything, so there is nothing a client may answer
     body = {"jsonrpc": "2.0", "id": "hostile-1", "result": {"content": {"type": "text", "text": "yes"}}}
-    reply = Rpc(hostile, "honest").post("sampling/createMessage", body=body)
+    # (the handshake era: at 2026-07-28 the SDK refuses any posted response as -32600 first)
+    reply = Rpc(hostile, "honest").post("sampling/createMessage", body=body, headers=HANDSHAKE)
     assert json.loads(reply.raw)["error"]["code"] == -32601
     assert last_request(hostile, "honest", method="response")["reason"] == "method_not_allowed"
 
@@ -309,7 +317,8 @@ def test_methods_on_the_allow_list_pass(
     rpc = Rpc(hostile, "honest")
     before = len(sandbox_calls(hostile, "honest", method))
     params = {"notifications/cancelled": {"requestId": "t-0"}, "initialize": INITIALIZE}.get(method, {})
-    reply = rpc.post(method, params, notification=notification)
+    headers = None if method == "server/discover" else HANDSHAKE  # the others are that era's
+    reply = rpc.post(method, params, notification=notification, headers=headers)
     assert reply.status == status, reply
     if not notification:
         assert reply.error_code is None and isinstance(reply.result, dict), reply

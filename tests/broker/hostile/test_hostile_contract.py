@@ -16,6 +16,7 @@ import pytest
 
 from broker.testing import Broker
 from tests.broker.hostile.hostile_helpers import (
+    HANDSHAKE,
     Reply,
     Rpc,
     events,
@@ -141,9 +142,9 @@ def test_a_sandboxs_status_and_cache_headers_never_reach_the_client(hostile: Bro
         assert reply.structured["status"] == "ok"
         no_sandbox_headers(reply)
     assert rpc.read("plan.md").headers["content-type"] == "text/event-stream"
-    pong = rpc.post("ping")  # a 302 with a Location
+    pong = rpc.post("ping", headers=HANDSHAKE)  # a 302 with a Location
     assert pong.status == 502 and "location" not in pong.headers, pong
-    note = rpc.post("notifications/initialized", notification=True)  # "401, invalid_token"
+    note = rpc.post("notifications/initialized", notification=True, headers=HANDSHAKE)  # "401, invalid_token"
     assert note.status == 502 and "www-authenticate" not in note.headers, note
     assert last_request(hostile, HTTP_TENANT, method="notifications/initialized")["outcome"] == "error"
 
@@ -154,7 +155,7 @@ def test_a_session_id_not_in_the_protocols_form_is_dropped(hostile: Broker) -> N
         "capabilities": {},
         "clientInfo": {"name": "t", "version": "0"},
     }
-    reply = Rpc(hostile, HTTP_TENANT).post("initialize", params)
+    reply = Rpc(hostile, HTTP_TENANT).post("initialize", params, headers=HANDSHAKE)
     assert reply.status == 200, reply
     assert "mcp-session-id" not in reply.headers
     assert INJECTION.encode() not in reply.raw

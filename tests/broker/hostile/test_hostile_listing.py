@@ -69,7 +69,7 @@ def refused_unheard(rpc: Rpc, tool: str) -> None:
     if tool == SAVE:
         arguments["content"] = "text"
     reply = rpc.call(tool, arguments)
-    assert reply.status == 200 and reply.error_code == -32602, reply
+    assert reply.status == 400 and reply.error_code == -32602, reply  # -32602: 400 at 2026-07-28
     denied = last_request(rpc.broker, rpc.tenant, tool=tool)
     assert (denied["event"], denied["outcome"]) == ("policy.denied", "denied")
     assert denied["reason"] in ("tool_not_admitted", "tool_not_allowed")
