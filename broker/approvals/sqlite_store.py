@@ -25,6 +25,7 @@ from broker.approvals import migrations
 from broker.approvals.store import (
     INSERT_VOTE,
     META_COLUMNS,
+    REQUESTER_IS,
     VOTE_COLUMNS,
     Approval,
     ApprovalDetail,
@@ -38,14 +39,16 @@ from broker.approvals.store import (
     Vote,
     approval_from_row,
     refusal,
+    requester_params,
     select,
     state_filter,
     vote_from_row,
     vote_row,
 )
-from broker.types import ApprovalState
+from broker.types import ApprovalState, Person
 
 _PURGE_BATCH = 500  # rows per DELETE: the metrics gauge never waits on one long purge
+_REQUESTER = REQUESTER_IS.format(p="?")
 
 T = TypeVar("T")
 
@@ -137,13 +140,13 @@ class SqliteApprovalStore:
         owner: str,
         *,
         consumed_at: float,
-        keep: Sequence[str],
+        keep: Sequence[Person],
         required: int,
     ) -> bool:
         return await self._run(self._reopen, approval_id, tenant, owner, consumed_at, keep, required)
 
     async def consume(
-        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+        self, *, tenant: str, requester: Person, filename: str, sha256: str, claim: Claim
     ) -> Approval | None:
         return await self._run(self._consume, tenant, requester, filename, sha256, claim)
 
@@ -213,10 +216,10 @@ class SqliteApprovalStore:
         row = self._db.execute(
             select(
                 META_COLUMNS,
-                "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+                f"WHERE tenant = ? AND {_REQUESTER} AND filename = ? AND sha256 = ? "
                 "AND state = 'denied' AND expires_at > ? ORDER BY decided_at DESC LIMIT 1",
             ),
-            (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
+            (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256, self._clock()),
         ).fetchone()
         return approval_from_row(row) if row else None
 
@@ -226,11 +229,11 @@ class SqliteApprovalStore:
             row = self._db.execute(
                 select(
                     META_COLUMNS,
-                    "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+                    f"WHERE tenant = ? AND {_REQUESTER} AND filename = ? AND sha256 = ? "
                     "AND state IN ('pending', 'approved') AND expires_at > ? "
                     "ORDER BY created_at DESC LIMIT 1",
                 ),
-                (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
+                (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256, now),
             ).fetchone()
             if row:
                 return approval_from_row(row), False
@@ -255,10 +258,10 @@ class SqliteApprovalStore:
         if open_count >= max_pending:
             raise TooManyPending
         self._db.execute(
-            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
-            "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-            (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
-             draft.content, now, now + ttl),
+            "INSERT INTO approvals (id, tenant, requester, requester_issuer, filename, sha256, bytes, "
+            "content, state, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            (approval_id, draft.tenant, draft.requester.id, draft.requester.issuer, draft.filename,
+             draft.sha256, draft.size, draft.content, now, now + ttl),
         )  # fmt: skip
 
     def _decide(
@@ -283,8 +286,8 @@ class SqliteApprovalStore:
             self._db.execute(
                 "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, approvals = ?, "
                 "required = ?, policy_hash = ? WHERE id = ? AND tenant = ? AND state = 'pending'",
-                (state, vote.approver, now, yes, required, vote.policy_hash if state == "approved" else None,
-                 approval_id, tenant),
+                (state, vote.approver.id, now, yes, required,
+                 vote.policy_hash if state == "approved" else None, approval_id, tenant),
             )  # fmt: skip
         decided = self._get(approval_id, tenant)
         assert decided is not None
@@ -304,7 +307,7 @@ class SqliteApprovalStore:
         tenant: str,
         owner: str,
         consumed_at: float,
-        keep: Sequence[str],
+        keep: Sequence[Person],
         required: int,
     ) -> bool:
         with self._transaction():
@@ -317,21 +320,25 @@ class SqliteApprovalStore:
             )
             if cur.rowcount != 1:
                 return False
-            kept = ",".join("?" * len(keep))
-            self._db.execute(
-                f"DELETE FROM approval_votes WHERE approval_id = ? AND approver NOT IN ({kept})",  # noqa: S608
-                (approval_id, *keep),
-            )
+            votes = self._db.execute(
+                "SELECT issuer, approver FROM approval_votes WHERE approval_id = ?", (approval_id,)
+            ).fetchall()
+            for issuer, approver in votes:  # a vote is its person's: kept or not as a pair
+                if Person(issuer, approver) not in keep:
+                    self._db.execute(
+                        "DELETE FROM approval_votes WHERE approval_id = ? AND issuer = ? AND approver = ?",
+                        (approval_id, issuer, approver),
+                    )
         return True
 
     def _consume(
-        self, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+        self, tenant: str, requester: Person, filename: str, sha256: str, claim: Claim
     ) -> Approval | None:
         now = self._clock()
         row = self._db.execute(
-            "SELECT id FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+            f"SELECT id FROM approvals WHERE tenant = ? AND {_REQUESTER} AND filename = ? AND sha256 = ? "  # noqa: S608
             "AND state = 'approved' AND expires_at > ? ORDER BY created_at LIMIT 1",
-            (tenant, requester, filename, sha256, now),
+            (tenant, *requester_params(requester), filename, sha256, now),
         ).fetchone()
         if row is None:
             return None
@@ -378,10 +385,10 @@ class SqliteApprovalStore:
 
     def _held(self, draft: Draft) -> list[HeldClaim]:
         rows = self._db.execute(
-            "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = ? AND requester = ? "
+            f"SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = ? AND {_REQUESTER} "  # noqa: S608
             "AND filename = ? AND sha256 = ? AND state = 'consumed' AND claim_until IS NOT NULL "
             "ORDER BY claim_until",
-            (draft.tenant, draft.requester, draft.filename, draft.sha256),
+            (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256),
         ).fetchall()
         return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]
 

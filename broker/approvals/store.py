@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from broker.types import ApprovalState
+from broker.types import ApprovalState, Person
 
 
 class DecisionError(StrEnum):
@@ -69,7 +69,7 @@ class Draft:
     """A report someone wants written: what a human approves, exactly."""
 
     tenant: str
-    requester: str
+    requester: Person
     filename: str
     content: str
     sha256: str
@@ -82,7 +82,7 @@ class Approval:
 
     id: str
     tenant: str
-    requester: str
+    requester: Person  # its issuer "" when recorded before issuers were (migration 6)
     filename: str
     sha256: str
     bytes: int
@@ -103,7 +103,8 @@ class Approval:
         return {
             "approval_id": self.id,
             "state": self.state.value,
-            "requester": self.requester,
+            "requester": self.requester.id,
+            "requester_issuer": self.requester.issuer or None,
             "filename": self.filename,
             "sha256": self.sha256,
             "bytes": self.bytes,
@@ -154,8 +155,15 @@ class Page:
 # decisions never read a report's text.
 META_COLUMNS = (
     "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
-    "decided_by, decided_at, consumed_at, approvals, required, policy_hash"
+    "decided_by, decided_at, consumed_at, approvals, required, policy_hash, requester_issuer"
 )
+# A draft's requester in a lookup (`{p}`: the backend's placeholder), bound with
+# `requester_params`: a record from before issuers were recorded is the requester's still.
+REQUESTER_IS = "requester = {p} AND requester_issuer IN ({p}, '')"
+
+
+def requester_params(person: Person) -> tuple[str, str]:
+    return (person.id, person.issuer)
 
 
 def state_filter(state: ApprovalState, now: str) -> str:
@@ -170,7 +178,7 @@ def state_filter(state: ApprovalState, now: str) -> str:
             return f"state = '{state.value}'"
 
 
-def refusal(current: Approval | None, approver: str, require_distinct: bool) -> DecisionError | None:
+def refusal(current: Approval | None, approver: Person, require_distinct: bool) -> DecisionError | None:
     """Why a decision on this record (as it now reads) cannot be recorded; None if it can."""
     if current is None:
         return DecisionError.NOT_FOUND
@@ -178,7 +186,7 @@ def refusal(current: Approval | None, approver: str, require_distinct: bool) -> 
         return DecisionError.EXPIRED
     if current.state is not ApprovalState.PENDING:
         return DecisionError.NOT_PENDING
-    if require_distinct and approver == current.requester:
+    if require_distinct and current.requester.may_be(approver):
         return DecisionError.SAME_PERSON
     return None
 
@@ -193,7 +201,7 @@ def approval_from_row(row: Sequence[Any]) -> Approval:
     return Approval(
         id=row[0],
         tenant=row[1],
-        requester=row[2],
+        requester=Person(row[15], row[2]),
         filename=row[3],
         sha256=row[4],
         bytes=row[5],
@@ -214,8 +222,7 @@ class Vote:
     """One approver's decision on a record, as the policy decided it: enough to decide it again
     when the set changes before the report is written (names and the set's hash, no values)."""
 
-    approver: str  # the subject, in the record's tenant
-    issuer: str  # who vouches for it
+    approver: Person  # in the record's tenant
     groups: tuple[str, ...]
     scopes: tuple[str, ...]
     required: int  # the distinct approvers the policy asked for, at this decision
@@ -224,13 +231,14 @@ class Vote:
 
 def vote_row(approval_id: str, vote: Vote, approve: bool, now: float) -> tuple[Any, ...]:
     """The `approval_votes` row of a vote (both stores; groups and scopes as JSON lists)."""
-    return (approval_id, vote.approver, vote.issuer, json.dumps(list(vote.groups)),
+    return (approval_id, vote.approver.id, vote.approver.issuer, json.dumps(list(vote.groups)),
             json.dumps(list(vote.scopes)), approve, vote.required, vote.policy_hash, now)  # fmt: skip
 
 
 def vote_from_row(row: Sequence[Any]) -> Vote:
     """A vote from (approver, issuer, groups, scopes, required, policy_hash)."""
-    return Vote(row[0], row[1], tuple(json.loads(row[2])), tuple(json.loads(row[3])), row[4], row[5])
+    approver = Person(row[1], row[0])
+    return Vote(approver, tuple(json.loads(row[2])), tuple(json.loads(row[3])), row[4], row[5])
 
 
 VOTE_COLUMNS = "approver, issuer, groups, scopes, required, policy_hash"
@@ -302,7 +310,7 @@ class ApprovalStore(Protocol):
         owner: str,
         *,
         consumed_at: float,
-        keep: Sequence[str],
+        keep: Sequence[Person],
         required: int,
     ) -> bool:
         """A consumption whose approval the policy in force no longer grants (the set changed
@@ -311,7 +319,7 @@ class ApprovalStore(Protocol):
         ...
 
     async def consume(
-        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+        self, *, tenant: str, requester: Person, filename: str, sha256: str, claim: Claim
     ) -> Approval | None:
         """Take the approved record for exactly this report, once, under `claim`. None if
         there is none."""

@@ -409,7 +409,7 @@ class PolicyEngine:
             return found
         principal = call.principal
         tenant = (_TENANT, principal.tenant)
-        user = (_USER, f"{principal.tenant}/{principal.subject}")
+        user = (_USER, principal.entity_id)
         user_ancestors = frozenset({tenant, *((_GROUP, g) for g in principal.groups)})
         resource = (
             (_APPROVALS, f"{principal.tenant}/approvals")
@@ -439,7 +439,7 @@ class PolicyEngine:
         entities += [{"uid": g, "attrs": {}, "parents": []} for g in groups]
         entities.append(
             {
-                "uid": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
+                "uid": {"type": _USER, "id": principal.entity_id},
                 "attrs": {"tenant": {"__entity": tenant}, "subject": principal.subject},
                 "parents": [tenant, *groups],
             }
@@ -509,7 +509,7 @@ class PolicyEngine:
         given)."""
         principal = call.principal
         return {
-            "principal": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
+            "principal": {"type": _USER, "id": principal.entity_id},
             "action": {"type": _ACTION, "id": call.tool},
             "resource": (
                 {"type": _APPROVALS, "id": f"{principal.tenant}/approvals"}

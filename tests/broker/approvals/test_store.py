@@ -34,7 +34,7 @@ from broker.approvals.store import (
     Vote,
 )
 from broker.settings import DatabaseSettings
-from broker.types import ApprovalState
+from broker.types import ApprovalState, Person
 from tests.broker.pgtest import fresh_schema
 
 pytestmark = pytest.mark.anyio
@@ -124,14 +124,15 @@ def draft(
     filename: str = "q3.md", content: str = "all good", tenant: str = "acme", who: str = "alice"
 ) -> Draft:
     data = content.encode()
-    return Draft(tenant, who, filename, content, hashlib.sha256(data).hexdigest(), len(data))
+    return Draft(tenant, Person(IDP, who), filename, content, hashlib.sha256(data).hexdigest(), len(data))
 
 
 HASH = "a" * 64
+IDP = "https://idp.example"
 
 
-def vote(who: str, required: int = 1, policy_hash: str = HASH) -> Vote:
-    return Vote(who, "https://idp.example", ("legal",), ("reports:approve",), required, policy_hash)
+def vote(who: str, required: int = 1, policy_hash: str = HASH, issuer: str = IDP) -> Vote:
+    return Vote(Person(issuer, who), ("legal",), ("reports:approve",), required, policy_hash)
 
 
 async def approved(store: ApprovalStore, d: Draft) -> str:
@@ -434,7 +435,7 @@ async def test_two_person_rule_counts_distinct_approvers_and_one_no_denies(store
     # The most any yes asked for stands: carol's decision asking one does not lower it.
     assert (second.state, second.approvals, second.required) == (ApprovalState.APPROVED, 2, 2)
     assert second.policy_hash == HASH and second.public()["approvals"] == 2
-    assert [v.approver for v in await store.votes(record.id, "acme")] == ["bob", "carol"]
+    assert [v.approver.id for v in await store.votes(record.id, "acme")] == ["bob", "carol"]
     assert await store.votes(record.id, "globex") == []
     taken = await consume(store, draft())
     assert taken is not None and taken.id == record.id
@@ -454,15 +455,15 @@ async def test_a_reopened_consumption_keeps_only_the_votes_that_still_hold(store
     taken = await consume(store, draft())
     assert taken is not None and taken.consumed_at is not None
     assert not await store.reopen(record.id, "acme", "someone-else", consumed_at=taken.consumed_at,
-                                  keep=["carol"], required=2)  # fmt: skip
+                                  keep=[Person(IDP, "carol")], required=2)  # fmt: skip
     assert await store.reopen(
-        record.id, "acme", ME, consumed_at=taken.consumed_at, keep=["carol"], required=2
+        record.id, "acme", ME, consumed_at=taken.consumed_at, keep=[Person(IDP, "carol")], required=2
     )
     now = await store.get(record.id, "acme")
     assert now is not None and (now.state, now.approvals, now.required, now.policy_hash) == (
         ApprovalState.PENDING, 1, 2, None,
     )  # fmt: skip
-    assert [v.approver for v in await store.votes(record.id, "acme")] == ["carol"]
+    assert [v.approver.id for v in await store.votes(record.id, "acme")] == ["carol"]
     # bob's vote went: he may decide again under the set in force.
     back = await store.decide(
         record.id, tenant="acme", vote=vote("bob", 2), approve=True, require_distinct=False
