@@ -115,6 +115,15 @@ _PG_VOTES_BY_PERSON = (
 )
 
 
+def _views(real: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE approval_views (
+            approval_id TEXT NOT NULL REFERENCES approvals (id) ON DELETE CASCADE,
+            issuer TEXT NOT NULL, viewer TEXT NOT NULL, viewed_at {real} NOT NULL,
+            PRIMARY KEY (approval_id, issuer, viewer))""",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -188,6 +197,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         # approver's groups in their session, for the policy.
         sqlite=_people(_SQLITE_VOTES_BY_PERSON),
         postgres=_people(_PG_VOTES_BY_PERSON),
+    ),
+    Migration(
+        7,
+        "approval_views",
+        # Who was shown a record's content (`ApprovalStore.viewed`): a yes counts only from a
+        # person who fetched what they approve. A record from before has no views: its
+        # approvers fetch it once more.
+        sqlite=_views("REAL"),
+        postgres=_views("DOUBLE PRECISION"),
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -42,9 +42,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    INSERT_VIEW,
     INSERT_VOTE,
     META_COLUMNS,
     REQUESTER_IS,
+    SEEN,
     VOTE_COLUMNS,
     Approval,
     ApprovalDetail,
@@ -394,6 +396,12 @@ class PostgresApprovalStore:
                 refused = refusal(current, vote.approver, require_distinct)
                 if refused is not None:
                     return refused
+                if approve:
+                    seen = await conn.execute(
+                        SEEN.format(p="%s"), (approval_id, vote.approver.issuer, vote.approver.id)
+                    )
+                    if await seen.fetchone() is None:
+                        return DecisionError.CONTENT_NOT_VIEWED
                 inserted = await conn.execute(
                     INSERT_VOTE.format(p="%s") + " ON CONFLICT DO NOTHING RETURNING approver",
                     vote_row(approval_id, vote, approve, now),
@@ -431,6 +439,11 @@ class PostgresApprovalStore:
             )
             rows = await cur.fetchall()
         return [vote_from_row(r) for r in rows]
+
+    async def viewed(self, approval_id: str, tenant: str, viewer: Person) -> None:
+        params = (viewer.issuer, viewer.id, self._clock(), approval_id, tenant)
+        async with self._conn() as conn:
+            await conn.execute(INSERT_VIEW.format(p="%s"), params)
 
     async def reopen(
         self,

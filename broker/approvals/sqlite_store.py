@@ -23,9 +23,11 @@ from typing import Any, TypeVar
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    INSERT_VIEW,
     INSERT_VOTE,
     META_COLUMNS,
     REQUESTER_IS,
+    SEEN,
     VOTE_COLUMNS,
     Approval,
     ApprovalDetail,
@@ -132,6 +134,10 @@ class SqliteApprovalStore:
 
     async def votes(self, approval_id: str, tenant: str) -> list[Vote]:
         return await self._run(self._votes, approval_id, tenant)
+
+    async def viewed(self, approval_id: str, tenant: str, viewer: Person) -> None:
+        params = (viewer.issuer, viewer.id, self._clock(), approval_id, tenant)
+        await self._run(self._db.execute, INSERT_VIEW.format(p="?"), params)
 
     async def reopen(
         self,
@@ -272,6 +278,9 @@ class SqliteApprovalStore:
             refused = refusal(current, vote.approver, require_distinct)
             if refused is not None:
                 return refused
+            seen = (approval_id, vote.approver.issuer, vote.approver.id)
+            if approve and self._db.execute(SEEN.format(p="?"), seen).fetchone() is None:
+                return DecisionError.CONTENT_NOT_VIEWED
             now = self._clock()
             try:
                 self._db.execute(INSERT_VOTE.format(p="?"), vote_row(approval_id, vote, approve, now))

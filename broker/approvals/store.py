@@ -40,6 +40,7 @@ class DecisionError(StrEnum):
     EXPIRED = "expired"
     SAME_PERSON = "approver_is_requester"
     ALREADY_DECIDED = "already_decided"  # this approver's decision on it is already counted
+    CONTENT_NOT_VIEWED = "content_not_viewed"  # a yes from someone who never fetched the content
 
 
 class TooManyPending(Exception):
@@ -242,6 +243,15 @@ def vote_from_row(row: Sequence[Any]) -> Vote:
 
 
 VOTE_COLUMNS = "approver, issuer, groups, scopes, required, policy_hash"
+# Bound (issuer, viewer, viewed_at, approval_id, tenant): one row per person and record (the
+# first view), and none for another tenant's record.
+INSERT_VIEW = (
+    "INSERT INTO approval_views (approval_id, issuer, viewer, viewed_at) SELECT id, {p}, {p}, {p} "
+    "FROM approvals WHERE id = {p} AND tenant = {p} ON CONFLICT DO NOTHING"
+)
+SEEN = "SELECT 1 FROM approval_views WHERE approval_id = {p} AND issuer = {p} AND viewer = {p}"
+
+
 INSERT_VOTE = (
     "INSERT INTO approval_votes (approval_id, approver, issuer, groups, scopes, approve, required, "
     "policy_hash, decided_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
@@ -296,11 +306,17 @@ class ApprovalStore(Protocol):
         """Record one approver's decision, in one transaction (on every replica, one at a time
         per record): a "no" denies; a "yes" counts, and the record is approved when the distinct
         approvers who said yes reach the most any of their decisions asked for. An approver's
-        second decision on it is ALREADY_DECIDED."""
+        second decision on it is ALREADY_DECIDED; a yes from an approver the content was never
+        shown to (`viewed`) is CONTENT_NOT_VIEWED: what a person approves is what they read."""
         ...
 
     async def votes(self, approval_id: str, tenant: str) -> list[Vote]:
         """The approvers who said yes to a record, in the order they did."""
+        ...
+
+    async def viewed(self, approval_id: str, tenant: str, viewer: Person) -> None:
+        """`viewer` was shown the record's content: from now on their yes may count. Nothing
+        for another tenant's record (or none)."""
         ...
 
     async def reopen(

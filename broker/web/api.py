@@ -26,7 +26,9 @@ made for, never a tenant (the tenant is always the principal's). A page for one 
 
 Errors are `{"error": CODE}`: 400 unknown_state | bad_limit | bad_cursor, 401/403 (with a
 `WWW-Authenticate` challenge), 404 not_found (also another tenant's id, or a malformed one),
-409 not_pending, 410 expired, 403 approver_is_requester, 429 rate_limited | concurrency_limited
+409 not_pending | already_decided | content_not_viewed (an approve by someone who never
+fetched `GET /v1/approvals/{id}`: what a person approves is what they read; a deny needs no
+fetch), 410 expired, 403 approver_is_requester, 429 rate_limited | concurrency_limited
 (with `Retry-After`; REST calls count against the tenant's limits like /mcp calls), 503
 audit_unavailable | approvals_unavailable (the approvals database cannot be reached; with
 `Retry-After`). Every response carries `Cache-Control: no-store` and
@@ -79,6 +81,7 @@ _DECISION_STATUS = {
     DecisionError.EXPIRED: 410,
     DecisionError.SAME_PERSON: 403,
     DecisionError.ALREADY_DECIDED: 409,
+    DecisionError.CONTENT_NOT_VIEWED: 409,
 }
 # Report contents (and the metadata of other people's drafts) must not stay in a browser's
 # or a proxy's cache, nor be sniffed into something other than JSON.
@@ -292,7 +295,9 @@ class ApprovalsApi:
         record = await self._store.detail(approval_id, principal.tenant) if approval_id else None
         if record is None:
             return _refused(404, "not_found", event, "not_found" if approval_id else "malformed_id")
-        # The content of a report is shown here: who read it is worth a record.
+        # The content of a report is shown here: who read it is worth a record, and only a
+        # person it was shown to may approve it (the store refuses anyone else's yes).
+        await self._store.viewed(record.approval.id, principal.tenant, principal.person)
         return Reply(200, record.public(), event, Outcome.OK, "shown", approval_id=record.approval.id)
 
     async def _approve(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:

@@ -25,6 +25,7 @@ from tests.broker.approvals.test_store import (  # noqa: F401 (fixtures)
     Opener,
     clock,
     consume,
+    decide,
     draft,
     open_store,
     pg_settings,
@@ -37,41 +38,46 @@ pytestmark = pytest.mark.anyio
 OTHER = "https://other-idp.example"
 
 
-async def test_one_id_at_two_issuers_is_two_approvers(store: ApprovalStore) -> None:
+async def test_one_id_at_two_issuers_is_two_approvers(store: ApprovalStore) -> None:  # noqa: F811
     record, _ = await store.request(draft(), ttl=TTL, max_pending=10)
-    first = await store.decide(
-        record.id, tenant="acme", vote=vote("bob", required=2), approve=True, require_distinct=True
+    first = await decide(
+        store, record.id, tenant="acme", vote=vote("bob", required=2), approve=True, require_distinct=True
     )
     assert not isinstance(first, DecisionError) and first.state is ApprovalState.PENDING
-    second = await store.decide(
-        record.id, tenant="acme", vote=vote("bob", required=2, issuer=OTHER), approve=True,
-        require_distinct=True,
-    )  # fmt: skip
+    other_bob = vote("bob", required=2, issuer=OTHER)
+    second = await decide(
+        store, record.id, tenant="acme", vote=other_bob, approve=True, require_distinct=True
+    )
     assert not isinstance(second, DecisionError), second  # was: already_decided
     assert (second.state, second.approvals) == (ApprovalState.APPROVED, 2)
-    assert {v.approver for v in await store.votes(record.id, "acme")} == {Person(IDP, "bob"), Person(OTHER, "bob")}
-    again = await store.decide(
-        record.id, tenant="acme", vote=vote("bob", issuer=OTHER), approve=True, require_distinct=True
+    assert {v.approver for v in await store.votes(record.id, "acme")} == {
+        Person(IDP, "bob"),
+        Person(OTHER, "bob"),
+    }
+    again = await decide(
+        store, record.id, tenant="acme", vote=vote("bob", issuer=OTHER), approve=True, require_distinct=True
     )
     assert again is DecisionError.NOT_PENDING
 
 
-async def test_the_requester_is_a_person(store: ApprovalStore) -> None:
+async def test_the_requester_is_a_person(store: ApprovalStore) -> None:  # noqa: F811
     record, _ = await store.request(draft(who="alice"), ttl=TTL, max_pending=10)
     assert record.requester == Person(IDP, "alice")
     assert record.public()["requester_issuer"] == IDP
-    same = await store.decide(
-        record.id, tenant="acme", vote=vote("alice"), approve=True, require_distinct=True
+    same = await decide(
+        store, record.id, tenant="acme", vote=vote("alice"), approve=True, require_distinct=True
     )
     assert same is DecisionError.SAME_PERSON
     # another issuer's "alice" is someone else
-    other = await store.decide(
-        record.id, tenant="acme", vote=vote("alice", issuer=OTHER), approve=True, require_distinct=True
+    other = await decide(
+        store, record.id, tenant="acme", vote=vote("alice", issuer=OTHER), approve=True, require_distinct=True
     )
     assert not isinstance(other, DecisionError) and other.state is ApprovalState.APPROVED
     # a save is its requester's: the same id at another issuer does not take the approval
     mine = draft(who="alice")
-    stranger = type(mine)(mine.tenant, Person(OTHER, "alice"), mine.filename, mine.content, mine.sha256, mine.size)
+    stranger = type(mine)(
+        mine.tenant, Person(OTHER, "alice"), mine.filename, mine.content, mine.sha256, mine.size
+    )
     assert await consume(store, stranger) is None
     taken = await consume(store, mine)
     assert taken is not None and taken.id == record.id
@@ -96,22 +102,31 @@ def _v5_params(approval_id: str) -> list[tuple[object, ...]]:
     ]
 
 
-async def _check_legacy(store: ApprovalStore, approval_id: str) -> None:
+async def _check_legacy(opened: ApprovalStore, approval_id: str) -> None:
+    store = opened  # noqa: F811
     record = await store.get(approval_id, "acme")
     assert record is not None and record.requester == Person("", "alice")
     # Its requester's issuer is unknown: an "alice" of any issuer is refused as the requester.
     for issuer in (IDP, OTHER):
-        refused = await store.decide(
-            approval_id, tenant="acme", vote=vote("alice", required=2, issuer=issuer), approve=True,
-            require_distinct=True,
-        )  # fmt: skip
+        alice = vote("alice", required=2, issuer=issuer)
+        refused = await decide(
+            store, approval_id, tenant="acme", vote=alice, approve=True, require_distinct=True
+        )
         assert refused is DecisionError.SAME_PERSON
     # The vote cast before counts as its person's: carol of IDP again is already counted.
-    assert await store.decide(
-        approval_id, tenant="acme", vote=vote("carol", required=2), approve=True, require_distinct=True
-    ) is DecisionError.ALREADY_DECIDED
-    decided = await store.decide(
-        approval_id, tenant="acme", vote=vote("dave", required=2), approve=True, require_distinct=True
+    assert (
+        await decide(
+            store,
+            approval_id,
+            tenant="acme",
+            vote=vote("carol", required=2),
+            approve=True,
+            require_distinct=True,
+        )
+        is DecisionError.ALREADY_DECIDED
+    )
+    decided = await decide(
+        store, approval_id, tenant="acme", vote=vote("dave", required=2), approve=True, require_distinct=True
     )
     assert not isinstance(decided, DecisionError) and decided.state is ApprovalState.APPROVED
     taken = await consume(store, draft(who="alice"))  # the requester's save still takes it
@@ -130,11 +145,11 @@ async def test_sqlite_records_from_before_people_migrate(tmp_path: Path) -> None
     for statement, params in zip(_V5_ROWS, _v5_params("b" * 32), strict=True):
         db.execute(statement.format(p="?", t="1"), params)
     db.close()
-    store = SqliteApprovalStore(path)
+    opened = SqliteApprovalStore(path)
     try:
-        await _check_legacy(store, "b" * 32)
+        await _check_legacy(opened, "b" * 32)
     finally:
-        await store.close()
+        await opened.close()
 
 
 async def test_postgres_records_from_before_people_migrate() -> None:
@@ -156,8 +171,35 @@ async def test_postgres_records_from_before_people_migrate() -> None:
             assert await upgrader.upgrade() == list(range(6, migrations.LATEST + 1))
         finally:
             await upgrader.close()
-        store = await PostgresApprovalStore.open(pg_settings(url))
+        opened = await PostgresApprovalStore.open(pg_settings(url))
         try:
-            await _check_legacy(store, "c" * 32)
+            await _check_legacy(opened, "c" * 32)
         finally:
-            await store.close()
+            await opened.close()
+
+
+# -- the content is seen before it is approved (issue 34 item 9) -------------------------------
+
+
+async def test_a_yes_counts_only_from_a_person_the_content_was_shown_to(store: ApprovalStore) -> None:  # noqa: F811
+    record, _ = await store.request(draft(), ttl=TTL, max_pending=10)
+    unseen = await store.decide(
+        record.id, tenant="acme", vote=vote("bob"), approve=True, require_distinct=False
+    )
+    assert unseen is DecisionError.CONTENT_NOT_VIEWED
+    await store.viewed(record.id, "globex", Person(IDP, "bob"))  # another tenant's view: none
+    await store.viewed(record.id, "acme", Person(OTHER, "bob"))  # another person's view
+    assert (
+        await store.decide(record.id, tenant="acme", vote=vote("bob"), approve=True, require_distinct=False)
+        is DecisionError.CONTENT_NOT_VIEWED
+    )
+    await store.viewed(record.id, "acme", Person(IDP, "bob"))
+    await store.viewed(record.id, "acme", Person(IDP, "bob"))  # again: still one view
+    seen = await store.decide(
+        record.id, tenant="acme", vote=vote("bob"), approve=True, require_distinct=False
+    )
+    assert not isinstance(seen, DecisionError) and seen.state is ApprovalState.APPROVED
+    # a "no" needs no reading: refusing what one has not read is always safe
+    other, _ = await store.request(draft("other.md"), ttl=TTL, max_pending=10)
+    no = await store.decide(other.id, tenant="acme", vote=vote("bob"), approve=False, require_distinct=False)
+    assert not isinstance(no, DecisionError) and no.state is ApprovalState.DENIED
