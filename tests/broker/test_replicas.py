@@ -223,7 +223,9 @@ def test_replicas_on_one_database_share_approvals_and_each_audits_what_it_served
             waiting = first["result"]["structuredContent"]
             assert waiting["status"] == "waiting_approval"
             approver = b.token(subject="carol", scope="reports:approve")
-            decided = lb.post(approver, f"/v1/approvals/{waiting['data']['approval_id']}/approve")
+            approval = f"/v1/approvals/{waiting['data']['approval_id']}"
+            assert lb.get(approver, approval).status_code == 200  # read first (on either replica)
+            decided = lb.post(approver, f"{approval}/approve")
             assert decided.status_code == 200
             second = rpc_reply(call(lb, token, "save_report", {"filename": name, "content": "once"}))
             assert second["result"]["structuredContent"]["status"] == "ok"

@@ -44,6 +44,7 @@ async def test_a_person_mapped_to_several_tenants_names_one_per_listing_and_deci
     acme_id = await pending_approval(broker, "acme", subject="dave")
     listed = alice.request("GET", "/v1/approvals?tenant=acme").json()["approvals"]
     assert acme_id in {a["approval_id"] for a in listed}
+    assert alice.request("GET", f"/v1/approvals/{acme_id}").status_code == 200  # read first
     assert alice.post(f"/v1/approvals/{acme_id}/approve", str(session["csrf"])).status_code == 200
 
 
@@ -60,6 +61,7 @@ async def test_the_distinct_approver_rule_holds_for_signed_in_approvers(
     assert state_of(broker, namesake, "strict") == "approved"
 
     other = await pending_approval(broker, "strict", subject="dave")
+    assert alice.request("GET", f"/v1/approvals/{other}").status_code == 200  # read first
     assert alice.post(f"/v1/approvals/{other}/approve", str(session["csrf"])).status_code == 200
     decided = [
         e for e in broker.audit_events() if e["event"] == "approval.decided" and e.get("approval_id") == other

@@ -43,6 +43,7 @@ async def test_a_service_saves_with_client_credentials_once_a_signed_in_approver
     ann = Browser(broker)
     assert ann.sign_in("ann").status_code == 303
     csrf = ann.session()["csrf"]
+    assert ann.request("GET", f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
     assert ann.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve", csrf).status_code == 200
 
     async with open_mcp(broker, token) as client:

@@ -57,6 +57,7 @@ def approved_save_in_flight(
     assert first["status"] == "waiting_approval", first
     approval_id = first["data"]["approval_id"]
     with other.http(approver) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
     answers: list[httpx2.Response] = []
 

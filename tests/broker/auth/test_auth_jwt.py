@@ -333,7 +333,9 @@ READ_WRITE = frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE})
 @pytest.mark.anyio
 @pytest.mark.parametrize("alg", ["RS256", "ES256", "EdDSA"])
 async def test_each_public_algorithm_is_accepted(auth: Authenticator, forge: Forge, alg: str) -> None:
-    assert await auth.authenticate(forge.bearer(alg)) == Principal("acme", "user-1", READ_WRITE, issuer=ISSUER)
+    assert await auth.authenticate(forge.bearer(alg)) == Principal(
+        "acme", "user-1", READ_WRITE, issuer=ISSUER
+    )
 
 
 @pytest.mark.anyio

@@ -121,7 +121,9 @@ async def test_a_tenants_token_without_exactly_one_mapped_tenant_is_refused(
         ({"email": "ann@example.com"}, ()),  # the provider does not say: not verified
     ],
 )
-def test_an_email_maps_only_when_the_provider_verified_it(claims: dict[str, Any], tenants: tuple[str, ...]) -> None:
+def test_an_email_maps_only_when_the_provider_verified_it(
+    claims: dict[str, Any], tenants: tuple[str, ...]
+) -> None:
     mapping = ClaimMapping("email", (("ann@example.com", "acme"),))
     assert mapping.approver_tenants(claims, KNOWN) == tenants
 
@@ -143,7 +145,9 @@ async def test_a_tokens_person_is_the_configured_claim_at_its_issuer(
 @pytest.mark.anyio
 async def test_an_unverified_email_names_no_person(make_auth: Any, jwks_file: Any, forge: Forge) -> None:
     auth = make_auth(jwks_file=jwks_file, person_claim="email")
-    verified = await auth.authenticate(forge.bearer(claims={"email": "ann@example.com", "email_verified": True}))
+    verified = await auth.authenticate(
+        forge.bearer(claims={"email": "ann@example.com", "email_verified": True})
+    )
     assert verified.subject == "ann@example.com"
     with pytest.raises(AuthError):
         await auth.authenticate(forge.bearer(claims={"email": "ann@example.com", "email_verified": False}))

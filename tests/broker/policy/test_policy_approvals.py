@@ -63,6 +63,7 @@ def test_only_legal_approves_for_acme_over_rest(broker: Broker) -> None:
     assert refused.status_code == 403 and refused.json() == {"error": "forbidden"}
     legal = broker.token("acme", "lena", APPROVER_SCOPE, groups=["legal"])
     with open_http(broker, legal) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
     with open_http(broker, requester) as http:
         saved = tool_status(call_modern(http, "save_report", {"filename": name, "content": "q3 figures"}))
@@ -84,6 +85,7 @@ def test_other_tenants_approvers_are_not_concerned(broker: Broker) -> None:
     with open_http(broker, requester) as http:
         waiting = tool_status(call_modern(http, "save_report", {"filename": unique(), "content": "x"}))
     with open_http(broker, broker.token("globex", "carol", APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200  # read first
         assert http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve").status_code == 200
 
 
@@ -196,6 +198,7 @@ def save(broker: Broker, token: str, name: str, content: str) -> dict[str, Any]:
 
 def approve(broker: Broker, who: str, approval_id: str) -> Any:
     with open_http(broker, broker.token("acme", who, APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         return http.post(f"/v1/approvals/{approval_id}/approve")
 
 
