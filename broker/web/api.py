@@ -16,8 +16,11 @@ with `?tenant=` when there are several), and every POST must carry the session's
     POST /v1/approvals/{id}/deny     -> metadata; optional body {"reason": CODE}, CODE one of
                                         DENY_REASONS (audited as `decision_reason`; never text)
 
-    metadata = {"approval_id", "state", "requester", "filename", "sha256", "bytes",
-                "created_at", "expires_at", "decided_by", "decided_at", "consumed_at"}
+    metadata = {"approval_id", "state", "requester", "requester_issuer", "filename", "sha256",
+                "bytes", "created_at", "expires_at", "decided_by", "decided_at", "consumed_at",
+                "approvals", "required"}
+               (the requester is a person: their id and the issuer that vouches for it, null for
+               a record from before issuers were kept)
                (times are Unix seconds, floats; the decided/consumed ones may be null)
 
 The cursor is opaque to clients: it holds a position in the listing and the state it was

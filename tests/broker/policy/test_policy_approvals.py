@@ -275,9 +275,10 @@ def test_an_approval_granted_under_another_set_is_decided_again(two_approvers_br
     granted_under = set_in_force(broker)
     rule = folder / "no-dave.cedar"
     rule.write_text(
-        '@id("acme.dave_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/dave", '
+        '@id("acme.dave_no_longer_approves")\nforbid (principal == '
+        f'Docbroker::User::"acme/dave#{broker.env["DOCBROKER_AUTH_ISSUER"]}", '
         'action == Docbroker::Action::"approve", resource);\n'
-    )
+    )  # a person is their id at their issuer (docs/identity.md)
     try:
         assert wait_for(lambda: set_in_force(broker) != granted_under)
         refused = save(broker, rita, name, "c" * 5000)
