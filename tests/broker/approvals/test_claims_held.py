@@ -94,7 +94,7 @@ def trail(replicas: Any, approval_id: str) -> list[tuple[str, str, str | None]]:
         for r in replicas
         for e in r.audit_events()
         if e.get("approval_id") == approval_id and e["event"].startswith("approval.")
-        and e["event"] != "approval.decided"
+        and e["event"] not in ("approval.decided", "approval.viewed")
     ]  # fmt: skip
 
 
