@@ -4,6 +4,7 @@ the determining policy ids and the set's hash on every decision's audit line."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -322,9 +323,10 @@ def test_the_cli_shows_the_count_and_says_a_second_yes_is_counted_once(
     def approvals(*args: str) -> Any:
         return cli(broker.env, "approvals", *args, "--url", broker.url, "--token-file", str(carol))
 
-    first = json_out(approvals("approve", approval_id, "--json"))
+    read = hashlib.sha256(b"k" * 5000).hexdigest()  # the content carol read (no terminal to ask on)
+    first = json_out(approvals("approve", approval_id, "--sha256", read, "--json"))
     assert (first["state"], first["approvals"], first["required"]) == ("pending", 1, 2)
-    again = one_line_error(approvals("approve", approval_id), 1)
+    again = one_line_error(approvals("approve", approval_id, "--sha256", read), 1)
     assert again == (
         "docbroker approvals approve: your decision on it is already counted: it waits for other approvers"
     )
