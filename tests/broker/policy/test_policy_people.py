@@ -47,3 +47,16 @@ def test_one_id_at_two_issuers_is_two_entities(tmp_path: Path) -> None:
 def test_a_user_named_without_the_issuer_refuses_the_load(tmp_path: Path, text: str) -> None:
     with pytest.raises(PolicyError, match="without its issuer"):
         load(folder_with(tmp_path, {"people.cedar": text}))
+
+
+def test_a_policy_table_names_the_person_with_their_issuer(tmp_path: Path) -> None:
+    from tests.broker.policy.test_policy_cli import docbroker
+
+    (tmp_path / "no-dave.cedar").write_text(no_dave(f"acme/dave#{IDP}").replace('"acme/', '"demo/'))
+    (tmp_path / "t.test.toml").write_text(
+        'with = ["no-dave.cedar"]\n[defaults]\ntool = "approve"\nscopes = ["reports:approve"]\n'
+        f'[[case]]\nname = "dave"\nsubject = "dave"\nissuer = "{IDP}"\nexpect = "deny"\n'
+        f'[[case]]\nname = "another dave"\nsubject = "dave"\nissuer = "{OTHER}"\nexpect = "allow"\n'
+    )
+    done = docbroker("test", str(tmp_path / "t.test.toml"))
+    assert done.returncode == 0 and "2 passed, 0 failed" in done.stdout, done.stdout + done.stderr
