@@ -18,6 +18,9 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from broker.testing import Broker, structured
 from tests.broker.support import open_mcp, unique
@@ -28,7 +31,9 @@ from tests.oidc.support import (
     person_token,
     provider_and_broker,
     service_token,
+    state_of,
 )
+from tests.oidc.test_signin_browser import settled, sign_in
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +161,20 @@ async def test_the_shipped_legal_example_holds_on_the_page(two_idps: tuple[Provi
     approved = decide_on_page(lena, lena_csrf, approval_id)
     assert approved.status_code == 200 and approved.json()["state"] == "approved", approved.text
     assert lena.session()["groups"] == ["acme-approvers", "docbroker-approvers", "legal"]
+
+
+@pytest.mark.parametrize(
+    ("login", "shown"), [("ann", "Not recorded: forbidden"), ("lena", "Recorded: approved")]
+)
+async def test_the_shipped_legal_example_in_a_real_browser(
+    two_idps: tuple[Provider, Broker], chromium: webdriver.Chrome, login: str, shown: str
+) -> None:
+    """The same, as a person does it: sign in on the provider's form in Chromium, read the
+    report on the page, press Approve. Only the legal member's yes is recorded."""
+    provider, broker = two_idps
+    approval_id = await pending_approval(broker, "acme", subject="dave")
+    sign_in(chromium, provider, f"{broker.url}/approvals?id={approval_id}", login)
+    WebDriverWait(chromium, 20).until(settled)
+    chromium.find_element(By.CSS_SELECTOR, ".approval .approve").click()
+    WebDriverWait(chromium, 20).until(lambda d: d.find_element(By.ID, "status").text == shown)
+    assert state_of(broker, approval_id) == ("approved" if login == "lena" else "pending")
