@@ -10,7 +10,7 @@ and PostgreSQL (a throw-away cluster from .ci/postgres.sh, unix socket, unless a
 given; its schema is created with `docbroker db upgrade`). One round trip, at concurrency 1:
 
   propose   tools/call save_report → `waiting_approval` (a pending record is written)
-  approve   POST /v1/approvals/{id}/approve (a human's decision, over REST)
+  approve   GET /v1/approvals/{id} then POST …/approve (a human reads, then decides, over REST)
   consume   tools/call save_report again → `ok` (the record is consumed, the report written)
 
 Rounds alternate between the two brokers in a rotated order, so drift on a shared machine
@@ -77,6 +77,8 @@ class Target:
         t1 = time.perf_counter()
         if waiting["status"] != "waiting_approval":
             raise RuntimeError(f"{self.name}: propose gave {waiting['status']}")
+        # The human's part: read the content (a yes counts only then), approve.
+        self.rest.get(f"/v1/approvals/{waiting['data']['approval_id']}")
         approved = self.rest.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
         t2 = time.perf_counter()
         if approved.status_code != 200:

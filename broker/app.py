@@ -234,7 +234,6 @@ def build_app(
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
         signin=signin,
-        bearer_issuer=settings.auth.issuer,
     )
     parts = Components(settings, audit, auth, policies, engine, tenants, runtime, upstreams, store, metrics)
 

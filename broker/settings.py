@@ -45,6 +45,9 @@ class AuthSettings:
     # one); empty: the claim's value is the tenant's name itself
     tenant_map: tuple[tuple[str, str], ...] = ()
     groups_claim: str = "groups"  # a list of group or role names the policy decides on (docs/policy.md)
+    # The claim that names a person, as the page's sign-in names them too (DESIGN §12): `sub`
+    # unless the provider's `sub` differs per application (Entra ID: `oid`).
+    person_claim: str = "sub"
     jwks_url: str | None = None
     jwks_file: Path | None = None  # a JWKS document or a PEM public key
     algorithms: tuple[str, ...] = ALLOWED_ALGORITHMS
@@ -427,6 +430,7 @@ class Settings:
             audience=r.required("AUTH_AUDIENCE"),
             tenant_claim=r.text("AUTH_TENANT_CLAIM", "tenant"),
             groups_claim=r.text("AUTH_GROUPS_CLAIM", "groups"),
+            person_claim=r.text("AUTH_PERSON_CLAIM", "sub"),
             tenant_map=_tenant_map(r.optional("AUTH_TENANT_MAP"), "AUTH_TENANT_MAP"),
             jwks_url=r.optional("AUTH_JWKS_URL"),
             jwks_file=r.path("AUTH_JWKS_FILE"),
@@ -436,6 +440,8 @@ class Settings:
             leeway_seconds=r.integer("AUTH_LEEWAY", 10, low=0, high=MAX_LEEWAY_SECONDS),
             max_header_bytes=r.integer("AUTH_MAX_HEADER_BYTES", 8192, low=1024, high=65_536),
         )
+        if "#" in auth.issuer:  # a person's Cedar id ends with "#<issuer>" (broker.types.Principal)
+            raise SettingsError(f"{PREFIX}AUTH_ISSUER must not hold '#'")
         sources = sum(x is not None for x in (auth.jwks_url, auth.jwks_file, auth.dev_hs256_secret_file))
         if sources != 1:
             raise SettingsError(
@@ -707,6 +713,10 @@ class OidcSettings:
     tenant_map: tuple[tuple[str, str], ...] = ()  # (claim value, tenant), in the order given
     approver_claim: str | None = None
     approver_value: str = "docbroker-approvers"
+    # The claim that names the person (as DOCBROKER_AUTH_PERSON_CLAIM does for tokens), and the
+    # groups the policy decides on for a signed-in approver, as it does for a token's.
+    person_claim: str = "sub"
+    groups_claim: str = "groups"
     fetch_timeout_seconds: float = 5.0
 
 
@@ -722,6 +732,8 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
     if origin_of(issuer) is None or not (issuer.startswith("https://") or _loopback(issuer)):
         raise SettingsError(f"{PREFIX}OIDC_ISSUER must be an https URL (http only on loopback)")
     # The session cookie is `__Host-` and Secure: it is set only over https (or on loopback).
+    if "#" in issuer:  # OpenID issuers have no fragment; a person's Cedar id ends with "#<issuer>"
+        raise SettingsError(f"{PREFIX}OIDC_ISSUER must not hold '#'")
     if not public_url.startswith("https://") and not _loopback(public_url):
         raise SettingsError(f"{PREFIX}OIDC_ISSUER needs an https {PREFIX}PUBLIC_URL")
     scopes = r.text("OIDC_SCOPES", "openid profile email")
@@ -739,6 +751,8 @@ def _oidc_settings(r: _Reader, public_url: str) -> OidcSettings | None:
         tenant_map=_tenant_map(r.optional("OIDC_TENANT_MAP"), "OIDC_TENANT_MAP"),
         approver_claim=r.optional("OIDC_APPROVER_CLAIM"),
         approver_value=r.text("OIDC_APPROVER_VALUE", "docbroker-approvers"),
+        person_claim=r.text("OIDC_PERSON_CLAIM", "sub"),
+        groups_claim=r.text("OIDC_GROUPS_CLAIM", "groups"),
     )
 
 

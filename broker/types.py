@@ -25,17 +25,49 @@ class OAuthScope(StrEnum):
 
 
 @dataclass(frozen=True)
+class Person:
+    """Who someone is for the broker (DESIGN §12): the issuer that vouches for them, and its
+    id for them (the configured person claim, `sub` unless the operator names another). Two
+    issuers may give the same id to two people; one person's bearer token and page sign-in
+    are one Person only when both name them alike (same issuer, same person claim).
+
+    An issuer of "" is unknown: a requester recorded before issuers were (migration 6). It
+    stands for any issuer wherever a wrong guess would let someone through (self-approval)."""
+
+    issuer: str
+    id: str
+
+    def may_be(self, other: Person) -> bool:
+        """The same person, or possibly so (an unknown issuer on either side)."""
+        return self.id == other.id and (self.issuer == other.issuer or "" in (self.issuer, other.issuer))
+
+
+@dataclass(frozen=True)
 class Principal:
-    """An authenticated caller. Built only by `broker.auth` from a verified JWT."""
+    """An authenticated caller: a verified bearer token's (`broker.auth`), or a signed-in
+    approver's session (`broker.web`)."""
 
     tenant: str
-    subject: str
+    subject: str  # the person's id at `issuer` (the person claim; `sub` by default)
     scopes: frozenset[OAuthScope]
     # The groups or roles the token's groups claim names (DESIGN §14): policy decides on them.
     groups: frozenset[str] = frozenset()
+    issuer: str = ""  # who vouches for `subject` ("" only where no token is: policy tests)
 
     def has(self, scope: OAuthScope) -> bool:
         return scope in self.scopes
+
+    @property
+    def person(self) -> Person:
+        return Person(self.issuer, self.subject)
+
+    @property
+    def entity_id(self) -> str:
+        """The Cedar principal's id: `<tenant>/<subject>#<issuer>`. Two people are never one
+        entity: an issuer holds no `#` (OpenID issuers have no fragment; settings refuse one),
+        so the last `#` splits it off whatever the subject holds."""
+        base = f"{self.tenant}/{self.subject}"
+        return f"{base}#{self.issuer}" if self.issuer else base
 
 
 class SandboxState(StrEnum):

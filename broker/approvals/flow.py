@@ -39,7 +39,7 @@ from broker.protocol.answers import BROKER_ONLY_ARGUMENT, broker_result
 from broker.protocol.jsonrpc import RpcMessage
 from broker.protocol.versions import MODERN
 from broker.settings import ApprovalSettings
-from broker.types import OAuthScope, Outcome, Principal
+from broker.types import OAuthScope, Outcome, Person, Principal
 from server import contracts as c
 from server.approval import content_sha256, mint_token
 
@@ -138,7 +138,7 @@ class ApprovalFlow:
             return _rejected(c.Message.REPORT_EXISTS.value, "report_exists")
         draft = Draft(
             tenant=principal.tenant,
-            requester=principal.subject,
+            requester=principal.person,
             filename=save.filename,
             content=save.content,
             sha256=content_sha256(save.content),
@@ -233,7 +233,7 @@ class ApprovalFlow:
             SealedApproval(
                 approval_id=approval_id,
                 tenant=draft.tenant,
-                subject=draft.requester,
+                subject=draft.requester.id,
                 filename=draft.filename,
                 sha256=draft.sha256,
                 expires=int(self._clock() + ttl),
@@ -283,7 +283,7 @@ class ApprovalFlow:
         opened = self._sealer.open(state)
         if opened is None or (opened.tenant, opened.subject, opened.filename, opened.sha256) != (
             draft.tenant,
-            draft.requester,
+            draft.requester.id,
             draft.filename,
             draft.sha256,
         ):
@@ -318,7 +318,7 @@ class ApprovalFlow:
         record = await self._store.answer_in_band(
             opened.approval_id,
             tenant=draft.tenant,
-            approver=draft.requester,
+            approver=draft.requester.id,
             approve=approve,
             claim=self._claims.new(),
         )
@@ -368,18 +368,18 @@ class ApprovalFlow:
         in_force = self._engine.hash
         if taken.policy_hash == in_force and all(vote.policy_hash == in_force for vote in votes):
             return None
-        kept: list[str] = []
+        kept: list[Person] = []
         required, refusing, asking = 1, None, None
         for vote in votes:
             approver = Principal(
                 tenant=draft.tenant,
-                subject=vote.approver,
+                subject=vote.approver.id,
+                issuer=vote.approver.issuer,
                 scopes=frozenset(OAuthScope(s) for s in vote.scopes if s in OAuthScope._value2member_map_),
                 groups=frozenset(vote.groups),
             )
-            asked = Call(
-                approver, APPROVE, content_bytes=draft.size, self_approval=vote.approver == draft.requester
-            )
+            own = draft.requester.may_be(vote.approver)
+            asked = Call(approver, APPROVE, content_bytes=draft.size, self_approval=own)
             verdict = self._engine.decide(asked)
             if not verdict.allowed:
                 refusing = refusing or verdict

@@ -83,6 +83,47 @@ def _releases(real: str) -> tuple[str, ...]:
     )
 
 
+_VOTE_COLUMNS = "approval_id, approver, issuer, groups, scopes, approve, required, policy_hash, decided_at"
+
+
+def _people(votes_key: tuple[str, ...]) -> tuple[str, ...]:
+    return (
+        # A record from before this keeps "" (its requester's issuer is unknown): it stands for
+        # any issuer where that refuses (self-approval) and for its requester's saves.
+        "ALTER TABLE approvals ADD COLUMN requester_issuer TEXT NOT NULL DEFAULT ''",
+        *votes_key,
+        "ALTER TABLE web_sessions ADD COLUMN groups TEXT NOT NULL DEFAULT '[]'",
+        # A session begun before holds no groups: it would escape a group's forbid. Sign in again.
+        "DELETE FROM web_sessions",
+    )
+
+
+# SQLite cannot change a primary key: the votes move to a table keyed by person.
+_SQLITE_VOTES_BY_PERSON = (
+    """CREATE TABLE approval_votes_people (
+        approval_id TEXT NOT NULL REFERENCES approvals (id) ON DELETE CASCADE,
+        approver TEXT NOT NULL, issuer TEXT NOT NULL, groups TEXT NOT NULL, scopes TEXT NOT NULL,
+        approve INTEGER NOT NULL, required INTEGER NOT NULL, policy_hash TEXT NOT NULL,
+        decided_at REAL NOT NULL, PRIMARY KEY (approval_id, issuer, approver))""",
+    f"INSERT INTO approval_votes_people ({_VOTE_COLUMNS}) SELECT {_VOTE_COLUMNS} FROM approval_votes",  # noqa: S608
+    "DROP TABLE approval_votes",
+    "ALTER TABLE approval_votes_people RENAME TO approval_votes",
+)
+_PG_VOTES_BY_PERSON = (
+    "ALTER TABLE approval_votes DROP CONSTRAINT approval_votes_pkey, "
+    "ADD PRIMARY KEY (approval_id, issuer, approver)",
+)
+
+
+def _views(real: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE approval_views (
+            approval_id TEXT NOT NULL REFERENCES approvals (id) ON DELETE CASCADE,
+            issuer TEXT NOT NULL, viewer TEXT NOT NULL, viewed_at {real} NOT NULL,
+            PRIMARY KEY (approval_id, issuer, viewer))""",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -147,6 +188,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         # is recognised by its retry as already done, so it is audited once, not never.
         sqlite=_releases("REAL"),
         postgres=_releases("DOUBLE PRECISION"),
+    ),
+    Migration(
+        6,
+        "people",
+        # A person is (issuer, id) (DESIGN §12): the requester's issuer beside it, votes keyed by
+        # person (two people with one `sub` at two issuers are two votes), and a signed-in
+        # approver's groups in their session, for the policy.
+        sqlite=_people(_SQLITE_VOTES_BY_PERSON),
+        postgres=_people(_PG_VOTES_BY_PERSON),
+    ),
+    Migration(
+        7,
+        "approval_views",
+        # Who was shown a record's content (`ApprovalStore.viewed`): a yes counts only from a
+        # person who fetched what they approve. A record from before has no views: its
+        # approvers fetch it once more.
+        sqlite=_views("REAL"),
+        postgres=_views("DOUBLE PRECISION"),
     ),
 )
 LATEST = MIGRATIONS[-1].version

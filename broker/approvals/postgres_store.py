@@ -42,8 +42,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    INSERT_VIEW,
     INSERT_VOTE,
     META_COLUMNS,
+    REQUESTER_IS,
+    SEEN,
     VOTE_COLUMNS,
     Approval,
     ApprovalDetail,
@@ -58,17 +61,19 @@ from broker.approvals.store import (
     Vote,
     approval_from_row,
     refusal,
+    requester_params,
     select,
     state_filter,
     vote_from_row,
     vote_row,
 )
 from broker.settings import DatabaseSettings
-from broker.types import ApprovalState
+from broker.types import ApprovalState, Person
 
 log = logging.getLogger("docbroker")
 
 _PURGE_BATCH = 500
+_REQUESTER = REQUESTER_IS.format(p="%s")
 # The pending gauge is a cached count: `pending_count()` is called on the event loop and
 # must not wait for a database; a few seconds old is fine for a gauge.
 _GAUGE_REFRESH_SECONDS = 5.0
@@ -282,10 +287,10 @@ class PostgresApprovalStore:
         row = await self._one(
             select(
                 META_COLUMNS,
-                "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
+                f"WHERE tenant = %s AND {_REQUESTER} AND filename = %s AND sha256 = %s "
                 "AND state = 'denied' AND expires_at > %s ORDER BY decided_at DESC LIMIT 1",
             ),
-            (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
+            (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256, self._clock()),
         )
         return approval_from_row(row) if row else None
 
@@ -323,11 +328,11 @@ class PostgresApprovalStore:
         found = await conn.execute(
             select(
                 META_COLUMNS,
-                "WHERE tenant = %s AND requester = %s AND filename = %s AND sha256 = %s "
+                f"WHERE tenant = %s AND {_REQUESTER} AND filename = %s AND sha256 = %s "
                 "AND state IN ('pending', 'approved') AND expires_at > %s "
                 "ORDER BY created_at DESC LIMIT 1",
             ),
-            (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
+            (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256, now),
         )
         counted = await conn.execute(
             "SELECT COUNT(*) FROM approvals WHERE tenant = %s AND state = 'pending' AND expires_at > %s",
@@ -351,10 +356,11 @@ class PostgresApprovalStore:
         if pending >= max_pending:
             raise TooManyPending
         await conn.execute(
-            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
-            "created_at, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'pending', %s, %s)",
-            (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
-             draft.content, now, now + ttl),
+            "INSERT INTO approvals (id, tenant, requester, requester_issuer, filename, sha256, bytes, "
+            "content, state, created_at, expires_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'pending', %s, %s)",
+            (approval_id, draft.tenant, draft.requester.id, draft.requester.issuer, draft.filename,
+             draft.sha256, draft.size, draft.content, now, now + ttl),
         )  # fmt: skip
         # Sent with the COMMIT, not waited for alone: the record is what was just written.
         return Approval(
@@ -390,6 +396,12 @@ class PostgresApprovalStore:
                 refused = refusal(current, vote.approver, require_distinct)
                 if refused is not None or current is None:
                     return refused or DecisionError.NOT_FOUND
+                if approve:
+                    seen = await conn.execute(
+                        SEEN.format(p="%s"), (approval_id, vote.approver.issuer, vote.approver.id)
+                    )
+                    if await seen.fetchone() is None:
+                        return DecisionError.CONTENT_NOT_VIEWED
                 inserted = await conn.execute(
                     INSERT_VOTE.format(p="%s") + " ON CONFLICT DO NOTHING RETURNING approver",
                     vote_row(approval_id, vote, approve, now),
@@ -413,7 +425,7 @@ class PostgresApprovalStore:
                         "UPDATE approvals SET state = %s, decided_by = %s, decided_at = %s, approvals = %s, "
                         "required = %s, policy_hash = %s WHERE id = %s AND tenant = %s"
                     ),
-                    (state, vote.approver, now, yes, required,
+                    (state, vote.approver.id, now, yes, required,
                      vote.policy_hash if state == "approved" else None, approval_id, tenant),
                 )  # fmt: skip
             decided = await updated.fetchone()  # sent with the COMMIT, read after it
@@ -430,6 +442,11 @@ class PostgresApprovalStore:
             rows = await cur.fetchall()
         return [vote_from_row(r) for r in rows]
 
+    async def viewed(self, approval_id: str, tenant: str, viewer: Person) -> None:
+        params = (viewer.issuer, viewer.id, self._clock(), approval_id, tenant)
+        async with self._conn() as conn:
+            await conn.execute(INSERT_VIEW.format(p="%s"), params)
+
     async def reopen(
         self,
         approval_id: str,
@@ -437,7 +454,7 @@ class PostgresApprovalStore:
         owner: str,
         *,
         consumed_at: float,
-        keep: Sequence[str],
+        keep: Sequence[Person],
         required: int,
     ) -> bool:
         async with self._conn() as conn, conn.transaction():
@@ -450,9 +467,11 @@ class PostgresApprovalStore:
             )
             if await cur.fetchone() is None:
                 return False
-            await conn.execute(
-                "DELETE FROM approval_votes WHERE approval_id = %s AND approver <> ALL(%s)",
-                (approval_id, list(keep)),
+            await conn.execute(  # a vote is its person's: kept or not as a pair
+                "DELETE FROM approval_votes WHERE approval_id = %s AND NOT EXISTS (SELECT 1 FROM "
+                "unnest(%s::text[], %s::text[]) AS k (issuer, approver) "
+                "WHERE k.issuer = approval_votes.issuer AND k.approver = approval_votes.approver)",
+                (approval_id, [p.issuer for p in keep], [p.id for p in keep]),
             )
             # The kept votes were decided again: the count they now ask for is the reopen's,
             # not the one they asked when cast (`decide` takes the most of the votes').
@@ -462,7 +481,7 @@ class PostgresApprovalStore:
         return True
 
     async def consume(
-        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+        self, *, tenant: str, requester: Person, filename: str, sha256: str, claim: Claim
     ) -> Approval | None:
         now = self._clock()
         # One statement: the subquery's row lock makes a concurrent consumer (any replica)
@@ -472,11 +491,13 @@ class PostgresApprovalStore:
                 "UPDATE approvals SET state = 'consumed', consumed_at = %(now)s, "
                 "claimed_by = %(owner)s, claim_until = %(until)s WHERE id = ("
                 "SELECT id FROM approvals WHERE tenant = %(tenant)s AND requester = %(requester)s "
+                "AND requester_issuer IN (%(issuer)s, '') "
                 "AND filename = %(filename)s AND sha256 = %(sha256)s AND state = 'approved' "
                 "AND expires_at > %(now)s ORDER BY created_at LIMIT 1 FOR UPDATE"
                 ") AND state = 'approved'"
             ),
-            {"now": now, "tenant": tenant, "requester": requester, "filename": filename,
+            {"now": now, "tenant": tenant, "requester": requester.id, "issuer": requester.issuer,
+             "filename": filename,
              "sha256": sha256, "owner": claim.owner, "until": claim.until},
         )  # fmt: skip
         return approval_from_row(row) if row else None
@@ -523,10 +544,10 @@ class PostgresApprovalStore:
     async def held(self, draft: Draft) -> list[HeldClaim]:
         async with self._conn() as conn:
             cur = await conn.execute(
-                "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = %s "
-                "AND requester = %s AND filename = %s AND sha256 = %s AND state = 'consumed' "
+                "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = %s "  # noqa: S608
+                f"AND {_REQUESTER} AND filename = %s AND sha256 = %s AND state = 'consumed' "
                 "AND claim_until IS NOT NULL ORDER BY claim_until",
-                (draft.tenant, draft.requester, draft.filename, draft.sha256),
+                (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256),
             )
             rows = await cur.fetchall()
         return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]

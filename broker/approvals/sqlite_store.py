@@ -23,8 +23,11 @@ from typing import Any, TypeVar
 
 from broker.approvals import migrations
 from broker.approvals.store import (
+    INSERT_VIEW,
     INSERT_VOTE,
     META_COLUMNS,
+    REQUESTER_IS,
+    SEEN,
     VOTE_COLUMNS,
     Approval,
     ApprovalDetail,
@@ -38,14 +41,16 @@ from broker.approvals.store import (
     Vote,
     approval_from_row,
     refusal,
+    requester_params,
     select,
     state_filter,
     vote_from_row,
     vote_row,
 )
-from broker.types import ApprovalState
+from broker.types import ApprovalState, Person
 
 _PURGE_BATCH = 500  # rows per DELETE: the metrics gauge never waits on one long purge
+_REQUESTER = REQUESTER_IS.format(p="?")
 
 T = TypeVar("T")
 
@@ -130,6 +135,10 @@ class SqliteApprovalStore:
     async def votes(self, approval_id: str, tenant: str) -> list[Vote]:
         return await self._run(self._votes, approval_id, tenant)
 
+    async def viewed(self, approval_id: str, tenant: str, viewer: Person) -> None:
+        params = (viewer.issuer, viewer.id, self._clock(), approval_id, tenant)
+        await self._run(self._db.execute, INSERT_VIEW.format(p="?"), params)
+
     async def reopen(
         self,
         approval_id: str,
@@ -137,13 +146,13 @@ class SqliteApprovalStore:
         owner: str,
         *,
         consumed_at: float,
-        keep: Sequence[str],
+        keep: Sequence[Person],
         required: int,
     ) -> bool:
         return await self._run(self._reopen, approval_id, tenant, owner, consumed_at, keep, required)
 
     async def consume(
-        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+        self, *, tenant: str, requester: Person, filename: str, sha256: str, claim: Claim
     ) -> Approval | None:
         return await self._run(self._consume, tenant, requester, filename, sha256, claim)
 
@@ -213,10 +222,10 @@ class SqliteApprovalStore:
         row = self._db.execute(
             select(
                 META_COLUMNS,
-                "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+                f"WHERE tenant = ? AND {_REQUESTER} AND filename = ? AND sha256 = ? "
                 "AND state = 'denied' AND expires_at > ? ORDER BY decided_at DESC LIMIT 1",
             ),
-            (draft.tenant, draft.requester, draft.filename, draft.sha256, self._clock()),
+            (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256, self._clock()),
         ).fetchone()
         return approval_from_row(row) if row else None
 
@@ -226,11 +235,11 @@ class SqliteApprovalStore:
             row = self._db.execute(
                 select(
                     META_COLUMNS,
-                    "WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+                    f"WHERE tenant = ? AND {_REQUESTER} AND filename = ? AND sha256 = ? "
                     "AND state IN ('pending', 'approved') AND expires_at > ? "
                     "ORDER BY created_at DESC LIMIT 1",
                 ),
-                (draft.tenant, draft.requester, draft.filename, draft.sha256, now),
+                (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256, now),
             ).fetchone()
             if row:
                 return approval_from_row(row), False
@@ -255,10 +264,10 @@ class SqliteApprovalStore:
         if open_count >= max_pending:
             raise TooManyPending
         self._db.execute(
-            "INSERT INTO approvals (id, tenant, requester, filename, sha256, bytes, content, state, "
-            "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-            (approval_id, draft.tenant, draft.requester, draft.filename, draft.sha256, draft.size,
-             draft.content, now, now + ttl),
+            "INSERT INTO approvals (id, tenant, requester, requester_issuer, filename, sha256, bytes, "
+            "content, state, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            (approval_id, draft.tenant, draft.requester.id, draft.requester.issuer, draft.filename,
+             draft.sha256, draft.size, draft.content, now, now + ttl),
         )  # fmt: skip
 
     def _decide(
@@ -269,6 +278,9 @@ class SqliteApprovalStore:
             refused = refusal(current, vote.approver, require_distinct)
             if refused is not None or current is None:
                 return refused or DecisionError.NOT_FOUND
+            seen = (approval_id, vote.approver.issuer, vote.approver.id)
+            if approve and self._db.execute(SEEN.format(p="?"), seen).fetchone() is None:
+                return DecisionError.CONTENT_NOT_VIEWED
             now = self._clock()
             try:
                 self._db.execute(INSERT_VOTE.format(p="?"), vote_row(approval_id, vote, approve, now))
@@ -285,8 +297,8 @@ class SqliteApprovalStore:
             self._db.execute(
                 "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, approvals = ?, "
                 "required = ?, policy_hash = ? WHERE id = ? AND tenant = ? AND state = 'pending'",
-                (state, vote.approver, now, yes, required, vote.policy_hash if state == "approved" else None,
-                 approval_id, tenant),
+                (state, vote.approver.id, now, yes, required,
+                 vote.policy_hash if state == "approved" else None, approval_id, tenant),
             )  # fmt: skip
         decided = self._get(approval_id, tenant)
         assert decided is not None
@@ -306,7 +318,7 @@ class SqliteApprovalStore:
         tenant: str,
         owner: str,
         consumed_at: float,
-        keep: Sequence[str],
+        keep: Sequence[Person],
         required: int,
     ) -> bool:
         with self._transaction():
@@ -319,11 +331,15 @@ class SqliteApprovalStore:
             )
             if cur.rowcount != 1:
                 return False
-            kept = ",".join("?" * len(keep))
-            self._db.execute(
-                f"DELETE FROM approval_votes WHERE approval_id = ? AND approver NOT IN ({kept})",  # noqa: S608
-                (approval_id, *keep),
-            )
+            votes = self._db.execute(
+                "SELECT issuer, approver FROM approval_votes WHERE approval_id = ?", (approval_id,)
+            ).fetchall()
+            for issuer, approver in votes:  # a vote is its person's: kept or not as a pair
+                if Person(issuer, approver) not in keep:
+                    self._db.execute(
+                        "DELETE FROM approval_votes WHERE approval_id = ? AND issuer = ? AND approver = ?",
+                        (approval_id, issuer, approver),
+                    )
             # The kept votes were decided again: the count they now ask for is the reopen's,
             # not the one they asked when cast (`_decide` takes the most of the votes').
             self._db.execute(
@@ -332,13 +348,13 @@ class SqliteApprovalStore:
         return True
 
     def _consume(
-        self, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+        self, tenant: str, requester: Person, filename: str, sha256: str, claim: Claim
     ) -> Approval | None:
         now = self._clock()
         row = self._db.execute(
-            "SELECT id FROM approvals WHERE tenant = ? AND requester = ? AND filename = ? AND sha256 = ? "
+            f"SELECT id FROM approvals WHERE tenant = ? AND {_REQUESTER} AND filename = ? AND sha256 = ? "  # noqa: S608
             "AND state = 'approved' AND expires_at > ? ORDER BY created_at LIMIT 1",
-            (tenant, requester, filename, sha256, now),
+            (tenant, *requester_params(requester), filename, sha256, now),
         ).fetchone()
         if row is None:
             return None
@@ -385,10 +401,10 @@ class SqliteApprovalStore:
 
     def _held(self, draft: Draft) -> list[HeldClaim]:
         rows = self._db.execute(
-            "SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = ? AND requester = ? "
+            f"SELECT id, tenant, claimed_by, claim_until FROM approvals WHERE tenant = ? AND {_REQUESTER} "  # noqa: S608
             "AND filename = ? AND sha256 = ? AND state = 'consumed' AND claim_until IS NOT NULL "
             "ORDER BY claim_until",
-            (draft.tenant, draft.requester, draft.filename, draft.sha256),
+            (draft.tenant, *requester_params(draft.requester), draft.filename, draft.sha256),
         ).fetchall()
         return [HeldClaim(r[0], r[1], r[2], r[3]) for r in rows]
 

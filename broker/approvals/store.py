@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from broker.types import ApprovalState
+from broker.types import ApprovalState, Person
 
 
 class DecisionError(StrEnum):
@@ -40,6 +40,7 @@ class DecisionError(StrEnum):
     EXPIRED = "expired"
     SAME_PERSON = "approver_is_requester"
     ALREADY_DECIDED = "already_decided"  # this approver's decision on it is already counted
+    CONTENT_NOT_VIEWED = "content_not_viewed"  # a yes from someone who never fetched the content
 
 
 class TooManyPending(Exception):
@@ -69,7 +70,7 @@ class Draft:
     """A report someone wants written: what a human approves, exactly."""
 
     tenant: str
-    requester: str
+    requester: Person
     filename: str
     content: str
     sha256: str
@@ -82,7 +83,7 @@ class Approval:
 
     id: str
     tenant: str
-    requester: str
+    requester: Person  # its issuer "" when recorded before issuers were (migration 6)
     filename: str
     sha256: str
     bytes: int
@@ -103,7 +104,8 @@ class Approval:
         return {
             "approval_id": self.id,
             "state": self.state.value,
-            "requester": self.requester,
+            "requester": self.requester.id,
+            "requester_issuer": self.requester.issuer or None,
             "filename": self.filename,
             "sha256": self.sha256,
             "bytes": self.bytes,
@@ -154,8 +156,15 @@ class Page:
 # decisions never read a report's text.
 META_COLUMNS = (
     "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
-    "decided_by, decided_at, consumed_at, approvals, required, policy_hash"
+    "decided_by, decided_at, consumed_at, approvals, required, policy_hash, requester_issuer"
 )
+# A draft's requester in a lookup (`{p}`: the backend's placeholder), bound with
+# `requester_params`: a record from before issuers were recorded is the requester's still.
+REQUESTER_IS = "requester = {p} AND requester_issuer IN ({p}, '')"
+
+
+def requester_params(person: Person) -> tuple[str, str]:
+    return (person.id, person.issuer)
 
 
 def state_filter(state: ApprovalState, now: str) -> str:
@@ -170,7 +179,7 @@ def state_filter(state: ApprovalState, now: str) -> str:
             return f"state = '{state.value}'"
 
 
-def refusal(current: Approval | None, approver: str, require_distinct: bool) -> DecisionError | None:
+def refusal(current: Approval | None, approver: Person, require_distinct: bool) -> DecisionError | None:
     """Why a decision on this record (as it now reads) cannot be recorded; None if it can."""
     if current is None:
         return DecisionError.NOT_FOUND
@@ -178,7 +187,7 @@ def refusal(current: Approval | None, approver: str, require_distinct: bool) -> 
         return DecisionError.EXPIRED
     if current.state is not ApprovalState.PENDING:
         return DecisionError.NOT_PENDING
-    if require_distinct and approver == current.requester:
+    if require_distinct and current.requester.may_be(approver):
         return DecisionError.SAME_PERSON
     return None
 
@@ -193,7 +202,7 @@ def approval_from_row(row: Sequence[Any]) -> Approval:
     return Approval(
         id=row[0],
         tenant=row[1],
-        requester=row[2],
+        requester=Person(row[15], row[2]),
         filename=row[3],
         sha256=row[4],
         bytes=row[5],
@@ -214,8 +223,7 @@ class Vote:
     """One approver's decision on a record, as the policy decided it: enough to decide it again
     when the set changes before the report is written (names and the set's hash, no values)."""
 
-    approver: str  # the subject, in the record's tenant
-    issuer: str  # who vouches for it
+    approver: Person  # in the record's tenant
     groups: tuple[str, ...]
     scopes: tuple[str, ...]
     required: int  # the distinct approvers the policy asked for, at this decision
@@ -224,16 +232,26 @@ class Vote:
 
 def vote_row(approval_id: str, vote: Vote, approve: bool, now: float) -> tuple[Any, ...]:
     """The `approval_votes` row of a vote (both stores; groups and scopes as JSON lists)."""
-    return (approval_id, vote.approver, vote.issuer, json.dumps(list(vote.groups)),
+    return (approval_id, vote.approver.id, vote.approver.issuer, json.dumps(list(vote.groups)),
             json.dumps(list(vote.scopes)), approve, vote.required, vote.policy_hash, now)  # fmt: skip
 
 
 def vote_from_row(row: Sequence[Any]) -> Vote:
     """A vote from (approver, issuer, groups, scopes, required, policy_hash)."""
-    return Vote(row[0], row[1], tuple(json.loads(row[2])), tuple(json.loads(row[3])), row[4], row[5])
+    approver = Person(row[1], row[0])
+    return Vote(approver, tuple(json.loads(row[2])), tuple(json.loads(row[3])), row[4], row[5])
 
 
 VOTE_COLUMNS = "approver, issuer, groups, scopes, required, policy_hash"
+# Bound (issuer, viewer, viewed_at, approval_id, tenant): one row per person and record (the
+# first view), and none for another tenant's record.
+INSERT_VIEW = (
+    "INSERT INTO approval_views (approval_id, issuer, viewer, viewed_at) SELECT id, {p}, {p}, {p} "
+    "FROM approvals WHERE id = {p} AND tenant = {p} ON CONFLICT DO NOTHING"
+)
+SEEN = "SELECT 1 FROM approval_views WHERE approval_id = {p} AND issuer = {p} AND viewer = {p}"
+
+
 INSERT_VOTE = (
     "INSERT INTO approval_votes (approval_id, approver, issuer, groups, scopes, approve, required, "
     "policy_hash, decided_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
@@ -288,11 +306,17 @@ class ApprovalStore(Protocol):
         """Record one approver's decision, in one transaction (on every replica, one at a time
         per record): a "no" denies; a "yes" counts, and the record is approved when the distinct
         approvers who said yes reach the most any of their decisions asked for. An approver's
-        second decision on it is ALREADY_DECIDED."""
+        second decision on it is ALREADY_DECIDED; a yes from an approver the content was never
+        shown to (`viewed`) is CONTENT_NOT_VIEWED: what a person approves is what they read."""
         ...
 
     async def votes(self, approval_id: str, tenant: str) -> list[Vote]:
         """The approvers who said yes to a record, in the order they did."""
+        ...
+
+    async def viewed(self, approval_id: str, tenant: str, viewer: Person) -> None:
+        """`viewer` was shown the record's content: from now on their yes may count. Nothing
+        for another tenant's record (or none)."""
         ...
 
     async def reopen(
@@ -302,7 +326,7 @@ class ApprovalStore(Protocol):
         owner: str,
         *,
         consumed_at: float,
-        keep: Sequence[str],
+        keep: Sequence[Person],
         required: int,
     ) -> bool:
         """A consumption whose approval the policy in force no longer grants (the set changed
@@ -311,7 +335,7 @@ class ApprovalStore(Protocol):
         ...
 
     async def consume(
-        self, *, tenant: str, requester: str, filename: str, sha256: str, claim: Claim
+        self, *, tenant: str, requester: Person, filename: str, sha256: str, claim: Claim
     ) -> Approval | None:
         """Take the approved record for exactly this report, once, under `claim`. None if
         there is none."""

@@ -25,8 +25,42 @@ def claim_values(claims: Mapping[str, Any], path: str) -> list[str]:
 
 
 def claim_at(claims: Mapping[str, Any], path: str) -> Any:
-    """The raw value at `path` (a claim name, else a dotted path), or None when absent."""
+    """The raw value at `path` (a claim name, else a dotted path), or None when absent.
+
+    `email` is absent unless the provider says `email_verified` is true: an address someone
+    typed into their profile, unchecked, must not name a person or give them a tenant."""
+    if path == "email" and claims.get("email_verified") is not True:
+        return None
     return claims[path] if path in claims else _walk(claims, path.split("."))
+
+
+MAX_PERSON_CHARS = 256
+MAX_GROUPS = 64  # groups of one person; more refuse them (each becomes an entity of every decision)
+MAX_GROUP_CHARS = 256
+
+
+def person_id(claims: Mapping[str, Any], path: str) -> str | None:
+    """The person's id at their issuer: the claim at `path`, a printable string of at most
+    MAX_PERSON_CHARS (it is audited and shown: control and bidi characters would let it pose
+    as another); None if it is missing or anything else."""
+    value = claim_at(claims, path)
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_PERSON_CHARS or not value.isprintable():
+        return None
+    return value
+
+
+def group_names(value: Any) -> frozenset[str] | None:
+    """A groups claim's names (absent: none); None when it is malformed, which refuses the
+    token or the sign-in rather than reading it as "no groups": a policy that forbids a group
+    must not be escaped by a malformed claim."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or len(value) > MAX_GROUPS:
+        return None
+    for name in value:
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_GROUP_CHARS or not name.isprintable():
+            return None
+    return frozenset(value)
 
 
 def as_values(value: Any) -> list[str]:

@@ -7,6 +7,13 @@ and the subject, `reports:approve` is required, another tenant's id is "not foun
 requester may not approve their own draft when the policy says so, and every request leaves
 one audit event. The token is read from a file (`--token-file`, or `-` for stdin), never
 from the command line, where other users of the host could read it; it is never printed.
+
+`approve` shows what it approves: it fetches the record (which is what lets the broker count
+this person's yes: a yes from someone the content was never shown to is `content_not_viewed`),
+prints it, and asks on the terminal. Without a terminal (a script, a pipe) there is nobody to
+ask, so it approves only with `--sha256 HASH`: the content's hash as `show` printed it to the
+person who read it. A flag that only said "I read it" would be typed once into a script and
+forgotten; a hash names the exact bytes that were read, and a different report cannot pass.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from broker.settings import SettingsError
 
 STATES = ("pending", "approved", "denied", "consumed", "expired", "all")
 MAX_TOKEN_BYTES = 16 * 1024
+STDIN = "-"  # --token-file - : the token comes on stdin
 # The API's error codes, as a person reads them.
 ERRORS = {
     "not_found": "no such approval for this token's tenant",
@@ -36,6 +44,7 @@ ERRORS = {
     "already_decided": "your decision on it is already counted: it waits for other approvers",
     "expired": "expired",
     "approver_is_requester": "the requester may not approve their own report (policy)",
+    "content_not_viewed": "the report's content must be shown to you before you approve it",
     "unauthorized": "the token was refused",
     "forbidden": "the token was refused (it needs the reports:approve scope)",
     "too_many_requests": "too many refused tokens from this address; retry later",
@@ -66,11 +75,20 @@ def register(sub: Subparsers) -> None:
     _client_args(show)
     show.set_defaults(func=cmd_show)
 
-    for verb, text in (("approve", "approve a pending report"), ("deny", "deny a pending report")):
-        decide = commands.add_parser(verb, help=text)
-        decide.add_argument("approval_id", metavar="ID")
-        _client_args(decide)
-        decide.set_defaults(func=cmd_decide, verb=verb)
+    approve = commands.add_parser(
+        "approve", help="show a pending report, then approve it (asks on a terminal; else needs --sha256)"
+    )
+    approve.add_argument("approval_id", metavar="ID")
+    approve.add_argument(
+        "--sha256", metavar="HASH", help="without a terminal: the SHA-256 of the content you read (`show`)"
+    )
+    _client_args(approve)
+    approve.set_defaults(func=cmd_approve)
+
+    deny = commands.add_parser("deny", help="deny a pending report")
+    deny.add_argument("approval_id", metavar="ID")
+    _client_args(deny)
+    deny.set_defaults(func=cmd_decide, verb="deny")
 
 
 def _client_args(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +103,7 @@ def read_token(path: str) -> str:
     """One token from a file (or - for stdin), bounded; never echoed anywhere."""
     from broker.files import UnsafeFileError, read_bounded
 
-    if path == "-":
+    if path == STDIN:
         raw = sys.stdin.buffer.read(MAX_TOKEN_BYTES + 1)
     else:
         try:  # a link may point at the token an identity tool keeps refreshed
@@ -111,10 +129,17 @@ def _base_url(args: argparse.Namespace) -> str:
         raise UsageError(f"configuration error: {exc}") from None
 
 
+def _token(args: argparse.Namespace) -> str:
+    # Read once: `approve` calls twice, and stdin (`-`) can be read only once.
+    if getattr(args, "token", None) is None:
+        args.token = read_token(args.token_file)
+    return str(args.token)
+
+
 def _call(args: argparse.Namespace, method: str, path: str, params: dict[str, str] | None = None) -> Any:
     import httpx2
 
-    headers = {"authorization": f"Bearer {read_token(args.token_file)}", "accept": "application/json"}
+    headers = {"authorization": f"Bearer {_token(args)}", "accept": "application/json"}
     try:
         with (
             progress("asking the broker"),
@@ -180,19 +205,49 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(record)
         return 0
-    content = record.pop("content", None)
-    print_fields([(k, _when(v) if k.endswith("_at") else v) for k, v in record.items()])
+    _print_record(record)
+    return 0
+
+
+def _print_record(record: dict[str, Any]) -> None:
+    shown = dict(record)
+    content = shown.pop("content", None)
+    print_fields([(k, _when(v) if k.endswith("_at") else v) for k, v in shown.items()])
     if isinstance(content, str):
         from broker.audit.table import escape
 
         # The report's text, as the tenant's tool wrote it: escaped line by line, so what it
         # holds is shown, never obeyed by the terminal.
         sys.stdout.write("\n" + "".join(escape(line) + "\n" for line in content.splitlines()))
-    return 0
+    sys.stdout.flush()
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    approval_id = _check_id(args.approval_id)
+    record = _call(args, "GET", "/" + approval_id)  # the broker records that it was shown
+    if args.sha256 is not None:
+        if args.sha256.lower() != record.get("sha256"):
+            raise CliError("the report's SHA-256 is not the one given: nothing was approved")
+        if not args.json:
+            _print_record(record)
+    elif sys.stdin.isatty() and args.token_file != STDIN:  # stdin holding the token asks nothing
+        _print_record(record)
+        sys.stderr.write(f"\nApprove exactly these {record.get('bytes')} bytes? [y/N] ")
+        sys.stderr.flush()
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            raise CliError("not approved")
+    else:
+        raise UsageError(
+            "no terminal to ask on: read the report (`approvals show`) and pass --sha256 with its SHA-256"
+        )
+    return _decided(args, _call(args, "POST", f"/{approval_id}/approve"))
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    record = _call(args, "POST", f"/{_check_id(args.approval_id)}/{args.verb}")
+    return _decided(args, _call(args, "POST", f"/{_check_id(args.approval_id)}/{args.verb}"))
+
+
+def _decided(args: argparse.Namespace, record: dict[str, Any]) -> int:
     if args.json:
         print_json(record)
     else:

@@ -45,6 +45,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     request: dict[str, Any] = {
         "tenant": args.tenant,
         "subject": args.subject,
+        "issuer": args.issuer,
         "groups": [g for g in args.groups.split(",") if g],
         "scopes": [s for s in args.scopes.split(" ") if s],
         "tool": args.tool,
@@ -76,6 +77,7 @@ def register(sub: Subparsers) -> None:
     one = policy.add_parser("explain", help="one request's decision and the policies that made it")
     one.add_argument("--tenant", required=True)
     one.add_argument("--subject", default="someone")
+    one.add_argument("--issuer", default="", help="who vouches for the subject (a policy names users by it)")
     one.add_argument("--groups", default="", help="comma-separated")
     one.add_argument("--scopes", default="", help='space-separated, e.g. "docs:read docs:write"')
     one.add_argument("--tool", required=True)

@@ -97,6 +97,15 @@ SETTINGS: dict[str, str] = {
         " to approve at all"
     ),
     "OIDC_APPROVER_VALUE": "the approver role's value in `DOCBROKER_OIDC_APPROVER_CLAIM`",
+    "OIDC_PERSON_CLAIM": (
+        "the id_token claim naming the person (with the issuer: who they are for self-approval and the "
+        "two-person rule); set it as `DOCBROKER_AUTH_PERSON_CLAIM` so a person's token and sign-in are one "
+        "(Entra ID: `oid`, its `sub` differs per application). `email` counts only with `email_verified`"
+    ),
+    "OIDC_GROUPS_CLAIM": (
+        "the id_token claim listing the signed-in approver's groups or roles (a name or dotted path), "
+        "kept in the session for policies as a token's groups are; absent: none; malformed: sign-in refused"
+    ),
     "WEBHOOK_URL": (
         "where a notice of each new pending approval is POSTed (https, or http on loopback): Slack's or "
         "Teams' incoming-webhook URL, or your own. Never the content or file name: id, tenant, size, "
@@ -123,6 +132,11 @@ SETTINGS: dict[str, str] = {
     "AUTH_GROUPS_CLAIM": (
         "claim listing the caller's groups or roles (strings), for policies (docs/policy.md); absent: "
         "none; malformed: the token is refused"
+    ),
+    "AUTH_PERSON_CLAIM": (
+        "claim naming the person (a name or dotted path; a printable string of at most 256 characters, else "
+        "the token is refused): with the issuer, who the caller is for approvals and policies. `email` "
+        "counts only with `email_verified` true"
     ),
     "AUTH_MAX_LIFETIME": "max `exp - iat`",
     "AUTH_LEEWAY": "clock leeway, at most 30 s",

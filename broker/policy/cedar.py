@@ -270,6 +270,23 @@ def _for_tool(scope: dict[str, Any], tool: str) -> bool:
     return True
 
 
+def _names_a_user_without_issuer(text: str) -> bool:
+    """Whether a policy file names a user by an id without "#<issuer>" (a person is their id at
+    their issuer: `Principal.entity_id`). Text that does not parse is the constructor's to refuse."""
+    try:
+        parsed = json.loads(cedarpy.policies_to_json_str(text))
+    except ValueError:
+        return False
+
+    def walk(value: Any) -> bool:
+        if isinstance(value, dict):
+            named = value.get("type") == _USER and isinstance(value.get("id"), str)
+            return (named and "#" not in value["id"]) or any(walk(v) for v in value.values())
+        return isinstance(value, list) and any(walk(v) for v in value)
+
+    return walk(parsed)
+
+
 def _tenant_of(scope: dict[str, Any], entity_types: tuple[str, ...]) -> str | None:
     """The tenant a policy's principal or resource constraint confines it to, if any."""
     op = scope.get("op")
@@ -340,6 +357,11 @@ class PolicyEngine:
                 sources.append(Source(path.name, path.read_text(encoding="utf-8")))
             except (OSError, UnicodeDecodeError) as exc:
                 raise PolicyError(f"{path.name}: cannot be read ({type(exc).__name__})") from None
+            if _names_a_user_without_issuer(sources[-1].text):
+                # Such a policy would match nobody: a forbid naming someone would silently not hold.
+                raise PolicyError(
+                    f'{path.name}: names a {_USER} without its issuer (write "<tenant>/<id>#<issuer>")'
+                )
         return cls(schema_text, sources)
 
     @property
@@ -415,7 +437,7 @@ class PolicyEngine:
             return found
         principal = call.principal
         tenant = (_TENANT, principal.tenant)
-        user = (_USER, f"{principal.tenant}/{principal.subject}")
+        user = (_USER, principal.entity_id)
         user_ancestors = frozenset({tenant, *((_GROUP, g) for g in principal.groups)})
         resource = (
             (_APPROVALS, f"{principal.tenant}/approvals")
@@ -445,7 +467,7 @@ class PolicyEngine:
         entities += [{"uid": g, "attrs": {}, "parents": []} for g in groups]
         entities.append(
             {
-                "uid": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
+                "uid": {"type": _USER, "id": principal.entity_id},
                 "attrs": {"tenant": {"__entity": tenant}, "subject": principal.subject},
                 "parents": [tenant, *groups],
             }
@@ -515,7 +537,7 @@ class PolicyEngine:
         given)."""
         principal = call.principal
         return {
-            "principal": {"type": _USER, "id": f"{principal.tenant}/{principal.subject}"},
+            "principal": {"type": _USER, "id": principal.entity_id},
             "action": {"type": _ACTION, "id": call.tool},
             "resource": (
                 {"type": _APPROVALS, "id": f"{principal.tenant}/approvals"}

@@ -30,7 +30,7 @@ from broker.policy.tenants import PolicyError
 from broker.types import OAuthScope, Principal
 
 _KEYS = {
-    "name", "tenant", "subject", "groups", "scopes", "tool", "document", "content_bytes",
+    "name", "tenant", "subject", "issuer", "groups", "scopes", "tool", "document", "content_bytes",
     "request_bytes", "protocol", "at", "expect", "policies", "self_approval", "approvers",
 }  # fmt: skip
 _SCOPES = {s.value: s for s in OAuthScope}
@@ -86,6 +86,8 @@ def call_of(case: dict[str, Any], where: str) -> Call:
         subject=_text(case, "subject", where, "someone") or "someone",
         scopes=frozenset(_SCOPES[s] for s in scopes),
         groups=frozenset(_strings(case, "groups", where)),
+        # Who vouches for the subject: a policy naming a user names "<tenant>/<id>#<issuer>".
+        issuer=_text(case, "issuer", where) or "",
     )
     tool = _text(case, "tool", where)
     if tool is None:

@@ -16,8 +16,11 @@ with `?tenant=` when there are several), and every POST must carry the session's
     POST /v1/approvals/{id}/deny     -> metadata; optional body {"reason": CODE}, CODE one of
                                         DENY_REASONS (audited as `decision_reason`; never text)
 
-    metadata = {"approval_id", "state", "requester", "filename", "sha256", "bytes",
-                "created_at", "expires_at", "decided_by", "decided_at", "consumed_at"}
+    metadata = {"approval_id", "state", "requester", "requester_issuer", "filename", "sha256",
+                "bytes", "created_at", "expires_at", "decided_by", "decided_at", "consumed_at",
+                "approvals", "required"}
+               (the requester is a person: their id and the issuer that vouches for it, null for
+               a record from before issuers were kept)
                (times are Unix seconds, floats; the decided/consumed ones may be null)
 
 The cursor is opaque to clients: it holds a position in the listing and the state it was
@@ -26,7 +29,9 @@ made for, never a tenant (the tenant is always the principal's). A page for one 
 
 Errors are `{"error": CODE}`: 400 unknown_state | bad_limit | bad_cursor, 401/403 (with a
 `WWW-Authenticate` challenge), 404 not_found (also another tenant's id, or a malformed one),
-409 not_pending, 410 expired, 403 approver_is_requester, 429 rate_limited | concurrency_limited
+409 not_pending | already_decided | content_not_viewed (an approve by someone who never
+fetched `GET /v1/approvals/{id}`: what a person approves is what they read; a deny needs no
+fetch), 410 expired, 403 approver_is_requester, 429 rate_limited | concurrency_limited
 (with `Retry-After`; REST calls count against the tenant's limits like /mcp calls), 503
 audit_unavailable | approvals_unavailable (the approvals database cannot be reached; with
 `Retry-After`). Every response carries `Cache-Control: no-store` and
@@ -79,6 +84,7 @@ _DECISION_STATUS = {
     DecisionError.EXPIRED: 410,
     DecisionError.SAME_PERSON: 403,
     DecisionError.ALREADY_DECIDED: 409,
+    DecisionError.CONTENT_NOT_VIEWED: 409,
 }
 # Report contents (and the metadata of other people's drafts) must not stay in a browser's
 # or a proxy's cache, nor be sniffed into something other than JSON.
@@ -126,7 +132,6 @@ class ApprovalsApi:
         audit_ready: Callable[[], None],
         require_distinct_approver: bool,
         signin: SignIn | None = None,
-        bearer_issuer: str = "",
     ) -> None:
         self._auth = auth
         self._store = store
@@ -137,7 +142,6 @@ class ApprovalsApi:
         self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
         self._require_distinct = require_distinct_approver
         self._signin = signin  # None: bearer tokens only (no OpenID Provider configured)
-        self._bearer_issuer = bearer_issuer  # DOCBROKER_AUTH_ISSUER: who vouches for a bearer's subject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -181,7 +185,7 @@ class ApprovalsApi:
             reply.headers = self._auth.challenge(exc)
             reply.counted = exc.counted  # the pre-auth limiter's counted line stands for it
             return reply, None
-        return await self._serve(request, route, principal, self._bearer_issuer), principal
+        return await self._serve(request, route, principal), principal
 
     async def _with_session(
         self, request: Request, route: _Route, signin: SignIn
@@ -198,15 +202,18 @@ class ApprovalsApi:
             reply.counted = signin.counted(request, reply.reason)  # as a bad token is
             return reply, None
         tenant = await self._session_tenant(request, route, session)
+        # The person with the groups their id_token named: every policy decides on them here
+        # as on a token's (a group's forbid holds on the page too).
         principal = Principal(tenant=tenant or session.tenants[0], subject=session.subject,
-                              scopes=frozenset({OAuthScope.REPORTS_APPROVE}))  # fmt: skip
+                              scopes=frozenset({OAuthScope.REPORTS_APPROVE}),
+                              groups=frozenset(session.groups), issuer=session.issuer)  # fmt: skip
         if request.method not in ("GET", "HEAD") and not signin.csrf_ok(request, session):
             reply = _refused(403, "csrf", route.event, "csrf_token_invalid")
             reply.counted = signin.counted(request, reply.reason)
             return reply, principal
         if tenant is None:
             return _refused(403, "forbidden", route.event, "tenant_not_mapped"), principal
-        return await self._serve(request, route, principal, session.issuer), principal
+        return await self._serve(request, route, principal), principal
 
     async def _session_tenant(self, request: Request, route: _Route, session: WebSession) -> str | None:
         """The tenant this request is for: the listing's `tenant` (the only one if not named);
@@ -222,7 +229,7 @@ class ApprovalsApi:
                     return tenant
         return session.tenants[0]  # the record is not found there either: 404, as for anyone
 
-    async def _serve(self, request: Request, route: _Route, principal: Principal, issuer: str) -> Reply:
+    async def _serve(self, request: Request, route: _Route, principal: Principal) -> Reply:
         # REST calls spend the tenant's own budget, like /mcp calls: an approver's token can
         # not be used to flood the broker (or starve the tenant's other callers) for free.
         tenant = principal.tenant
@@ -249,10 +256,9 @@ class ApprovalsApi:
                 reply = await route.handler(self, request, principal, route.approval_id)
                 reply.policy = reply.policy or verdict
                 return reply
-            request.state.issuer = issuer  # a decision's vote records who vouches for the approver
             reply = await route.handler(self, request, principal, route.approval_id)
             if reply.event is AuditEvent.APPROVAL_DECIDED:
-                reply.issuer = issuer  # the approver is the pair (issuer, subject)
+                reply.issuer = principal.issuer  # the approver is the pair (issuer, subject)
             return reply
         except AuditSinkError:
             raise
@@ -296,24 +302,24 @@ class ApprovalsApi:
         record = await self._store.detail(approval_id, principal.tenant) if approval_id else None
         if record is None:
             return _refused(404, "not_found", event, "not_found" if approval_id else "malformed_id")
-        # The content of a report is shown here: who read it is worth a record.
+        # The content of a report is shown here: who read it is worth a record, and only a
+        # person it was shown to may approve it (the store refuses anyone else's yes).
+        await self._store.viewed(record.approval.id, principal.tenant, principal.person)
         return Reply(200, record.public(), event, Outcome.OK, "shown", approval_id=record.approval.id)
 
     async def _approve(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
-        return await self._decide(principal, request.state.issuer, approval_id, approve=True)
+        return await self._decide(principal, approval_id, approve=True)
 
     async def _deny(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
         reason = await _deny_reason(request)
         if reason is None:
             return _refused(400, "bad_reason", AuditEvent.APPROVAL_DECIDED)
-        reply = await self._decide(principal, request.state.issuer, approval_id, approve=False)
+        reply = await self._decide(principal, approval_id, approve=False)
         if reply.status == 200 and reason:
             reply.decision_reason = reason
         return reply
 
-    async def _decide(
-        self, principal: Principal, issuer: str, approval_id: str | None, *, approve: bool
-    ) -> Reply:
+    async def _decide(self, principal: Principal, approval_id: str | None, *, approve: bool) -> Reply:
         event = AuditEvent.APPROVAL_DECIDED
         if approval_id is None:
             return _refused(404, "not_found", event, "malformed_id")
@@ -326,7 +332,7 @@ class ApprovalsApi:
             principal,
             APPROVE,
             content_bytes=current.bytes,
-            self_approval=current.requester == principal.subject,
+            self_approval=current.requester.may_be(principal.person),
         )
         verdict = self._engine.decide(asked)
         if not verdict.allowed:
@@ -342,7 +348,7 @@ class ApprovalsApi:
         # The vote keeps what deciding again takes (the set may change before the write):
         # the approver's groups and scopes, and how many approvers this decision asked for.
         groups, scopes = tuple(sorted(principal.groups)), tuple(sorted(s.value for s in principal.scopes))
-        vote = Vote(principal.subject, issuer, groups, scopes, verdict.approvers, verdict.policy_hash)
+        vote = Vote(principal.person, groups, scopes, verdict.approvers, verdict.policy_hash)
         outcome = await self._store.decide(
             approval_id,
             tenant=principal.tenant,

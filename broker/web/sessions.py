@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.approvals.store import ApprovalStore
+from broker.types import Person
 
 COOKIE_BYTES = 32
 
@@ -43,6 +44,13 @@ class WebSession:
     created_at: float
     expires_at: float
     idle_until: float
+    # The id_token's groups at sign-in (DOCBROKER_OIDC_GROUPS_CLAIM): the policy decides on
+    # them for every request of the session, as it does on a token's.
+    groups: tuple[str, ...] = ()
+
+    @property
+    def person(self) -> Person:
+        return Person(self.issuer, self.subject)
 
 
 class WebSessions(Protocol):
@@ -60,12 +68,13 @@ class WebSessions(Protocol):
 # One statement per operation, the same in both dialects but for the placeholders (and
 # MIN/LEAST, below); SQLite's are written here, PostgreSQL's derived by `_pg`.
 _CREATE = (
-    "INSERT INTO web_sessions (id, issuer, subject, tenants, csrf, created_at, expires_at, idle_until) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO web_sessions (id, issuer, subject, tenants, csrf, created_at, expires_at, idle_until, "
+    "groups) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _TOUCH = (
     "UPDATE web_sessions SET idle_until = MIN(?, expires_at) WHERE id = ? AND idle_until > ? "
-    "AND expires_at > ? RETURNING id, issuer, subject, tenants, csrf, created_at, expires_at, idle_until"
+    "AND expires_at > ? RETURNING id, issuer, subject, tenants, csrf, created_at, expires_at, idle_until, "
+    "groups"
 )
 _END = "DELETE FROM web_sessions WHERE id = ?"
 _PURGE_SESSIONS = "DELETE FROM web_sessions WHERE idle_until <= ?"
@@ -77,12 +86,14 @@ def _pg(statement: str) -> str:
 
 def _session(row: Any) -> WebSession:
     tenants = json.loads(row[3])
-    return WebSession(row[0], row[1], row[2], tuple(tenants), row[4], row[5], row[6], row[7])
+    groups = tuple(json.loads(row[8]))
+    return WebSession(row[0], row[1], row[2], tuple(tenants), row[4], row[5], row[6], row[7], groups)
 
 
 def _session_params(s: WebSession) -> tuple[Any, ...]:
     tenants = json.dumps(list(s.tenants))
-    return (s.id, s.issuer, s.subject, tenants, s.csrf, s.created_at, s.expires_at, s.idle_until)
+    groups = json.dumps(sorted(s.groups))
+    return (s.id, s.issuer, s.subject, tenants, s.csrf, s.created_at, s.expires_at, s.idle_until, groups)
 
 
 class SqliteWebSessions:

@@ -3,7 +3,7 @@
     GET  /approvals/session    what the page needs: {"mode": "token"} without a provider;
                                {"mode": "oidc", "signed_in": false} or, signed in,
                                {"mode": "oidc", "signed_in": true, "subject", "issuer",
-                                "tenants", "csrf"}
+                                "tenants", "groups", "csrf"}
     GET  /approvals/login?return_to=/approvals[?id=…]   → 302 to the provider
     GET  /approvals/callback?code&state[&iss]           → 303 back to return_to, signed in
     POST /approvals/logout     (X-CSRF-Token)  → {"logout_url": the provider's, or null}
@@ -52,7 +52,7 @@ from starlette.routing import Route
 from broker.approvals.store import StoreUnavailable
 from broker.audit import AuditSinkError
 from broker.audit.schema import AuditEvent
-from broker.auth.claims_map import ClaimMapping
+from broker.auth.claims_map import ClaimMapping, claim_at, group_names, person_id
 from broker.auth.preauth import PreAuthLimiter, client_address
 from broker.sealing import RecordSealer
 from broker.settings import OidcSettings
@@ -212,21 +212,30 @@ class SignIn:
             outcome = Outcome.DENIED if status == 400 else Outcome.ERROR
             await self._record(outcome, exc.reason, status, request=request)
             return _failure(status, exc.reason)
+        # The person as the operator names them (DOCBROKER_OIDC_PERSON_CLAIM), and their groups
+        # for the policy; a malformed groups claim refuses, as it refuses a token.
+        person = person_id(identity.claims, self._settings.person_claim)
+        groups = group_names(claim_at(identity.claims, self._settings.groups_claim))
+        if person is None or groups is None:
+            reason = "no_person" if person is None else "bad_groups"
+            await self._record(Outcome.DENIED, reason, 400, identity.subject, request=request)
+            return _failure(400, reason)
         tenants = self._mapping.approver_tenants(identity.claims, self._known)
         if not tenants:
-            await self._record(Outcome.DENIED, "no_tenant_mapped", 403, identity.subject, request=request)
+            await self._record(Outcome.DENIED, "no_tenant_mapped", 403, person, request=request)
             return _failure(403, "no_tenant_mapped")
         now = self._clock()
         session_secret = new_secret()  # always new: a cookie the browser brought is never promoted
         session = WebSession(
             id=digest(session_secret),
             issuer=identity.issuer,
-            subject=identity.subject,
+            subject=person,
             tenants=tenants,
             csrf=secrets.token_urlsafe(32),
             created_at=now,
             expires_at=now + self._settings.session_lifetime_seconds,
             idle_until=now + self._settings.session_idle_seconds,
+            groups=tuple(sorted(groups)),
         )
         try:
             old = request.cookies.get(SESSION_COOKIE)
@@ -235,9 +244,9 @@ class SignIn:
             await self._sessions.purge(now)  # ended sessions, at the pace sessions are made
             await self._sessions.create(session)
         except StoreUnavailable:
-            await self._record(Outcome.ERROR, "approval_store_unavailable", 503, identity.subject)
+            await self._record(Outcome.ERROR, "approval_store_unavailable", 503, person)
             return _failure(503, "sessions_unavailable")
-        await self._record(Outcome.OK, "signed_in", 303, identity.subject)
+        await self._record(Outcome.OK, "signed_in", 303, person)
         response = RedirectResponse(login.return_to, 303, headers=_HEADERS)
         _cookie(response, SESSION_COOKIE, session_secret, max_age=self._settings.session_lifetime_seconds,
                 same_site="strict")  # fmt: skip
@@ -288,6 +297,7 @@ class SignIn:
             "subject": session.subject,
             "issuer": session.issuer,
             "tenants": list(session.tenants),
+            "groups": list(session.groups),
             "csrf": session.csrf,
         }
         return JSONResponse(body, headers=_HEADERS)

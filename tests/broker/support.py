@@ -229,6 +229,8 @@ def decide(
     broker: Broker, approval_id: str, *, approve: bool = True, tenant: str = "acme", subject: str = "carol"
 ) -> httpx2.Response:
     with approver(broker, tenant, subject) as http:
+        if approve:  # a yes counts only from someone the content was shown to
+            http.get(f"/v1/approvals/{approval_id}")
         return http.post(f"/v1/approvals/{approval_id}/{'approve' if approve else 'deny'}")
 
 

@@ -225,17 +225,20 @@ def test_replicas_on_one_database_share_approvals_and_each_audits_what_it_served
             waiting = first["result"]["structuredContent"]
             assert waiting["status"] == "waiting_approval"
             approver = b.token(subject="carol", scope="reports:approve")
-            decided = lb.post(approver, f"/v1/approvals/{waiting['data']['approval_id']}/approve")
+            approval = f"/v1/approvals/{waiting['data']['approval_id']}"
+            assert lb.get(approver, approval).status_code == 200  # read first (on either replica)
+            decided = lb.post(approver, f"{approval}/approve")
             assert decided.status_code == 200
             second = rpc_reply(call(lb, token, "save_report", {"filename": name, "content": "once"}))
             assert second["result"]["structuredContent"]["status"] == "ok"
             lb.close()
-        # a proposed (call 1), b decided (call 2), a consumed (call 3): each in its own log
+        # a proposed (call 1), b showed the content (call 2), a decided (call 3), b consumed
+        # (call 4): each in its own log
         assert (a.reports("acme") / name).read_text() == "once"
         mine = {r.replica_id: [e["event"] for e in events(r) if e.get("approval_id")] for r in replicas}
         assert mine == {
-            "a": ["approval.requested", "mcp.request", "approval.consumed", "mcp.request"],
-            "b": ["approval.decided"],
+            "a": ["approval.requested", "mcp.request", "approval.decided"],
+            "b": ["approval.viewed", "approval.consumed", "mcp.request"],
         }
 
 

@@ -155,6 +155,7 @@ async def test_search_read_and_approved_save_through_a_real_container(
         approval_id = waiting["data"]["approval_id"]
 
         with broker.http(approver) as http:
+            assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
             decided = http.post(f"/v1/approvals/{approval_id}/approve")
             assert decided.status_code == 200, decided.text
 

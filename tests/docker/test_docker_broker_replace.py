@@ -95,6 +95,7 @@ async def test_an_operator_lists_restarts_and_reads_the_logs(docker_broker: Brok
         args = {"filename": f"{canary}.md", "content": f"# {canary}\n"}
         waiting = structured(await client.call_tool("save_report", args))
         with broker.http(broker.token("acme", subject="bob", scope="reports:approve")) as http:
+            assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
             decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
             assert decided.status_code == 200, decided.text
         assert structured(await client.call_tool("save_report", args))["status"] == "ok"

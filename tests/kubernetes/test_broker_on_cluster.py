@@ -83,6 +83,7 @@ def test_search_read_and_an_approved_save_through_the_broker(lab: Lab, setup: tu
                 waiting = structured(await client.call_tool("save_report", args))
                 assert waiting["status"] == "waiting_approval", waiting
                 with broker.http(approver) as http:
+                    assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
                     decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
                     assert decided.status_code == 200, decided.text
                 saved = structured(await client.call_tool("save_report", args))

@@ -256,6 +256,7 @@ def test_the_deployment_serves_a_tenant_through_both_replicas(
             waiting = structured(await client.call_tool("save_report", args))
             assert waiting["status"] == "waiting_approval", waiting
             with b.http(approver) as http:  # the OTHER replica decides: approvals are shared
+                assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
                 decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
                 assert decided.status_code == 200, decided.text
             saved = structured(await client.call_tool("save_report", args))

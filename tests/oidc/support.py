@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+from authlib.integrations.httpx_client import AsyncOAuth2Client
 
 from broker.testing import Broker, free_port, make_broker, structured
 from tests.broker.support import UNLIMITED, open_mcp, unique, write_policies
@@ -56,8 +57,11 @@ class Provider:
                 self.proc.wait()
 
 
-def start_provider(tmp: Path, broker_urls: list[str], secret: str | None = None) -> Provider:
-    """The provider, listening (it prints "listening" once it serves discovery)."""
+def start_provider(
+    tmp: Path, broker_urls: list[str], secret: str | None = None, *, pairwise: bool = False
+) -> Provider:
+    """The provider, listening (it prints "listening" once it serves discovery); `pairwise`:
+    docbroker's id_tokens name people by a `sub` of that application's own (as Entra ID's do)."""
     assert NODE.exists() and (MODULES / "oidc-provider").is_dir(), "run ./dev setup (.ci/oidc-provider.sh)"
     port = free_port()
     issuer = f"http://127.0.0.1:{port}"
@@ -70,6 +74,7 @@ def start_provider(tmp: Path, broker_urls: list[str], secret: str | None = None)
         "OIDC_REDIRECT_URIS": ",".join(f"{u}/approvals/callback" for u in broker_urls),
         "OIDC_LOGOUT_URIS": ",".join(f"{u}/approvals" for u in broker_urls),
         "OIDC_CLIENT_SECRET": secret,
+        "OIDC_PAIRWISE": "1" if pairwise else "0",
     }
     log = tmp / f"provider-{port}.log"
     proc = subprocess.Popen(
@@ -107,10 +112,16 @@ def oidc_env(provider: Provider, secret_file: Path, **extra: str) -> dict[str, s
 
 @contextlib.contextmanager
 def provider_and_broker(
-    tmp: Path, *, tenant_tokens: bool = False, **extra: str
+    tmp: Path,
+    *,
+    tenant_tokens: bool = False,
+    pairwise: bool = False,
+    cedar: dict[str, str] | None = None,
+    **extra: str,
 ) -> Iterator[tuple[Provider, Broker]]:
     """A provider and a broker (acme and globex, unlimited) that signs approvers in with it;
-    with `tenant_tokens`, tenants' access tokens are the provider's too (its jwks_uri)."""
+    with `tenant_tokens`, tenants' access tokens are the provider's too (its jwks_uri);
+    `cedar`: policy files (name → text) added to the broker's policies folder."""
     broker = make_broker(tmp / "broker", tenants=("acme", "globex", "strict"))
     write_policies(
         broker,
@@ -120,7 +131,9 @@ def provider_and_broker(
             "strict": UNLIMITED + "[approvals]\nrequire_distinct_approver = true\n",
         },
     )
-    provider = start_provider(tmp, [broker.url])
+    for name, text in (cedar or {}).items():
+        (Path(broker.env["DOCBROKER_POLICIES_DIR"]) / name).write_text(text)
+    provider = start_provider(tmp, [broker.url], pairwise=pairwise)
     try:
         broker.env.update(oidc_env(provider, tmp / "oidc-client.secret", **extra))
         if tenant_tokens:
@@ -234,3 +247,34 @@ def state_of(broker: Broker, approval_id: str, tenant: str = "acme") -> str:
     )
     assert response.status_code == 200, response.text
     return str(response.json()["state"])
+
+
+async def person_token(
+    provider: Provider, broker: Broker, login: str, scope: str = "docs:read docs:write"
+) -> str:
+    """`login`'s access token for the broker, from their MCP client's sign-in at the provider
+    (authorization code + PKCE, a public client, the broker as the resource)."""
+    redirect = f"{broker.url}/approvals/callback"  # registered for the tests' clients
+    async with AsyncOAuth2Client(
+        "mcp-client", scope=f"openid {scope}", redirect_uri=redirect,
+        code_challenge_method="S256", token_endpoint_auth_method="none",
+    ) as oauth:  # fmt: skip
+        verifier = secrets.token_urlsafe(48)
+        url, _ = oauth.create_authorization_url(
+            f"{provider.issuer}/auth", code_verifier=verifier, resource=RESOURCE, nonce="n"
+        )
+        browser = Browser(broker)
+        callback = browser.authenticate(url, login)
+        code = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(callback).query))["code"]
+        token = await oauth.fetch_token(
+            f"{provider.issuer}/token", code=code, code_verifier=verifier, resource=RESOURCE
+        )
+    return str(token["access_token"])
+
+
+async def service_token(provider: Provider, client_id: str, resource: str = RESOURCE) -> str:
+    async with AsyncOAuth2Client(client_id, provider.secret, scope="docs:read docs:write") as client:
+        token: dict[str, Any] = await client.fetch_token(
+            f"{provider.issuer}/token", grant_type="client_credentials", resource=resource
+        )
+    return str(token["access_token"])

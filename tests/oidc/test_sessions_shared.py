@@ -27,6 +27,7 @@ def test_a_session_begun_at_one_replica_is_served_and_ended_by_another(tmp_path:
                 at_b = Browser(b, cookies={SESSION_COOKIE: cookie})
                 session = at_b.session()
                 assert (session["signed_in"], session["subject"]) == (True, "ann")
+                assert session["groups"] == ["acme-approvers", "docbroker-approvers"]  # kept in PostgreSQL
                 assert at_b.request("GET", "/v1/approvals").status_code == 200
                 assert at_b.post("/approvals/logout", session["csrf"]).status_code == 200
                 assert at_a.request("GET", "/v1/approvals").status_code == 401

@@ -75,6 +75,7 @@ async def test_csrf_a_decision_without_the_token_is_refused(broker: Broker, brow
         assert state_of(broker, approval_id) == "pending"
     logout = browser.post("/approvals/logout", None)  # logging someone out is a change too
     assert logout.status_code == 403 and browser.session()["signed_in"]
+    assert browser.request("GET", f"/v1/approvals/{approval_id}").status_code == 200  # read first
     approved = browser.post(f"/v1/approvals/{approval_id}/approve", csrf)
     assert approved.status_code == 200 and approved.json()["state"] == "approved"
 

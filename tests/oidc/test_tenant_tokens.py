@@ -6,18 +6,14 @@ person's own MCP client works with the access token of their authorization-code 
 
 from __future__ import annotations
 
-import secrets
-import urllib.parse
 from collections.abc import Iterator
-from typing import Any
 
 import httpx2
 import pytest
-from authlib.integrations.httpx_client import AsyncOAuth2Client
 
 from broker.testing import Broker, structured
 from tests.broker.support import open_mcp, unique
-from tests.oidc.support import RESOURCE, Browser, Provider, provider_and_broker
+from tests.oidc.support import Browser, Provider, person_token, provider_and_broker, service_token
 
 pytestmark = pytest.mark.anyio
 
@@ -31,14 +27,6 @@ def oidc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Provider, B
     }
     with provider_and_broker(tmp_path_factory.mktemp("tenant-tokens"), tenant_tokens=True, **mapping) as pair:
         yield pair
-
-
-async def service_token(provider: Provider, client_id: str, resource: str = RESOURCE) -> str:
-    async with AsyncOAuth2Client(client_id, provider.secret, scope="docs:read docs:write") as client:
-        token: dict[str, Any] = await client.fetch_token(
-            f"{provider.issuer}/token", grant_type="client_credentials", resource=resource
-        )
-    return str(token["access_token"])
 
 
 async def test_a_service_saves_with_client_credentials_once_a_signed_in_approver_approves(
@@ -55,6 +43,7 @@ async def test_a_service_saves_with_client_credentials_once_a_signed_in_approver
     ann = Browser(broker)
     assert ann.sign_in("ann").status_code == 303
     csrf = ann.session()["csrf"]
+    assert ann.request("GET", f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
     assert ann.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve", csrf).status_code == 200
 
     async with open_mcp(broker, token) as client:
@@ -88,22 +77,8 @@ async def test_a_person_signed_in_at_the_provider_uses_an_mcp_client_with_its_ac
     provider: Provider, broker: Broker
 ) -> None:
     # authorization code + PKCE for a public MCP client, the broker as the resource
-    redirect = f"{broker.url}/approvals/callback"  # registered for the tests' clients
-    async with AsyncOAuth2Client(
-        "mcp-client", scope="openid docs:read docs:write", redirect_uri=redirect,
-        code_challenge_method="S256", token_endpoint_auth_method="none",
-    ) as oauth:  # fmt: skip
-        verifier = secrets.token_urlsafe(48)
-        url, _ = oauth.create_authorization_url(
-            f"{provider.issuer}/auth", code_verifier=verifier, resource=RESOURCE, nonce="n"
-        )
-        browser = Browser(broker)
-        callback = browser.authenticate(url, "bob")
-        code = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(callback).query))["code"]
-        token = await oauth.fetch_token(
-            f"{provider.issuer}/token", code=code, code_verifier=verifier, resource=RESOURCE
-        )
-    async with open_mcp(broker, token["access_token"]) as client:
+    token = await person_token(provider, broker, "bob")
+    async with open_mcp(broker, token) as client:
         found = structured(await client.call_tool("search_documents", {"query": "anything"}))
     assert found["status"] == "ok", found
     calls = [

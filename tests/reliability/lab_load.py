@@ -425,6 +425,10 @@ class Load:
                 started, status = time.monotonic(), None
                 try:
                     async with httpx2.AsyncClient(timeout=10) as http:
+                        await http.get(  # read first: a yes counts only from someone shown the content
+                            f"http://{pods[pod]}:{PORT}/v1/approvals/{approval}",
+                            headers={"authorization": f"Bearer {token}"},
+                        )
                         answer = await http.post(
                             f"http://{pods[pod]}:{PORT}/v1/approvals/{approval}/approve",
                             headers={"authorization": f"Bearer {token}"},

@@ -77,6 +77,7 @@ def test_a_release_whose_answer_was_lost_is_audited_once_by_its_retry(tmp_path: 
         assert first["status"] == "waiting_approval", first
         approval_id = first["data"]["approval_id"]
         with a.http(a.token(subject="carol", scope="reports:approve")) as http:
+            assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
             assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
 
         # consumed, then refused before its bytes were sent: the release commits, its answer

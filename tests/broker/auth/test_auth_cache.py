@@ -129,7 +129,7 @@ READ_WRITE = frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE})
 async def test_reused_token_is_verified_once(rig: Rig, forge: Forge, decodes: Decodes, alg: str) -> None:
     token = forge.bearer(alg)
     for _ in range(5):
-        assert await rig.auth.authenticate(token) == Principal("acme", "user-1", READ_WRITE)
+        assert await rig.auth.authenticate(token) == Principal("acme", "user-1", READ_WRITE, issuer=ISSUER)
     assert decodes.count == 1
     assert rig.keys.calls == 5  # the key is still looked up on every hit
     assert len(rig.auth.cache) == 1

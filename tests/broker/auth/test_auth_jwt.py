@@ -300,7 +300,8 @@ async def test_hostile_tokens_are_refused(auth: Authenticator, forge: Forge, cas
 @pytest.mark.anyio
 async def test_dev_mode_accepts_hs256(dev_auth: Authenticator, forge: Forge) -> None:
     principal = await dev_auth.authenticate(forge.bearer("HS256"))
-    assert principal == Principal("acme", "user-1", frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE}))
+    scopes = frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE})
+    assert principal == Principal("acme", "user-1", scopes, issuer=ISSUER)
 
 
 @pytest.mark.anyio
@@ -332,7 +333,9 @@ READ_WRITE = frozenset({OAuthScope.DOCS_READ, OAuthScope.DOCS_WRITE})
 @pytest.mark.anyio
 @pytest.mark.parametrize("alg", ["RS256", "ES256", "EdDSA"])
 async def test_each_public_algorithm_is_accepted(auth: Authenticator, forge: Forge, alg: str) -> None:
-    assert await auth.authenticate(forge.bearer(alg)) == Principal("acme", "user-1", READ_WRITE)
+    assert await auth.authenticate(forge.bearer(alg)) == Principal(
+        "acme", "user-1", READ_WRITE, issuer=ISSUER
+    )
 
 
 @pytest.mark.anyio

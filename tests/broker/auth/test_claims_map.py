@@ -8,7 +8,8 @@ import pytest
 
 from broker.auth import AuthError
 from broker.auth.claims_map import MAX_VALUES, ClaimMapping, claim_values
-from tests.broker.auth.jwt_forge import DROP, Forge
+from broker.types import Person
+from tests.broker.auth.jwt_forge import DROP, ISSUER, Forge
 
 KNOWN = {"acme", "globex", "initech"}.__contains__
 
@@ -106,3 +107,52 @@ async def test_a_tenants_token_without_exactly_one_mapped_tenant_is_refused(
     with pytest.raises(AuthError) as refused:
         await auth.authenticate(forge.bearer(claims={"tenant": DROP, **claims}))
     assert refused.value.reason.value == reason
+
+
+# -- who the person is: the person claim, and `email` only when verified (issue 34 items 1, 3) --
+
+
+@pytest.mark.parametrize(
+    ("claims", "tenants"),
+    [
+        ({"email": "ann@example.com", "email_verified": True}, ("acme",)),
+        ({"email": "ann@example.com", "email_verified": False}, ()),
+        ({"email": "ann@example.com", "email_verified": "true"}, ()),  # a string is not true
+        ({"email": "ann@example.com"}, ()),  # the provider does not say: not verified
+    ],
+)
+def test_an_email_maps_only_when_the_provider_verified_it(
+    claims: dict[str, Any], tenants: tuple[str, ...]
+) -> None:
+    mapping = ClaimMapping("email", (("ann@example.com", "acme"),))
+    assert mapping.approver_tenants(claims, KNOWN) == tenants
+
+
+@pytest.mark.anyio
+async def test_a_tokens_person_is_the_configured_claim_at_its_issuer(
+    make_auth: Any, jwks_file: Any, forge: Forge
+) -> None:
+    auth = make_auth(jwks_file=jwks_file, person_claim="oid")
+    principal = await auth.authenticate(forge.bearer(claims={"sub": "pairwise-1", "oid": "person-7"}))
+    assert principal.person == Person(ISSUER, "person-7")
+    assert principal.entity_id == f"acme/person-7#{ISSUER}"
+    for claims in ({"oid": DROP}, {"oid": ["person-7"]}, {"oid": "bad\u202eid"}):
+        with pytest.raises(AuthError) as refused:
+            await auth.authenticate(forge.bearer(claims=claims))
+        assert refused.value.reason.value == "bad_subject"
+
+
+@pytest.mark.anyio
+async def test_an_unverified_email_names_no_person(make_auth: Any, jwks_file: Any, forge: Forge) -> None:
+    auth = make_auth(jwks_file=jwks_file, person_claim="email")
+    verified = await auth.authenticate(
+        forge.bearer(claims={"email": "ann@example.com", "email_verified": True})
+    )
+    assert verified.subject == "ann@example.com"
+    with pytest.raises(AuthError):
+        await auth.authenticate(forge.bearer(claims={"email": "ann@example.com", "email_verified": False}))
+    # nor a tenant, through the mapping
+    mapped = make_auth(jwks_file=jwks_file, tenant_claim="email", tenant_map=(("ann@example.com", "acme"),))
+    with pytest.raises(AuthError) as refused:
+        await mapped.authenticate(forge.bearer(claims={"tenant": DROP, "email": "ann@example.com"}))
+    assert refused.value.reason.value == "missing_claim"

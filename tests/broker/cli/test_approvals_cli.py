@@ -6,12 +6,15 @@ token never appears in its output or on its command line."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from broker.testing import Broker
+from broker.testing import ROOT, Broker
 from tests.broker.cli.cli_helpers import cli, json_out, one_line_error, token_file
 from tests.broker.support import (
     APPROVER_SCOPE,
@@ -58,7 +61,8 @@ def test_list_show_approve_as_the_page_would(broker: Broker, carol: Path) -> Non
     assert shown["content"] == CONTENT and shown["state"] == "pending"
 
     seq = last_seq(broker)
-    decided = json_out(approvals(broker, carol, "approve", approval_id, "--json"))
+    sha = hashlib.sha256(CONTENT.encode()).hexdigest()  # what carol read, as `show` printed it
+    decided = json_out(approvals(broker, carol, "approve", approval_id, "--sha256", sha, "--json"))
     assert (decided["state"], decided["decided_by"]) == ("approved", "carol")
     audited = [e for e in events_since(broker, seq) if e["event"] == "approval.decided"]
     assert [(e["subject"], e["approval_id"], e["decision"]) for e in audited] == [
@@ -80,7 +84,8 @@ def test_the_requester_may_not_approve_their_own_where_the_policy_says_so(
 ) -> None:
     approval_id = open_approval(broker, "strict", subject="alice")
     alice = token_file(tmp_path, broker.token(tenant="strict", subject="alice", scope=APPROVER_SCOPE))
-    line = one_line_error(approvals(broker, alice, "approve", approval_id), 1)
+    sha = hashlib.sha256(CONTENT.encode()).hexdigest()
+    line = one_line_error(approvals(broker, alice, "approve", approval_id, "--sha256", sha), 1)
     assert "requester may not approve" in line
 
 
@@ -135,3 +140,60 @@ def test_a_report_is_shown_never_obeyed_by_the_terminal(broker: Broker, carol: P
     out = shown.stdout
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "title\\x1b]0;owned\\x07 clear\\x1b[2J bidi\\u202e done" in out
+
+
+# -- `approve` shows the content and asks before it approves (issue 34 item 9) ----------------
+
+
+def test_approve_without_a_terminal_needs_the_hash_of_what_was_read(broker: Broker, carol: Path) -> None:
+    approval_id = open_approval(broker, "acme")
+    asked = one_line_error(approvals(broker, carol, "approve", approval_id), 2)
+    assert "--sha256" in asked
+    wrong = one_line_error(approvals(broker, carol, "approve", approval_id, "--sha256", "0" * 64), 1)
+    assert wrong.endswith("nothing was approved")
+    with open_http(broker, broker.token(tenant="acme", subject="carol", scope=APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").json()["state"] == "pending"
+    sha = hashlib.sha256(CONTENT.encode()).hexdigest()
+    approved = approvals(broker, carol, "approve", approval_id, "--sha256", sha)
+    assert approved.returncode == 0, approved.stderr
+    assert "numbers go here" in approved.stdout and "approved" in approved.stdout  # shown, then decided
+
+
+def run_on_a_terminal(broker: Broker, token: Path, approval_id: str, answer: str) -> tuple[int, str]:
+    """`approve` with a terminal for stdin (a pty), `answer` typed at its prompt."""
+    leader, follower = os.openpty()
+    args = ["approvals", "approve", approval_id, "--url", broker.url, "--token-file", str(token)]
+    with subprocess.Popen(
+        [sys.executable, "-m", "broker", *args], cwd=ROOT, env=broker.env, stdin=follower,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        os.close(follower)
+        os.write(leader, answer.encode() + b"\n")
+        out, err = proc.communicate(timeout=60)
+    os.close(leader)
+    return proc.returncode, out + err
+
+
+def test_approve_on_a_terminal_shows_the_content_and_asks(broker: Broker, carol: Path) -> None:
+    approval_id = open_approval(broker, "acme")
+    code, said = run_on_a_terminal(broker, carol, approval_id, "n")
+    assert code == 1 and "numbers go here" in said and "Approve exactly these" in said
+    assert "not approved" in said
+    code, said = run_on_a_terminal(broker, carol, approval_id, "y")
+    assert code == 0, said
+    with open_http(broker, broker.token(tenant="acme", subject="carol", scope=APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").json()["state"] == "approved"
+
+
+def test_an_approve_by_someone_never_shown_the_content_is_refused(broker: Broker) -> None:
+    approval_id = open_approval(broker, "acme")
+    with open_http(broker, broker.token(tenant="acme", subject="dora", scope=APPROVER_SCOPE)) as http:
+        refused = http.post(f"/v1/approvals/{approval_id}/approve")
+        assert (refused.status_code, refused.json()) == (409, {"error": "content_not_viewed"})
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200
+        assert http.post(f"/v1/approvals/{approval_id}/approve").json()["state"] == "approved"
+    refusals = [
+        e for e in broker.audit_events()
+        if e["event"] == "approval.decided" and e.get("approval_id") == approval_id and e["outcome"] != "ok"
+    ]  # fmt: skip
+    assert [e["reason"] for e in refusals] == ["content_not_viewed"]

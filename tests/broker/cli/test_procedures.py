@@ -94,7 +94,10 @@ def test_backup_while_running_and_restore(tmp_path: Path, brokers: list[Broker])
     url = ["--url", restored.url, "--token-file", str(carol)]
     listed = json_out(cli(restored.env, "approvals", "list", "--json", *url))
     assert approval_id in [a["approval_id"] for a in listed["approvals"]]
-    decided = json_out(cli(restored.env, "approvals", "approve", approval_id, "--json", *url))
+    read = next(a["sha256"] for a in listed["approvals"] if a["approval_id"] == approval_id)
+    decided = json_out(
+        cli(restored.env, "approvals", "approve", approval_id, "--sha256", read, "--json", *url)
+    )
     assert decided["state"] == "approved"
     restored.stop()  # its last checkpoint, signed with the restored key
     assert _verify(restored, [restored.audit_file], pub).returncode == 0  # old lines and new: one chain

@@ -125,6 +125,7 @@ class Rpc:
         assert first.structured["status"] == "waiting_approval", first
         approval_id = first.structured["data"]["approval_id"]
         with self.broker.http(self.token) as http:
+            assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
             decided = http.post(f"/v1/approvals/{approval_id}/approve")
         assert decided.status_code == 200, decided.text
         return self.call("save_report", {"filename": filename, "content": content})

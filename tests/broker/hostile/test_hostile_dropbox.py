@@ -120,7 +120,9 @@ def test_concurrent_saves_of_one_tenant_take_turns_with_the_sweeps(hostile: Brok
     for name in names:  # approved first, so the three writes can overlap
         first = rpc.call("save_report", {"filename": name, "content": f"{name}\n"})
         with hostile.http(rpc.token) as http:
-            approve = http.post(f"/v1/approvals/{first.structured['data']['approval_id']}/approve")
+            approval_id = first.structured["data"]["approval_id"]
+            assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
+            approve = http.post(f"/v1/approvals/{approval_id}/approve")
             assert approve.status_code == 200
     replies: dict[str, Any] = {}
 
@@ -150,6 +152,7 @@ def test_a_report_dropped_before_a_crash_is_quarantined_at_start_up(hostile: Bro
     first = rpc.call("save_report", {"filename": name, "content": content})
     approval_id = first.structured["data"]["approval_id"]
     with hostile.http(rpc.token) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
 
     def stalled_save() -> None:

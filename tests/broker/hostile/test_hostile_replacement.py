@@ -88,6 +88,7 @@ def test_an_operator_replaces_a_tenants_sandbox(hostile: Broker) -> None:
     waiting = rpc.call("save_report", {"filename": name, "content": content})
     approval_id = waiting.structured["data"]["approval_id"]
     with hostile.http(rpc.token) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
 
     assert replaced(hostile, "honest") == {"tenant": "honest", "removed": 1}

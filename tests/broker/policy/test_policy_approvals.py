@@ -4,6 +4,7 @@ the determining policy ids and the set's hash on every decision's audit line."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,7 @@ def test_only_legal_approves_for_acme_over_rest(broker: Broker) -> None:
     assert refused.status_code == 403 and refused.json() == {"error": "forbidden"}
     legal = broker.token("acme", "lena", APPROVER_SCOPE, groups=["legal"])
     with open_http(broker, legal) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         assert http.post(f"/v1/approvals/{approval_id}/approve").status_code == 200
     with open_http(broker, requester) as http:
         saved = tool_status(call_modern(http, "save_report", {"filename": name, "content": "q3 figures"}))
@@ -84,6 +86,7 @@ def test_other_tenants_approvers_are_not_concerned(broker: Broker) -> None:
     with open_http(broker, requester) as http:
         waiting = tool_status(call_modern(http, "save_report", {"filename": unique(), "content": "x"}))
     with open_http(broker, broker.token("globex", "carol", APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200  # read first
         assert http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve").status_code == 200
 
 
@@ -190,6 +193,7 @@ def save(broker: Broker, token: str, name: str, content: str) -> dict[str, Any]:
 
 def approve(broker: Broker, who: str, approval_id: str) -> Any:
     with open_http(broker, broker.token("acme", who, APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         return http.post(f"/v1/approvals/{approval_id}/approve")
 
 
@@ -266,9 +270,10 @@ def test_an_approval_granted_under_another_set_is_decided_again(two_approvers_br
     granted_under = set_in_force(broker)
     rule = folder / "no-dave.cedar"
     rule.write_text(
-        '@id("acme.dave_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/dave", '
+        '@id("acme.dave_no_longer_approves")\nforbid (principal == '
+        f'Docbroker::User::"acme/dave#{broker.env["DOCBROKER_AUTH_ISSUER"]}", '
         'action == Docbroker::Action::"approve", resource);\n'
-    )
+    )  # a person is their id at their issuer (docs/identity.md)
     try:
         assert wait_for(lambda: set_in_force(broker) != granted_under)
         refused = save(broker, rita, name, "c" * 5000)
@@ -312,9 +317,10 @@ def test_the_cli_shows_the_count_and_says_a_second_yes_is_counted_once(
     def approvals(*args: str) -> Any:
         return cli(broker.env, "approvals", *args, "--url", broker.url, "--token-file", str(carol))
 
-    first = json_out(approvals("approve", approval_id, "--json"))
+    read = hashlib.sha256(b"k" * 5000).hexdigest()  # the content carol read (no terminal to ask on)
+    first = json_out(approvals("approve", approval_id, "--sha256", read, "--json"))
     assert (first["state"], first["approvals"], first["required"]) == ("pending", 1, 2)
-    again = one_line_error(approvals("approve", approval_id), 1)
+    again = one_line_error(approvals("approve", approval_id, "--sha256", read), 1)
     assert again == (
         "docbroker approvals approve: your decision on it is already counted: it waits for other approvers"
     )

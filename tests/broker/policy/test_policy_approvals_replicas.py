@@ -27,6 +27,7 @@ def save(replica: Replica, token: str, name: str) -> dict[str, Any]:
 
 def approve(replica: Replica, who: str, approval_id: str) -> Any:
     with open_http(replica, replica.token("acme", who, APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         return http.post(f"/v1/approvals/{approval_id}/approve")
 
 

@@ -91,7 +91,7 @@ SCOPED = """
   action == Docbroker::Action::"save_report", resource);
 @id("globex.legal_reads") permit (principal in Docbroker::Group::"legal",
   action == Docbroker::Action::"read_document", resource in Docbroker::Tenant::"globex");
-@id("carol.only") forbid (principal == Docbroker::User::"globex/carol", action, resource)
+@id("carol.only") forbid (principal == Docbroker::User::"globex/carol#https://idp.example", action, resource)
   unless { context.hour < 12 };
 @id("tool.scoped") forbid (principal, action, resource == Docbroker::Tool::"acme/search_documents")
   when { context.request_bytes > 500 };
@@ -112,7 +112,7 @@ SCOPED = """
   action == Docbroker::Action::"view_approvals", resource) unless { context.scopes.contains("docs:read") };
 @id("is.legal") permit (principal is Docbroker::User in Docbroker::Group::"legal",
   action == Docbroker::Action::"save_report", resource is Docbroker::Tool);
-@id("dave.approvals") forbid (principal == Docbroker::User::"initech/dave", action,
+@id("dave.approvals") forbid (principal == Docbroker::User::"initech/dave#https://idp.example", action,
   resource is Docbroker::Approvals);
 @id("sums") forbid (principal in Docbroker::Group::"legal", action == Docbroker::Action::"search_documents",
   resource) when { context.request_bytes + 100 > 1000 };
@@ -160,7 +160,7 @@ def test_slices_decide_exactly_as_the_whole_set(tmp_path: Path) -> None:
         ("acme", "globex", "initech"), ("carol", "dave"), groupings, SCOPINGS,
         ACTIONS, (None, "hr-a.md", "b.md"), (10, 500, 501, 800, 900, 901), (0, 13 * 3600, 6 * 86400),
     ):  # fmt: skip
-        caller = Principal(tenant, subject, scopes, groups)
+        caller = Principal(tenant, subject, scopes, groups, issuer="https://idp.example")
         # Approving: its requester's own report when the document is named, and its size.
         call = Call(caller, tool, request_bytes=size, document=document, at=at,
                     content_bytes=size, self_approval=document is not None)  # fmt: skip

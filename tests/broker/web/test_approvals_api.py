@@ -126,6 +126,8 @@ def test_an_old_pending_approval_stays_listed_behind_many_newer_decided_ones(api
         for n in range(210):
             approval_id = wait_out_of_band(mcp, f"newer {n}")
             verb = "approve" if n % 2 else "deny"
+            if verb == "approve":  # a yes counts only once the content was shown
+                assert rest.get(f"/v1/approvals/{approval_id}").status_code == 200
             assert rest.post(f"/v1/approvals/{approval_id}/{verb}").status_code == 200
             decided.append(approval_id)
 
@@ -149,6 +151,7 @@ def test_an_old_pending_approval_stays_listed_behind_many_newer_decided_ones(api
 
         first_page = rest.get("/v1/approvals", params={"state": "all"}).json()
         assert len(first_page["approvals"]) == 50 and first_page["next_cursor"]  # the default page
+        assert rest.get(f"/v1/approvals/{oldest}").status_code == 200  # read first
         assert rest.post(f"/v1/approvals/{oldest}/approve").json()["state"] == "approved"
         assert all_pages(rest, "pending") == []
 
