@@ -489,20 +489,20 @@ async def test_a_reopened_record_needs_the_count_the_reopen_asked_for(store: App
     does not lower it, nor does carol's old count; a count the reopen lowers stands too."""
     record, _ = await store.request(draft(), ttl=TTL, max_pending=10)
     for who in ("bob", "carol"):
-        await store.decide(record.id, tenant="acme", vote=vote(who, 2), approve=True, require_distinct=False)
+        await decide(store, record.id, tenant="acme", vote=vote(who, 2), approve=True, require_distinct=False)
     taken = await consume(store, draft())
     assert taken is not None and taken.consumed_at is not None
     assert await store.reopen(
-        record.id, "acme", ME, consumed_at=taken.consumed_at, keep=["carol"], required=3
+        record.id, "acme", ME, consumed_at=taken.consumed_at, keep=[Person(IDP, "carol")], required=3
     )
-    second = await store.decide(
-        record.id, tenant="acme", vote=vote("dan", 1), approve=True, require_distinct=False
+    second = await decide(
+        store, record.id, tenant="acme", vote=vote("dan", 1), approve=True, require_distinct=False
     )
     assert not isinstance(second, DecisionError)
     assert (second.state, second.approvals, second.required) == (ApprovalState.PENDING, 2, 3)
     assert await consume(store, draft()) is None  # two yeses of three: nothing to write
-    third = await store.decide(
-        record.id, tenant="acme", vote=vote("erin", 1), approve=True, require_distinct=False
+    third = await decide(
+        store, record.id, tenant="acme", vote=vote("erin", 1), approve=True, require_distinct=False
     )
     assert not isinstance(third, DecisionError)
     assert (third.state, third.approvals, third.required) == (ApprovalState.APPROVED, 3, 3)
@@ -510,13 +510,15 @@ async def test_a_reopened_record_needs_the_count_the_reopen_asked_for(store: App
     # Lowered: carol's yes asked 3 when cast; the set in force asks 1 of her, so one yes is enough.
     other, _ = await store.request(draft("q4.md"), ttl=TTL, max_pending=10)
     for who in ("bob", "carol"):
-        await store.decide(other.id, tenant="acme", vote=vote(who, 3), approve=True, require_distinct=False)
-    await store.decide(other.id, tenant="acme", vote=vote("dan", 3), approve=True, require_distinct=False)
+        await decide(store, other.id, tenant="acme", vote=vote(who, 3), approve=True, require_distinct=False)
+    await decide(store, other.id, tenant="acme", vote=vote("dan", 3), approve=True, require_distinct=False)
     again = await consume(store, draft("q4.md"))
     assert again is not None and again.consumed_at is not None
-    assert await store.reopen(other.id, "acme", ME, consumed_at=again.consumed_at, keep=["carol"], required=2)
-    last = await store.decide(
-        other.id, tenant="acme", vote=vote("erin", 2), approve=True, require_distinct=False
+    assert await store.reopen(
+        other.id, "acme", ME, consumed_at=again.consumed_at, keep=[Person(IDP, "carol")], required=2
+    )
+    last = await decide(
+        store, other.id, tenant="acme", vote=vote("erin", 2), approve=True, require_distinct=False
     )
     assert not isinstance(last, DecisionError)
     assert (last.state, last.approvals, last.required) == (ApprovalState.APPROVED, 2, 2)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from broker.testing import ROOT, Broker
+from broker.testing import ISSUER, ROOT, Broker
 from tests.broker.policy.policy_support import broker_on, set_in_force
 from tests.broker.support import (
     APPROVER_SCOPE,
@@ -57,6 +57,7 @@ def save(broker: Broker, name: str) -> dict[str, Any]:
 
 def approve(broker: Broker, who: str, approval_id: str, groups: tuple[str, ...] = ()) -> dict[str, Any]:
     with open_http(broker, broker.token("acme", who, APPROVER_SCOPE, groups=list(groups))) as http:
+        http.get(f"/v1/approvals/{approval_id}")  # a yes counts only from someone shown the content
         answer = http.post(f"/v1/approvals/{approval_id}/approve")
     assert answer.status_code == 200, answer.text
     body: dict[str, Any] = answer.json()
@@ -85,7 +86,7 @@ def test_a_yes_cast_under_an_old_set_is_decided_again_when_another_completes_the
     assert counted(approve(broker, "mallory", approval_id)) == ("pending", 1, 2)
     before = len(policy_changed(broker))
     forbid = (
-        '@id("acme.mallory_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/mallory", '
+        f'@id("acme.mallory_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/mallory#{ISSUER}", '
         'action == Docbroker::Action::"approve", resource);\n'
     )
     with rule(broker, "no-mallory.cedar", forbid):
@@ -111,7 +112,7 @@ def test_a_record_reopened_needing_three_is_not_approved_by_two(broker: Broker) 
     approve(broker, "june", approval_id, groups=("juniors",))
     assert counted(approve(broker, "dave", approval_id)) == ("approved", 2, 2)
     second_set = (
-        '@id("acme.dave_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/dave", '
+        f'@id("acme.dave_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/dave#{ISSUER}", '
         'action == Docbroker::Action::"approve", resource);\n'
         '@id("acme.juniors_need_three")\n@approvers("3")\npermit (principal in Docbroker::Group::"juniors", '
         'action == Docbroker::Action::"approve", resource)\n'
