@@ -122,13 +122,51 @@ def test_network_policies(rendered: dict[str, list[dict[str, Any]]], name: str) 
     assert rule["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8081}]
     broker_in = find(docs, "NetworkPolicy", "broker-ingress", "docbroker")["spec"]
     assert broker_in["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
-    egress = find(docs, "NetworkPolicy", "broker-egress", "docbroker")["spec"]["egress"]
-    for rule in egress:
-        # Every egress rule names both where and which ports: nothing open-ended.
-        assert rule.get("to") and rule.get("ports")
-        for peer in rule["to"]:
-            cidr = peer.get("ipBlock", {}).get("cidr")
-            assert cidr is None or cidr.endswith("/32")
+    egress_policies = {
+        d["metadata"]["name"]: d["spec"]
+        for d in docs
+        if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "docbroker" and "egress" in d["spec"]
+    }
+    # One policy per destination: an overlay patches or swaps each alone.
+    assert set(egress_policies) == {"dns-egress", "broker-egress", "apiserver-egress", "database-egress"}
+    for policy in egress_policies.values():
+        for rule in policy["egress"]:
+            # Every egress rule names both where and which ports: nothing open-ended.
+            assert rule.get("to") and rule.get("ports")
+            for peer in rule["to"]:
+                cidr = peer.get("ipBlock", {}).get("cidr")
+                assert cidr is None or cidr.endswith("/32")
+    # The database is reached by the brokers and the db-upgrade Job, and by nothing else.
+    database = {"matchLabels": {"docbroker.io/database-client": "true"}}
+    assert egress_policies["database-egress"]["podSelector"] == database
+    for kind, name in (("Deployment", "docbroker-broker"), ("Job", "docbroker-db-upgrade")):
+        labels = find(docs, kind, name, "docbroker")["spec"]["template"]["metadata"]["labels"]
+        assert labels["docbroker.io/database-client"] == "true"
+    brokers = {"matchLabels": {"app.kubernetes.io/name": "docbroker-broker"}}
+    assert egress_policies["apiserver-egress"]["podSelector"] == brokers
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_schema_is_migrated_by_a_job_of_the_broker_image_as_the_schema_owner(
+    rendered: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    """First install and upgrade: `docbroker db upgrade` from the broker's own image, with no
+    Kubernetes API token, as the role that owns the schema (its own Secret, not the brokers')."""
+    docs = rendered[name]
+    job = find(docs, "Job", "docbroker-db-upgrade", "docbroker")
+    spec = job["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["args"] == ["db", "upgrade"]
+    assert container["image"] == broker_container(docs)["image"]
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["serviceAccountName"] == "docbroker-db-upgrade"
+    assert not [r for r in docs if r["kind"] == "RoleBinding" and any(
+        s["name"] == "docbroker-db-upgrade" for s in r["subjects"]) and r["roleRef"]["kind"] == "Role"]  # fmt: skip
+    # Nothing in the template that changes between two applies of one release: a Job's
+    # template is immutable, so a generated ConfigMap's hash there would fail every apply.
+    assert "envFrom" not in container
+    refs = [e["valueFrom"] for e in container["env"] if "valueFrom" in e]
+    assert {"secretKeyRef": {"name": "docbroker-database-migrate", "key": "url"}} in refs or name.endswith("lab")
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -214,6 +252,7 @@ def test_lab_overlay_differs_from_the_base_only_where_the_lab_needs_it(
     changed = {k for k in base.keys() & lab.keys() if base[k] != lab[k]}
     assert changed == {
         ("apps/v1", "Deployment", "docbroker", "docbroker-broker"),
+        ("batch/v1", "Job", "docbroker", "docbroker-db-upgrade"),  # the lab's PostgreSQL, as the brokers'
         ("v1", "ConfigMap", "docbroker", "docbroker-config"),
     }
     base_cfg = config(rendered["base"])
