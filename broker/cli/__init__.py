@@ -45,12 +45,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="docbroker", description="Multi-tenant MCP broker for document tools", epilog=EPILOG
     )
+    # The release and the schema it needs: what an upgrade or a rollback is checked against.
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.register(sub)
     for command in commands(parser):
         command.set_defaults(prog=command.prog)  # names the command in its error lines
     return parser
+
+
+def version_line() -> str:
+    """`docbroker X.Y.Z (approvals schema N)`: the installed release and its schema version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from broker.approvals.migrations import LATEST
+
+    try:
+        release = version("docbroker")
+    except PackageNotFoundError:  # a source checkout run without installing it
+        release = "unknown"
+    return f"docbroker {release} (approvals schema {LATEST})"
 
 
 def commands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

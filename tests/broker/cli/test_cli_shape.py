@@ -109,3 +109,14 @@ def test_an_unexpected_failure_is_one_line_naming_its_kind_never_a_traceback(tmp
     }
     line = one_line_error(cli(env, "tenant", "add", "acme"), 1)
     assert line.startswith("docbroker tenant add: failed unexpectedly (") and str(planted) not in line
+
+
+def test_version_names_the_release_and_the_schema_it_needs() -> None:
+    """An upgrade and a rollback are checked against it (docs/kubernetes.md, "Roll back")."""
+    from broker.approvals.migrations import LATEST
+
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"docbroker 0.1.0 (approvals schema {LATEST})"
