@@ -89,6 +89,9 @@ class AuditSettings:
     checkpoint_every: int = 1000  # lines
     checkpoint_interval_seconds: float = 10.0  # and at least this often while lines are written
     rotate_bytes: int = 256 * MIB  # 0: never rotate
+    # Rotated files kept in the data dir, the newest; older ones are removed after a rotation
+    # (0: all kept). With rotate_bytes it bounds the log's disk: (keep_files + 1) * rotate_bytes.
+    keep_files: int = 0
     stdout: bool = False  # every line also on stdout (JSON Lines for a log collector)
 
     def __post_init__(self) -> None:
@@ -104,6 +107,8 @@ class AuditSettings:
             raise SettingsError(f"{PREFIX}AUDIT_CHECKPOINT_INTERVAL must be between 0.1 and 86400")
         if self.rotate_bytes and self.rotate_bytes < 1024 * 1024:
             raise SettingsError(f"{PREFIX}AUDIT_ROTATE_MB must be 0 (never) or at least 1")
+        if self.keep_files and not self.rotate_bytes:
+            raise SettingsError(f"{PREFIX}AUDIT_KEEP_FILES needs {PREFIX}AUDIT_ROTATE_MB above 0")
 
 
 REPLICA_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -512,6 +517,7 @@ class Settings:
                 ),
                 rotate_bytes=MIB
                 * r.integer("AUDIT_ROTATE_MB", AuditSettings.rotate_bytes // MIB, low=0, high=1024 * 1024),
+                keep_files=r.integer("AUDIT_KEEP_FILES", AuditSettings.keep_files, low=0, high=100_000),
                 stdout=r.flag("AUDIT_STDOUT", AuditSettings.stdout),
             ),
             runtime=runtime,

@@ -267,6 +267,10 @@ SETTINGS: dict[str, str] = {
     "AUDIT_ROTATE_MB": (
         "rotate the log at this size into `audit.jsonl.000001`, `.000002`, …, the chain going on (0: never)"
     ),
+    "AUDIT_KEEP_FILES": (
+        "rotated files kept, the newest; older ones are removed after each rotation, so the log "
+        "takes at most (this + 1) × `AUDIT_ROTATE_MB` of its volume (0: all kept; needs rotation)"
+    ),
     "AUDIT_STDOUT": "every audit line also on stdout, as in the file (the broker's own logs are on stderr)",
     "REPLICA_ID": (
         "this replica's id, in every audit line (`replica`) and checkpoint (A-Z a-z 0-9 `_ . : -`, up to "
