@@ -77,7 +77,9 @@ def waiting_app(found: _Found, ops: OpsTokens) -> Starlette:
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/{path:path}", elsewhere, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
+        Route(
+            "/{path:path}", elsewhere, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+        ),
     ]
     return Starlette(routes=routes)
 

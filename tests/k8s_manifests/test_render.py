@@ -33,7 +33,7 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
 
 
 def broker_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    spec = find(docs, "Deployment", "docbroker-broker", "docbroker")["spec"]["template"]["spec"]
+    spec = find(docs, "StatefulSet", "docbroker-broker", "docbroker")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     return container
 
@@ -125,7 +125,9 @@ def test_network_policies(rendered: dict[str, list[dict[str, Any]]], name: str) 
     egress_policies = {
         d["metadata"]["name"]: d["spec"]
         for d in docs
-        if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "docbroker" and "egress" in d["spec"]
+        if d["kind"] == "NetworkPolicy"
+        and d["metadata"]["namespace"] == "docbroker"
+        and "egress" in d["spec"]
     }
     # One policy per destination: an overlay patches or swaps each alone.
     assert set(egress_policies) == {"dns-egress", "broker-egress", "apiserver-egress", "database-egress"}
@@ -139,7 +141,7 @@ def test_network_policies(rendered: dict[str, list[dict[str, Any]]], name: str) 
     # The database is reached by the brokers and the db-upgrade Job, and by nothing else.
     database = {"matchLabels": {"docbroker.io/database-client": "true"}}
     assert egress_policies["database-egress"]["podSelector"] == database
-    for kind, name in (("Deployment", "docbroker-broker"), ("Job", "docbroker-db-upgrade")):
+    for kind, name in (("StatefulSet", "docbroker-broker"), ("Job", "docbroker-db-upgrade")):
         labels = find(docs, kind, name, "docbroker")["spec"]["template"]["metadata"]["labels"]
         assert labels["docbroker.io/database-client"] == "true"
     brokers = {"matchLabels": {"app.kubernetes.io/name": "docbroker-broker"}}
@@ -166,13 +168,15 @@ def test_the_schema_is_migrated_by_a_job_of_the_broker_image_as_the_schema_owner
     # template is immutable, so a generated ConfigMap's hash there would fail every apply.
     assert "envFrom" not in container
     refs = [e["valueFrom"] for e in container["env"] if "valueFrom" in e]
-    assert {"secretKeyRef": {"name": "docbroker-database-migrate", "key": "url"}} in refs or name.endswith("lab")
+    assert {"secretKeyRef": {"name": "docbroker-database-migrate", "key": "url"}} in refs or name.endswith(
+        "lab"
+    )
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_broker_deployment(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
     docs = rendered[name]
-    deployment = find(docs, "Deployment", "docbroker-broker", "docbroker")
+    deployment = find(docs, "StatefulSet", "docbroker-broker", "docbroker")
     spec = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["replicas"] == int(config(docs)["DOCBROKER_REPLICAS"]) >= 2
     assert spec["serviceAccountName"] == "docbroker-broker" and spec["automountServiceAccountToken"] is True
@@ -195,9 +199,20 @@ def test_broker_deployment(rendered: dict[str, list[dict[str, Any]]], name: str)
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["keys"]["emptyDir"]["medium"] == "Memory"
     assert volumes["keys-in"]["secret"]["secretName"] == "docbroker-keys"
-    for path in ("/var/lib/docbroker", "/tmp"):
-        assert "emptyDir" in volumes[mounts[path]["name"]]
-    # The broker chmods its data dir 0700, which only the owner may: the emptyDir's mount point
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    # The data dir (the replica's audit chain and witness) is a volume of the replica's own that
+    # outlives its Pods, not an emptyDir that goes with them.
+    statefulset = find(docs, "StatefulSet", "docbroker-broker", "docbroker")["spec"]
+    (claim,) = statefulset["volumeClaimTemplates"]
+    assert mounts["/var/lib/docbroker"]["name"] == claim["metadata"]["name"] == "data"
+    assert "data" not in volumes and claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # Rotation and retention keep the log inside it: (kept + live) x rotation size < the volume.
+    size_mib = int(claim["spec"]["resources"]["requests"]["storage"].removesuffix("Gi")) * 1024
+    rotate, keep = int(cfg["DOCBROKER_AUDIT_ROTATE_MB"]), int(cfg["DOCBROKER_AUDIT_KEEP_FILES"])
+    assert keep >= 1 and (keep + 1) * rotate <= 0.75 * size_mib  # room for the witness and the rest
+    assert statefulset["serviceName"] == "docbroker-broker-replicas"
+    assert find(docs, "Service", "docbroker-broker-replicas", "docbroker")["spec"]["clusterIP"] == "None"
+    # The broker chmods its data dir 0700, which only the owner may: the volume's mount point
     # is root's, so the data dir is a folder the broker creates inside it.
     assert cfg["DOCBROKER_DATA_DIR"].startswith("/var/lib/docbroker/")
     service = find(docs, "Service", "docbroker-broker", "docbroker")["spec"]
@@ -214,7 +229,7 @@ def test_base_takes_the_database_url_from_a_secret(rendered: dict[str, list[dict
 
 def test_production_overlay(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["overlays/production"]
-    deployment = find(docs, "Deployment", "docbroker-broker", "docbroker")
+    deployment = find(docs, "StatefulSet", "docbroker-broker", "docbroker")
     assert deployment["spec"]["replicas"] == 3
     images = {
         c["image"]
@@ -251,7 +266,7 @@ def test_lab_overlay_differs_from_the_base_only_where_the_lab_needs_it(
     }
     changed = {k for k in base.keys() & lab.keys() if base[k] != lab[k]}
     assert changed == {
-        ("apps/v1", "Deployment", "docbroker", "docbroker-broker"),
+        ("apps/v1", "StatefulSet", "docbroker", "docbroker-broker"),
         ("batch/v1", "Job", "docbroker", "docbroker-db-upgrade"),  # the lab's PostgreSQL, as the brokers'
         ("v1", "ConfigMap", "docbroker", "docbroker-config"),
     }
@@ -264,7 +279,7 @@ def test_lab_overlay_differs_from_the_base_only_where_the_lab_needs_it(
         "DOCBROKER_AUTH_ISSUER": "https://issuer.lab.invalid",
         "DOCBROKER_DATABASE_ALLOW_INSECURE_TRANSPORT": "true",  # PostgreSQL on the node, no TLS
     }
-    spec = find(rendered["overlays/lab"], "Deployment", "docbroker-broker")["spec"]["template"]["spec"]
+    spec = find(rendered["overlays/lab"], "StatefulSet", "docbroker-broker")["spec"]["template"]["spec"]
     assert {c["imagePullPolicy"] for c in spec["containers"] + spec["initContainers"]} == {"Never"}
     psp = find(rendered["overlays/lab"], "PodSecurityPolicy", "docbroker-restricted")
     allowed = psp["metadata"]["annotations"][

@@ -65,7 +65,10 @@ def test_the_documented_roles_migrate_as_the_owner_and_serve_as_the_app_role(
     psql(cluster, url_as(cluster, "admin", "postgres"), sql_block("-- as the server's administrator"))
     psql(cluster, url_as(cluster, "docbroker_owner", "docbroker"), sql_block("-- as docbroker_owner"))
 
-    owner, app = url_as(cluster, "docbroker_owner", "docbroker"), url_as(cluster, "docbroker_app", "docbroker")
+    owner, app = (
+        url_as(cluster, "docbroker_owner", "docbroker"),
+        url_as(cluster, "docbroker_app", "docbroker"),
+    )
     broker = make_broker(tmp_path, env={"DOCBROKER_DATABASE_URL": app})
     upgraded = subprocess.run(
         [sys.executable, "-m", "broker", "db", "upgrade"],
