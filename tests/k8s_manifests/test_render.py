@@ -341,3 +341,63 @@ def test_tenant_example_component(tmp_path: Path) -> None:
 )
 def test_components_set_the_broker_config(tmp_path: Path, component: str, variable: str, value: str) -> None:
     assert config(render_with_component(tmp_path, component))[variable] == value
+
+
+def egress_of(docs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = find(docs, "NetworkPolicy", name, "docbroker")["spec"]["egress"]
+    return rules
+
+
+def test_the_api_server_port_is_443_or_6443_by_component(tmp_path: Path) -> None:
+    """Managed clusters serve the API on 443, kubeadm-made ones on 6443: the base says 443, the
+    `apiserver-port-6443` component the other; nothing else changes."""
+    base = render("base")
+    ((port,),) = [rule["ports"] for rule in egress_of(base, "apiserver-egress")]
+    assert port == {"protocol": "TCP", "port": 443}
+    other = render_with_component(tmp_path, "apiserver-port-6443")
+    ((port,),) = [rule["ports"] for rule in egress_of(other, "apiserver-egress")]
+    assert port == {"protocol": "TCP", "port": 6443}
+    assert [d for d in other if d["kind"] != "NetworkPolicy"] == [
+        d for d in base if d["kind"] != "NetworkPolicy"
+    ]
+
+
+def test_the_cilium_component_names_the_api_server_entity_instead_of_an_ip_block(tmp_path: Path) -> None:
+    docs = render_with_component(tmp_path, "apiserver-cilium")
+    assert not [
+        d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "apiserver-egress"
+    ]
+    cilium = find(docs, "CiliumNetworkPolicy", "apiserver-egress", "docbroker")
+    assert cilium["apiVersion"] == "cilium.io/v2"
+    assert set(cilium["spec"]) == {"endpointSelector", "egress"}
+    assert cilium["spec"]["endpointSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "docbroker-broker"}
+    }
+    (rule,) = cilium["spec"]["egress"]
+    assert rule["toEntities"] == ["kube-apiserver"]
+    assert rule["toPorts"] == [
+        {"ports": [{"port": "443", "protocol": "TCP"}, {"port": "6443", "protocol": "TCP"}]}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("component", "policy", "ports"),
+    [
+        ("egress-identity-provider", "identity-provider-egress", [443]),
+        ("egress-webhooks", "webhooks-egress", [443]),
+        ("egress-otlp", "otlp-egress", [4318]),
+    ],
+)
+def test_each_optional_destination_is_a_component_of_one_policy(
+    tmp_path: Path, component: str, policy: str, ports: list[int]
+) -> None:
+    """The provider, the webhook receiver and the OTLP collector: nothing opens them in the
+    base (the brokers reach nothing they do not need); each component adds one policy, for the
+    brokers only, naming where and which ports."""
+    assert policy not in {d["metadata"]["name"] for d in render("base")}
+    docs = render_with_component(tmp_path, component)
+    spec = find(docs, "NetworkPolicy", policy, "docbroker")["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "docbroker-broker"}}
+    assert spec["policyTypes"] == ["Egress"]
+    (rule,) = spec["egress"]
+    assert rule["to"] and [p["port"] for p in rule["ports"]] == ports
