@@ -32,7 +32,18 @@ from broker.cli import (
 from broker.cli.base import EXIT_FAILED, CliError
 
 GROUPS = (
-    serve, tenant, approvals, sandbox, client_config, token, audit, db, policy, doctor, image, reference
+    serve,
+    tenant,
+    approvals,
+    sandbox,
+    client_config,
+    token,
+    audit,
+    db,
+    policy,
+    doctor,
+    image,
+    reference,
 )
 
 EPILOG = (

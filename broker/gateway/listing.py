@@ -119,4 +119,3 @@ def _result(message: dict[str, Any]) -> Any:
     if "error" in message:
         raise ListingError("upstream_error")
     return message.get("result")
-

@@ -82,9 +82,7 @@ def consume(
             broker_result(c.Status.FAILED, c.Message.READ_FAILED.value), "failed", "tool_is_error"
         )
     if tool == c.TOOL_SAVE:
-        return Consumed(
-            write_unknown(), "result_unknown", checked
-        )
+        return Consumed(write_unknown(), "result_unknown", checked)
     return Consumed(broker_result(c.Status.FAILED, INVALID_RESULT_MESSAGE), "failed", checked)
 
 

@@ -97,7 +97,9 @@ class Lab:
         values.update(overrides)
         return KubernetesSettings(**values)
 
-    def tenant(self, name: str, files: dict[str, str] | None = None) -> Path:
+    def tenant(
+        self, name: str, files: dict[str, str] | None = None, *, sources_access_mode: str = "ReadOnlyMany"
+    ) -> Path:
         """The tenant's storage on the lab: its PVCs (as the manifest command writes them)
         bound to fresh local volumes; returns the folder holding sources/ and reports/."""
         base = self.folder / "k8sbackend-volumes" / name
@@ -112,7 +114,11 @@ class Lab:
         os.chown(base / "reports", 10002, 10001)  # the keeper's; the server never mounts it
         os.chmod(base / "reports", 0o770)  # noqa: S103 - the keeper's uid and gid
         objects = tenant_objects(
-            name, namespace=names.TENANTS_NAMESPACE, instance="default", storage_class=STORAGE_CLASS
+            name,
+            namespace=names.TENANTS_NAMESPACE,
+            instance="default",
+            storage_class=STORAGE_CLASS,
+            sources_access_mode=sources_access_mode,
         )
         for claim, kind in zip(objects, ("sources", "reports"), strict=True):
             self._volume(name, kind, base / kind, claim)
