@@ -17,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-OVERLAYS = ("base", "overlays/lab", "overlays/production")
+OVERLAYS = ("base", "overlays/lab", "overlays/production", "overlays/managed")
 COMPONENTS = (
     "tenant-example",
     "runtime-class",

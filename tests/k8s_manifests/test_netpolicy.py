@@ -75,3 +75,7 @@ def test_a_missing_default_deny_and_tenant_egress_are_found() -> None:
         "no default-deny (all Pods, Ingress and Egress) in docbroker-tenants",
         "the tenants' Pods must have no egress; allowed by: leak",
     ]
+
+
+def test_the_managed_overlay_passes_on_its_cluster() -> None:
+    assert check(by_namespace(render("overlays/managed")), Endpoint("172.16.0.2", 443)) == []

@@ -285,8 +285,8 @@ def test_every_pod_template_in_k8s_passes(tmp_path: Path) -> None:
             violations = check_pod_spec(pod_spec, metadata=metadata)
             assert violations == [], f"{name}: {doc['kind']}/{doc['metadata']['name']}: {violations}"
             templates += 1
-    # the brokers' StatefulSet and the db-upgrade Job: in the 3 overlays and with each of the 9 components
-    assert templates == 24
+    # the brokers' StatefulSet and the db-upgrade Job: in the 4 overlays and with each of the 9 components
+    assert templates == 26
 
 
 def test_the_broker_pod_may_name_a_tag_unless_pinned_is_asked() -> None:

@@ -121,7 +121,14 @@ def test_network_policies(rendered: dict[str, list[dict[str, Any]]], name: str) 
     ]
     assert rule["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8081}]
     broker_in = find(docs, "NetworkPolicy", "broker-ingress", "docbroker")["spec"]
-    assert broker_in["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
+    (admitted,) = broker_in["ingress"]
+    assert admitted["ports"] == [{"protocol": "TCP", "port": 8000}]
+    if name == "overlays/managed":  # the ingress controller is the brokers' only client
+        assert admitted["from"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+        ]
+    else:
+        assert "from" not in admitted
     egress_policies = {
         d["metadata"]["name"]: d["spec"]
         for d in docs
@@ -130,7 +137,10 @@ def test_network_policies(rendered: dict[str, list[dict[str, Any]]], name: str) 
         and "egress" in d["spec"]
     }
     # One policy per destination: an overlay patches or swaps each alone.
-    assert set(egress_policies) == {"dns-egress", "broker-egress", "apiserver-egress", "database-egress"}
+    expected = {"dns-egress", "broker-egress", "apiserver-egress", "database-egress"}
+    if name == "overlays/managed":
+        expected.add("identity-provider-egress")  # its JWKS URL
+    assert set(egress_policies) == expected
     for policy in egress_policies.values():
         for rule in policy["egress"]:
             # Every egress rule names both where and which ports: nothing open-ended.
@@ -193,7 +203,10 @@ def test_broker_deployment(rendered: dict[str, list[dict[str, Any]]], name: str)
     assert cfg["DOCBROKER_AUDIT_STDOUT"] == "true"
     # Key files live in the memory volume the init container fills from the Secret.
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for var in ("DOCBROKER_MASTER_KEY_FILE", "DOCBROKER_AUDIT_KEY_FILE", "DOCBROKER_AUTH_JWKS_FILE"):
+    files = ["DOCBROKER_MASTER_KEY_FILE", "DOCBROKER_AUDIT_KEY_FILE"]
+    if not cfg.get("DOCBROKER_AUTH_JWKS_URL"):  # the managed overlay's keys come from the URL
+        files.append("DOCBROKER_AUTH_JWKS_FILE")
+    for var in files:
         assert cfg[var].startswith("/run/docbroker/keys/")
     assert mounts["/run/docbroker/keys"]["readOnly"] is True
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -401,3 +414,44 @@ def test_each_optional_destination_is_a_component_of_one_policy(
     assert spec["policyTypes"] == ["Egress"]
     (rule,) = spec["egress"]
     assert rule["to"] and [p["port"] for p in rule["ports"]] == ports
+
+
+def test_the_managed_overlay_has_what_a_managed_cluster_needs() -> None:
+    """k8s/overlays/managed (docs/kubernetes.md, "A managed cluster, step by step"): an Ingress
+    with TLS to the brokers' Service, the JWKS URL and its egress, pull secrets on every account
+    that makes Pods, the runtime's default seccomp profile (no node step), ReadWriteOnce
+    sources, the API server on 443, no placeholder address left."""
+    docs = render("overlays/managed")
+    cfg = config(docs)
+    ingress = find(docs, "Ingress", "docbroker", "docbroker")["spec"]
+    ((tls,), (rule,)) = ingress["tls"], ingress["rules"]
+    assert tls["secretName"] == "docbroker-tls" and tls["hosts"] == [rule["host"]]
+    assert cfg["DOCBROKER_PUBLIC_URL"] == f"https://{rule['host']}"
+    (path,) = rule["http"]["paths"]
+    assert path["backend"]["service"] == {"name": "docbroker-broker", "port": {"name": "http"}}
+    assert cfg["DOCBROKER_AUTH_JWKS_URL"].startswith("https://") and cfg["DOCBROKER_AUTH_JWKS_FILE"] == ""
+    assert find(docs, "NetworkPolicy", "identity-provider-egress", "docbroker")
+    for namespace, account in (
+        ("docbroker", "docbroker-broker"),
+        ("docbroker", "docbroker-db-upgrade"),
+        ("docbroker-tenants", "default"),
+    ):
+        sa = find(docs, "ServiceAccount", account, namespace)
+        assert sa["imagePullSecrets"] == [{"name": "registry-credentials"}]
+        assert sa["automountServiceAccountToken"] is False
+    assert cfg["DOCBROKER_KUBE_SECCOMP"] == "RuntimeDefault"
+    assert cfg["DOCBROKER_KUBE_SOURCES_ACCESS_MODE"] == "ReadWriteOnce"
+    assert cfg["DOCBROKER_OPS_TOKEN_FILE"] == "/run/docbroker/keys/ops.token"
+    ((port,),) = [
+        r["ports"] for r in find(docs, "NetworkPolicy", "apiserver-egress", "docbroker")["spec"]["egress"]
+    ]
+    assert port["port"] == 443
+    cidrs = [
+        peer["ipBlock"]["cidr"]
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+        for rule in d["spec"].get("egress", [])
+        for peer in rule.get("to", [])
+        if "ipBlock" in peer
+    ]
+    assert cidrs and not [c for c in cidrs if c.startswith("203.0.113.")]
