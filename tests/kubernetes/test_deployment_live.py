@@ -396,6 +396,11 @@ def test_a_broker_pod_deleted_under_load_loses_no_audit_line(deployed: Deployed)
         return now.metadata.uid != old_uid and bool(statuses) and all(c.ready for c in statuses)
 
     wait_until("the replica back under its name", back, timeout=240, every=1)
+    again = dataclasses.replace(
+        idp, url=f"http://{lab.core.read_namespaced_pod(victim, BROKER_NS).status.pod_ip}:8000"
+    )
+    with open_http(again, token) as http:  # the new Pod's first call: its lines follow the old Pod's
+        assert call_modern(http, "search_documents", {"query": "tenant pod"}).status_code == 200
     files = replica_files(deployed.volumes[0], victim)
     kept = {line for path in files if path.exists() for line in path.read_bytes().splitlines()}
     assert len(written) > 40  # the calls' lines, and the checkpoints
@@ -413,4 +418,4 @@ def test_a_broker_pod_deleted_under_load_loses_no_audit_line(deployed: Deployed)
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-2000:]
     seqs = [json.loads(line)["seq"] for path in files for line in path.read_bytes().splitlines()]
     assert seqs == list(range(1, len(seqs) + 1))
-    assert max(seqs) > max(json.loads(line)["seq"] for line in written)  # and the new Pod wrote on
+    assert max(seqs) > max(json.loads(line)["seq"] for line in written)  # the new Pod wrote on
