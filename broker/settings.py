@@ -95,6 +95,9 @@ class AuditSettings:
     checkpoint_every: int = 1000  # lines
     checkpoint_interval_seconds: float = 10.0  # and at least this often while lines are written
     rotate_bytes: int = 256 * MIB  # 0: never rotate
+    # Rotated files kept in the data dir, the newest; older ones are removed after a rotation
+    # (0: all kept). With rotate_bytes it bounds the log's disk: (keep_files + 1) * rotate_bytes.
+    keep_files: int = 0
     stdout: bool = False  # every line also on stdout (JSON Lines for a log collector)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,8 @@ class AuditSettings:
             raise SettingsError(f"{PREFIX}AUDIT_CHECKPOINT_INTERVAL must be between 0.1 and 86400")
         if self.rotate_bytes and self.rotate_bytes < 1024 * 1024:
             raise SettingsError(f"{PREFIX}AUDIT_ROTATE_MB must be 0 (never) or at least 1")
+        if self.keep_files and not self.rotate_bytes:
+            raise SettingsError(f"{PREFIX}AUDIT_KEEP_FILES needs {PREFIX}AUDIT_ROTATE_MB above 0")
 
 
 REPLICA_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -160,6 +165,10 @@ class KubernetesSettings:
     runtime_class: str | None = None  # e.g. gVisor's or Kata's RuntimeClass
     cpu_limit: str = "1"  # a quantity; start-up is CPU-bound (the SDK import)
     memory_limit: str = "128Mi"
+    # The tenants' sources claims: ReadOnlyMany (pushed while the tenant's Pod serves) or
+    # ReadWriteOnce (what EBS, Azure Disk, PD offer: the push and the tenant's Pod take turns,
+    # and the broker starts no tenant Pod while its push runs).
+    sources_access_mode: str = "ReadOnlyMany"
 
 
 # An image named by its content, `[registry/]name[:tag]@sha256:<64 hex>`: a tag can be moved to
@@ -167,6 +176,7 @@ class KubernetesSettings:
 IMAGE_BY_DIGEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 KUBE_SECCOMP_RE = re.compile(r"RuntimeDefault|localhost/[A-Za-z0-9._/-]{1,200}")
 KUBE_QUANTITY_RE = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
+SOURCES_ACCESS_MODES = ("ReadOnlyMany", "ReadWriteOnce")
 KUBE_CPU_RE = re.compile(r"[0-9]+(\.[0-9]+)?m?")  # cores or millicores: what the Pod spec computes with
 
 
@@ -546,6 +556,7 @@ class Settings:
                 ),
                 rotate_bytes=MIB
                 * r.integer("AUDIT_ROTATE_MB", AuditSettings.rotate_bytes // MIB, low=0, high=1024 * 1024),
+                keep_files=r.integer("AUDIT_KEEP_FILES", AuditSettings.keep_files, low=0, high=100_000),
                 stdout=r.flag("AUDIT_STDOUT", AuditSettings.stdout),
             ),
             runtime=runtime,
@@ -823,6 +834,7 @@ def _kubernetes_settings(r: _Reader, *, by_digest: bool) -> KubernetesSettings:
         runtime_class=r.optional("KUBE_RUNTIME_CLASS"),
         cpu_limit=r.text("KUBE_CPU_LIMIT", "1"),
         memory_limit=r.text("KUBE_MEMORY_LIMIT", "128Mi"),
+        sources_access_mode=r.choice("KUBE_SOURCES_ACCESS_MODE", "ReadOnlyMany", SOURCES_ACCESS_MODES),
     )
     if not INSTANCE_RE.fullmatch(k.namespace):
         raise SettingsError(f"{PREFIX}KUBE_NAMESPACE must be a DNS label")

@@ -241,6 +241,11 @@ SETTINGS: dict[str, str] = {
         "kubernetes: the server container's memory limit (= request), a Kubernetes quantity; separate "
         "from the Docker limits, whose units differ"
     ),
+    "KUBE_SOURCES_ACCESS_MODE": (
+        "the tenants' sources claims: `ReadOnlyMany` (a push while the tenant's Pod serves) or "
+        "`ReadWriteOnce` (block storage: the push stops the tenant's Pod and no Pod starts while it "
+        'runs); the default of `tenant manifest` (docs/kubernetes.md, "Storage")'
+    ),
     "APPROVAL_TTL": "seconds a pending approval stays open",
     "APPROVAL_TOKEN_TTL": (
         "seconds a minted approval token is valid for the sandbox (10-300; the server accepts at most 300)"
@@ -276,6 +281,10 @@ SETTINGS: dict[str, str] = {
     ),
     "AUDIT_ROTATE_MB": (
         "rotate the log at this size into `audit.jsonl.000001`, `.000002`, …, the chain going on (0: never)"
+    ),
+    "AUDIT_KEEP_FILES": (
+        "rotated files kept, the newest; older ones are removed after each rotation, so the log "
+        "takes at most (this + 1) x `AUDIT_ROTATE_MB` of its volume (0: all kept; needs rotation)"
     ),
     "AUDIT_STDOUT": "every audit line also on stdout, as in the file (the broker's own logs are on stderr)",
     "REPLICA_ID": (

@@ -69,6 +69,13 @@ class ImageUntrusted(BackendRefused):
     reason = "image_untrusted"
 
 
+class SourcesBusy(BackendRefused):
+    """The tenant's sources are being replaced on a `ReadWriteOnce` claim (`tenant sources
+    push`): its Pod may not mount them until the push ends. Nothing was started; retry later."""
+
+    reason = "sources_push"
+
+
 class ImageCheck(Protocol):
     """Vouches for an image digest before a sandbox is made from it (broker/runtime/imagetrust.py)."""
 

@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "broker.gateway": 6,
     "broker.web": 6,
     "broker.serving": 6,
+    "broker.schema_wait": 7,  # start-up against a schema not migrated yet: alive, Not Ready
     "broker.app": 7,
     "broker.doctor": 7,
     "broker.cli": 8,
