@@ -49,8 +49,8 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from bench._stats import nearest_index  # noqa: E402
 from broker.master_key import tenant_secret  # noqa: E402
-from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
+from broker.runtime.readiness import wait_ready  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
 from broker.types import DROPBOX_MODE, SandboxSpec  # noqa: E402
 

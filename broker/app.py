@@ -51,8 +51,9 @@ from broker.origin import Origins
 from broker.origin import refusal as origin_refusal
 from broker.origin import surface as origin_surface
 from broker.policy import LivePolicy, Policies, PolicyEngine, TenantLimiter
-from broker.runtime.base import Runtime, SandboxBackend
-from broker.runtime.shared import Replicas
+from broker.runtime.base import SandboxBackend
+from broker.runtime.host_replicas import Replicas
+from broker.runtime.lifecycle import Runtime
 from broker.settings import Settings, origin_of
 from broker.tenants import Tenants
 from broker.tracing import Tracing

@@ -131,10 +131,10 @@ class DockerSettings:
     tmpfs_bytes: int = 8 * 1024 * 1024
     seccomp_profile: Path = Path("policies/seccomp.json")
     # Warm, tenant-less sandboxes kept ready so a first call skips the ~1 s SDK import
-    # (broker/runtime/pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
+    # (broker/runtime/warm_pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
     pool_size: int = 1
     # How far the pool grows when new tenants arrive faster than one spare warms up
-    # (broker/runtime/pool_sizing.py); never below pool_size. Spares above pool_size go once no
+    # (broker/runtime/warm_pool_sizer.py); never below pool_size. Spares above pool_size go once no
     # new tenant came for the idle timeout.
     pool_max: int = 10
     # Each blocking call to the daemon, at most (docker-py's own default is 60 s, longer than
@@ -396,7 +396,7 @@ class Settings:
 
     @property
     def replicas_dir(self) -> Path:
-        """What replicas on this host share: liveness locks, last use (broker/runtime/shared.py)."""
+        """What replicas on this host share: liveness locks, last use (broker/runtime/host_replicas.py)."""
         return self.run_dir / ".replicas"
 
     @property

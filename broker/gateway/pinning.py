@@ -18,7 +18,7 @@ from broker.gateway.tools_filter import visible_tools
 from broker.policy import Call, Decider
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.versions import LEGACY
-from broker.runtime.base import Runtime
+from broker.runtime.lifecycle import Runtime
 from broker.types import Principal, RunningSandbox
 from broker.upstream import Upstream
 from server import contracts as c

@@ -38,7 +38,8 @@ from broker.protocol import answers, sse
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.codec import loads_sandbox
 from broker.protocol.methods import audit_method, sandbox_may_send
-from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
+from broker.runtime.base import CapacityError, RuntimeErrorBase
+from broker.runtime.lifecycle import Runtime
 from broker.tracing import SandboxSpans
 from broker.types import Outcome, RunningSandbox
 from broker.upstream import (

@@ -9,7 +9,7 @@ replica that started it, and `mcp.sock` is its socket. A server runs in a sessio
 so it outlives the broker that started it (a crash, a restart): another replica on the same
 data dir finds it by the pid file, checked the way `docbroker sandbox restart` checks it (a
 live session leader whose environment names the tenant), and shares it. Replicas racing to
-start one take turns under the tenant's create lock (broker/runtime/shared.py).
+start one take turns under the tenant's create lock (broker/runtime/host_replicas.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from broker.runtime.base import SandboxBackend, SandboxStartError
-from broker.runtime.shared import Replicas
+from broker.runtime.host_replicas import Replicas
 from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
 from server.contracts import TENANT_RE
 

@@ -1,5 +1,5 @@
 """Started, tenant-less sandboxes, so a tenant's first call skips the ~1 s warm-up; as many as
-new tenants arrive for (broker/runtime/pool_sizing.py), between a floor and a cap.
+new tenants arrive for (broker/runtime/warm_pool_sizer.py), between a floor and a cap.
 
     pool = WarmPool(sizer=PoolSizer(...), start=start_one, remove=remove_one)  # the backend's
     pool.fill()                 # background: keep the sizer's target of slots warm
@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.runtime.pool_sizing import PoolSizer
+from broker.runtime.warm_pool_sizer import PoolSizer
 
 log = logging.getLogger("docbroker.runtime.pool")
 
