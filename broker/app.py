@@ -54,7 +54,7 @@ from broker.policy import LivePolicy, Policies, PolicyEngine, TenantLimiter
 from broker.runtime.base import SandboxBackend
 from broker.runtime.host_replicas import Replicas
 from broker.runtime.lifecycle import Runtime
-from broker.settings import Settings, origin_of
+from broker.settings import RuntimeKind, Settings, origin_of
 from broker.tenants import Tenants
 from broker.tracing import Tracing
 from broker.types import Endpoint
@@ -75,12 +75,12 @@ NO_STORE = {"cache-control": "no-store"}  # answers that are true now, for one c
 async def make_backend(settings: Settings) -> SandboxBackend:
     """The sandbox backend the settings name; Docker is connected (and checked) here."""
     replicas = Replicas(settings.replicas_dir, settings.replica_id)
-    if settings.runtime.kind == "local":
+    if settings.runtime.kind is RuntimeKind.LOCAL:
         from broker.runtime.local import LocalProcessBackend
 
         command = settings.runtime.local_command
         return LocalProcessBackend(command, run_dir=settings.run_dir, replicas=replicas)
-    if settings.runtime.kind == "kubernetes":
+    if settings.runtime.kind is RuntimeKind.KUBERNETES:
         from broker.runtime.kubernetes import KubernetesBackend
 
         return await KubernetesBackend.connect(
@@ -176,7 +176,7 @@ def build_app(
     report_stores: dict[str, Reports] = {}  # one per tenant: its saves and sweeps take turns
 
     def new_reports(tenant: str) -> Reports:
-        if settings.runtime.kind != "kubernetes":
+        if settings.runtime.kind is not RuntimeKind.KUBERNETES:
             return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
 
         # In a Pod the reports are the keeper's (broker/keeper/), asked at the Pod's current address.
