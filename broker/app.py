@@ -57,7 +57,7 @@ from broker.runtime.lifecycle import Runtime
 from broker.settings import RuntimeKind, Settings, origin_of
 from broker.tenants import Tenants
 from broker.tracing import Tracing
-from broker.types import Endpoint
+from broker.types import Endpoint, TenantId
 from broker.upstream import Upstreams
 from broker.web import page
 from broker.web.api import ApprovalsApi
@@ -181,7 +181,7 @@ def build_app(
 
         # In a Pod the reports are the keeper's (broker/keeper/), asked at the Pod's current address.
         async def endpoint() -> Endpoint | None:
-            info = runtime.get(tenant)
+            info = runtime.get(TenantId(tenant))  # the approval's tenant, checked when the call was made
             return info.endpoint if info is not None else None
 
         return KeeperReports(

@@ -47,7 +47,7 @@ from broker.auth.encoding import b64url_decode, json_object
 from broker.auth.errors import AuthError, AuthReason, KeysUnavailable, insufficient_scope
 from broker.auth.keys import KeySource, VerificationKey, allowed_algorithms
 from broker.settings import MAX_LEEWAY_SECONDS, PREFIX, AuthSettings, SettingsError
-from broker.types import OAuthScope, Principal
+from broker.types import OAuthScope, Principal, TenantId
 from server.contracts import TENANT_RE
 
 R = AuthReason
@@ -279,7 +279,7 @@ class Authenticator:
             raise AuthError.of(R.BAD_SUBJECT)
         if not TENANT_RE.fullmatch(tenant):
             raise AuthError.of(R.BAD_TENANT)
-        return Principal(tenant=tenant, subject=sub, scopes=scopes, groups=groups), exp, iat, nbf
+        return Principal(tenant=TenantId(tenant), subject=sub, scopes=scopes, groups=groups), exp, iat, nbf
 
 
 def _tenant(held: Any, tenant_map: tuple[tuple[str, str], ...]) -> str:

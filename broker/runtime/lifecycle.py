@@ -22,7 +22,7 @@ from broker.runtime.base import (
     SpecRefused,
 )
 from broker.runtime.readiness import wait_ready
-from broker.types import Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, SandboxState
+from broker.types import Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, SandboxState, TenantId
 
 log = logging.getLogger("docbroker.runtime")
 
@@ -36,7 +36,7 @@ async def _all_settled(calls: list[Coroutine[Any, Any, None]]) -> int:
     return sum(1 for r in results if isinstance(r, Exception))
 
 
-SpecFactory = Callable[[str], SandboxSpec]
+SpecFactory = Callable[[TenantId], SandboxSpec]
 # Pauses (seconds) between looks when deciding whether a sandbox that broke a connection died.
 _EXIT_GRACE = (0.0, 0.05, 0.1, 0.2)
 
@@ -62,9 +62,9 @@ class Runtime:
         self._start_timeout = start_timeout
         self._on_event = on_event
         self._clock = clock
-        self._sandboxes: dict[str, SandboxInfo] = {}
-        self._inflight: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._sandboxes: dict[TenantId, SandboxInfo] = {}
+        self._inflight: dict[TenantId, int] = {}
+        self._locks: dict[TenantId, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._replicas = backend.replicas
         self._use = backend.shared_use(every=min(5.0, idle_timeout / 4))
@@ -105,26 +105,26 @@ class Runtime:
         await self.backend.close()
         self._replicas.leave()
 
-    def lease(self, tenant: str) -> Lease:
+    def lease(self, tenant: TenantId) -> Lease:
         """`async with runtime.lease(tenant) as sandbox`: the tenant's running sandbox, kept
         from being reaped while the caller uses it."""
         return Lease(self, tenant)
 
-    async def _acquire(self, tenant: str) -> RunningSandbox:
+    async def _acquire(self, tenant: TenantId) -> RunningSandbox:
         endpoint = await self.ensure(tenant)
         info = self._sandboxes[tenant]
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         self._use.touch(tenant)
         return RunningSandbox(tenant, info.backend_id, endpoint)
 
-    def _release(self, tenant: str) -> None:
+    def _release(self, tenant: TenantId) -> None:
         self._inflight[tenant] -= 1
         current = self._sandboxes.get(tenant)
         if current is not None:
             current.last_used = self._clock()
         self._use.touch(tenant)
 
-    async def ensure(self, tenant: str) -> Endpoint:
+    async def ensure(self, tenant: TenantId) -> Endpoint:
         info = self._sandboxes.get(tenant)
         if info is not None and info.state is SandboxState.RUNNING and info.endpoint is not None:
             info.last_used = self._clock()
@@ -137,7 +137,7 @@ class Runtime:
                 await self._remove(tenant, reason="replaced")
             return await self._create(tenant)
 
-    async def mark_broken(self, tenant: str) -> None:
+    async def mark_broken(self, tenant: TenantId) -> None:
         """The gateway saw the sandbox fail: check it, and replace it on the next call if dead."""
         info = self._sandboxes.get(tenant)
         if info is None:
@@ -164,7 +164,7 @@ class Runtime:
                 )
                 return
 
-    async def replace(self, tenant: str, backend_id: str, *, reason: str) -> bool:
+    async def replace(self, tenant: TenantId, backend_id: str, *, reason: str) -> bool:
         """Remove this sandbox instance, if it is still the tenant's, so that the next call
         starts a new one; False if it was already replaced. Calls still on it fail."""
         async with self._locks.setdefault(tenant, asyncio.Lock()):
@@ -174,14 +174,14 @@ class Runtime:
             await self._remove(tenant, reason=reason)
             return True
 
-    async def stop(self, tenant: str, *, reason: str = "requested") -> None:
+    async def stop(self, tenant: TenantId, *, reason: str = "requested") -> None:
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             await self._remove(tenant, reason=reason)
 
     def list(self) -> list[SandboxInfo]:
         return list(self._sandboxes.values())
 
-    def get(self, tenant: str) -> SandboxInfo | None:
+    def get(self, tenant: TenantId) -> SandboxInfo | None:
         """The tenant's sandbox, if it has one (any state)."""
         return self._sandboxes.get(tenant)
 
@@ -190,7 +190,7 @@ class Runtime:
 
     # -- internals --------------------------------------------------------------------------
 
-    async def _create(self, tenant: str) -> Endpoint:
+    async def _create(self, tenant: TenantId) -> Endpoint:
         if len(self._sandboxes) >= self._max:
             await self._reap_idle(force_one=True)
             if len(self._sandboxes) >= self._max:
@@ -244,7 +244,9 @@ class Runtime:
         details = {"reason": ImageUntrusted.reason, "image_digest": info.details.get("image_digest", "")}
         await self._on_event(AuditEvent.SANDBOX_STOPPED, info.tenant, info.backend_id, details)
 
-    async def _remove(self, tenant: str, *, reason: str, event: str = AuditEvent.SANDBOX_STOPPED) -> None:
+    async def _remove(
+        self, tenant: TenantId, *, reason: str, event: str = AuditEvent.SANDBOX_STOPPED
+    ) -> None:
         info = self._sandboxes.pop(tenant, None)
         if info is None:
             return
@@ -368,7 +370,7 @@ class Lease:
 
     __slots__ = ("_runtime", "_tenant")
 
-    def __init__(self, runtime: Runtime, tenant: str) -> None:
+    def __init__(self, runtime: Runtime, tenant: TenantId) -> None:
         self._runtime = runtime
         self._tenant = tenant
 

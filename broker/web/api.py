@@ -57,7 +57,7 @@ from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.policy import APPROVE, VIEW_APPROVALS, Call, Decider, Decision, Policies, TenantLimiter
-from broker.types import ApprovalState, OAuthScope, Outcome, Principal
+from broker.types import ApprovalState, OAuthScope, Outcome, Principal, TenantId
 from broker.web.sessions import WebSession
 from broker.web.signin import SignIn
 
@@ -198,7 +198,7 @@ class ApprovalsApi:
             reply.counted = signin.counted(request, reply.reason)  # as a bad token is
             return reply, None
         tenant = await self._session_tenant(request, route, session)
-        principal = Principal(tenant=tenant or session.tenants[0], subject=session.subject,
+        principal = Principal(tenant=TenantId(tenant or session.tenants[0]), subject=session.subject,
                               scopes=frozenset({OAuthScope.REPORTS_APPROVE}))  # fmt: skip
         if request.method not in ("GET", "HEAD") and not signin.csrf_ok(request, session):
             reply = _refused(403, "csrf", route.event, "csrf_token_invalid")

@@ -56,7 +56,7 @@ from broker.runtime.warm_pool import WarmPool
 from broker.runtime.warm_pool_sizer import PoolSizer
 from broker.settings import DockerSettings
 from broker.threads import in_pool_to_the_end
-from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
+from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState, TenantId
 from server.binding import BindingError
 from server.contracts import TENANT_RE
 
@@ -400,7 +400,9 @@ class DockerBackend(SandboxBackend):
             if container.status == "running" and socket_path:
                 now = time.monotonic()
                 return SandboxInfo(
-                    tenant=labels.get(LABEL_TENANT) or self._bound_tenant(container.name or "") or "",
+                    tenant=TenantId(
+                        labels.get(LABEL_TENANT) or self._bound_tenant(container.name or "") or ""
+                    ),
                     state=SandboxState.STARTING,
                     endpoint=Endpoint(url="http://localhost/mcp", uds=socket_path),
                     backend_id=str(container.id),
@@ -511,7 +513,7 @@ class DockerBackend(SandboxBackend):
                         self._slots.remove_dir(os.path.dirname(socket_path))
                     continue
             else:
-                tenant = labels.get(LABEL_TENANT, "")
+                tenant = TenantId(labels.get(LABEL_TENANT, ""))
             running = container.get("State") == "running"
             found.append(
                 SandboxInfo(
@@ -542,14 +544,14 @@ class DockerBackend(SandboxBackend):
             removed += 1
         return removed
 
-    def _tenant_containers(self, tenant: str | None) -> list[tuple[str, Any]]:
+    def _tenant_containers(self, tenant: str | None) -> list[tuple[TenantId, Any]]:
         """(tenant, container) for the tenants' sandboxes of this instance — all, or one
         tenant's — whichever broker started them; unbound spares are nobody's yet."""
         filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
         found = []
         for container in self._client.containers.list(all=True, filters=filters, ignore_removed=True):
             labels = container.labels or {}
-            owner = labels.get(LABEL_TENANT) or (
+            owner = TenantId(labels.get(LABEL_TENANT) or "") or (
                 self._bound_tenant(container.name or "") if labels.get(LABEL_POOL) == "true" else None
             )
             if owner and (tenant is None or owner == tenant):
@@ -582,14 +584,14 @@ class DockerBackend(SandboxBackend):
             for _, container in self._tenant_containers(tenant)
         ]
 
-    def _bound_tenant(self, name: str) -> str | None:
+    def _bound_tenant(self, name: str) -> TenantId | None:
         """The tenant a warm sandbox was bound to, from the name `_bind` gave it."""
         prefix = f"{self.name_prefix}-"
         name = name.removeprefix("/")
         if not name.startswith(prefix):
             return None  # still named `<prefix>.pool-…`: never bound
         tenant = name[len(prefix) :]
-        return tenant if TENANT_RE.fullmatch(tenant) else None
+        return TenantId(tenant) if TENANT_RE.fullmatch(tenant) else None
 
 
 # --- module helpers -------------------------------------------------------------------------------
