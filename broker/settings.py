@@ -468,7 +468,7 @@ class Settings:
                 r.text("DOCKER_SECCOMP_PROFILE", str(_policies_dir(r) / "seccomp.json"))
             ).absolute(),
         )
-        kind = RuntimeKind(r.choice("RUNTIME", RuntimeKind.DOCKER, tuple(k.value for k in RuntimeKind)))
+        kind = RuntimeKind(r.choice("RUNTIME", RuntimeKind.DOCKER.value, tuple(k.value for k in RuntimeKind)))
         kubernetes = _kubernetes_settings(r, by_digest=kind is RuntimeKind.KUBERNETES)
         runtime = RuntimeSettings(
             kind=kind,
