@@ -139,10 +139,10 @@ class DockerSettings:
     tmpfs_bytes: int = 8 * 1024 * 1024
     seccomp_profile: Path = Path("policies/seccomp.json")
     # Warm, tenant-less sandboxes kept ready so a first call skips the ~1 s SDK import
-    # (broker/runtime/pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
+    # (broker/runtime/warm_pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
     pool_size: int = 1
     # How far the pool grows when new tenants arrive faster than one spare warms up
-    # (broker/runtime/pool_sizing.py); never below pool_size. Spares above pool_size go once no
+    # (broker/runtime/warm_pool_sizer.py); never below pool_size. Spares above pool_size go once no
     # new tenant came for the idle timeout.
     pool_max: int = 10
     # Each blocking call to the daemon, at most (docker-py's own default is 60 s, longer than
@@ -186,9 +186,17 @@ SANDBOX_OWN_FILES = 64
 CONTAINERD_NOFILE = 1024  # the open-file limit of a container in containerd's default spec
 
 
+class RuntimeKind(StrEnum):
+    """The engine sandboxes run on (DOCBROKER_RUNTIME)."""
+
+    DOCKER = "docker"
+    KUBERNETES = "kubernetes"
+    LOCAL = "local"  # plain processes: insecure, development and tests
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
-    kind: str = "docker"  # "docker" | "kubernetes" | "local" (insecure, development and tests)
+    kind: RuntimeKind = RuntimeKind.DOCKER
     # The deployment's name on the engine: its replicas share it (and so their sandboxes);
     # two deployments on one daemon keep apart by it.
     instance: str = "default"
@@ -211,7 +219,7 @@ class RuntimeSettings:
         limit its server runs under, less what the server holds itself. Past that limit a
         sandbox cannot accept, and a call on a connection it never accepts waits out its
         deadline (seen with a tenant's `max_concurrent` of 1000 against 256 files)."""
-        if self.kind == "docker":
+        if self.kind is RuntimeKind.DOCKER:
             return max(8, self.docker.nofile - SANDBOX_OWN_FILES)
         return CONTAINERD_NOFILE - SANDBOX_OWN_FILES  # a Pod: containerd's default limit
 
@@ -281,7 +289,7 @@ def _one_approvals_store(database: DatabaseSettings, *, replicas: int, runtime: 
             f"{PREFIX}REPLICAS above 1 needs {PREFIX}DATABASE_URL (PostgreSQL): "
             "with SQLite each replica would keep approvals of its own"
         )
-    if runtime.kind == "kubernetes" and runtime.kubernetes.kubeconfig is None:
+    if runtime.kind is RuntimeKind.KUBERNETES and runtime.kubernetes.kubeconfig is None:
         raise SettingsError(
             f"{PREFIX}RUNTIME=kubernetes in a Pod needs {PREFIX}DATABASE_URL (PostgreSQL): "
             "SQLite in the Pod's data dir is lost with the Pod and not shared with other replicas"
@@ -409,7 +417,7 @@ class Settings:
 
     @property
     def replicas_dir(self) -> Path:
-        """What replicas on this host share: liveness locks, last use (broker/runtime/shared.py)."""
+        """What replicas on this host share: liveness locks, last use (broker/runtime/host_replicas.py)."""
         return self.run_dir / ".replicas"
 
     @property
@@ -476,8 +484,8 @@ class Settings:
                 r.text("DOCKER_SECCOMP_PROFILE", str(_policies_dir(r) / "seccomp.json"))
             ).absolute(),
         )
-        kind = r.choice("RUNTIME", "docker", ("docker", "kubernetes", "local"))
-        kubernetes = _kubernetes_settings(r, by_digest=kind == "kubernetes")
+        kind = RuntimeKind(r.choice("RUNTIME", RuntimeKind.DOCKER.value, tuple(k.value for k in RuntimeKind)))
+        kubernetes = _kubernetes_settings(r, by_digest=kind is RuntimeKind.KUBERNETES)
         runtime = RuntimeSettings(
             kind=kind,
             instance=_instance(r),
@@ -502,7 +510,7 @@ class Settings:
             raise SettingsError(
                 f"{PREFIX}MAX_HEAD_BYTES must exceed {PREFIX}AUTH_MAX_HEADER_BYTES by at least 4096"
             )
-        if runtime.kind == "local" and not runtime.allow_insecure_local:
+        if runtime.kind is RuntimeKind.LOCAL and not runtime.allow_insecure_local:
             raise SettingsError(
                 f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
                 f"set {PREFIX}ALLOW_INSECURE_LOCAL_RUNTIME=1 to accept that (development and tests only)"
@@ -517,7 +525,7 @@ class Settings:
         database = _database_settings(r)
         _one_approvals_store(database, replicas=replicas, runtime=runtime)
         supply = _image_supply(r, data_dir)
-        if runtime.kind == "kubernetes" and supply.trust_keys:
+        if runtime.kind is RuntimeKind.KUBERNETES and supply.trust_keys:
             # The node pulls the image there, not the broker: the keys would check nothing.
             raise SettingsError(
                 f"{PREFIX}IMAGE_TRUST_KEYS does nothing with {PREFIX}RUNTIME=kubernetes: unset it and "

@@ -2,7 +2,7 @@
 setting, every policy key, every command — made from the code itself, so it cannot drift.
 
 Settings come from the settings object as it reads them (`Settings.from_env(reads=...)`:
-name, type, bounds, default); policy keys from the policy schema (`broker/policy.py`);
+name, type, bounds, default); policy keys from the policy schema (`broker/policy/tenants.py`);
 commands from the parser (`build_parser`). What the code cannot say — what a setting or a
 key means — is here, one line each; a name without a line stops the generator, and
 tests/broker/cli/test_reference.py fails when the page and the code disagree. Regenerate

@@ -50,7 +50,7 @@ async def _serve(settings: Settings) -> int:
     from broker.master_key import MasterKeyError
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
-    from broker.runtime.shared import ReplicaTaken
+    from broker.runtime.host_replicas import ReplicaTaken
     from broker.schema_wait import wait_for_schema
     from broker.serving import BrokerServer
 

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from broker.audit.checkpoint import load_signing_key
 from broker.master_key import MasterKeyError, load_master_key
-from broker.settings import Settings
+from broker.settings import RuntimeKind, Settings
 from tests.k8s_manifests.render import OVERLAYS, ROOT, find, render
 
 KEYS_IN, KEYS = "/run/docbroker/keys-in", "/run/docbroker/keys"
@@ -65,7 +65,7 @@ def test_every_overlay_builds_valid_broker_settings(name: str) -> None:
         "DOCBROKER_DATA_DIR": "/var/lib/docbroker",
     }
     settings = Settings.from_env({**image_env, **env})
-    assert settings.runtime.kind == "kubernetes"
+    assert settings.runtime.kind is RuntimeKind.KUBERNETES
     assert (settings.host, settings.port) == ("0.0.0.0", 8000)  # noqa: S104 (the Pod's own address)
     assert settings.replica_id == "docbroker-broker-5d8f7c9b4-x2x7q"
     assert settings.database.url is not None

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from broker.runtime.podsecurity import Violation, check_pod_spec, pod_spec_of
+from broker.runtime.podsecurity import Violation, check_pod_spec
 from tests.k8s_manifests.render import all_renderings, render
+from tests.k8s_manifests.workloads import pod_spec_of
 
 SERVER_BY_DIGEST = "docbroker-server@sha256:" + "ab" * 32
 KEEPER_BY_DIGEST = "registry.example.com:5000/docbroker/docbroker-broker:0.1@sha256:" + "cd" * 32

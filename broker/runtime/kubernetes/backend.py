@@ -32,12 +32,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from broker.runtime.base import ImageUntrusted, SandboxBackend, SandboxStartError, SourcesBusy, SpecRefused
+from broker.runtime.host_replicas import Replicas, SharedUse
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.client import ClusterUnavailable, api_client, status_of
 from broker.runtime.kubernetes.lastuse import PodAnnotationUse, stamp
 from broker.runtime.kubernetes.podspec import tenant_pod, tenant_secret_object
 from broker.runtime.podsecurity import check_pod_spec
-from broker.runtime.shared import Replicas, SharedUse
 from broker.settings import KubernetesSettings
 from broker.threads import in_pool_to_the_end
 from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState

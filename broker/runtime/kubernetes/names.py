@@ -10,7 +10,6 @@ import re
 
 BROKER_NAMESPACE = "docbroker"
 TENANTS_NAMESPACE = "docbroker-tenants"
-SERVICE_ACCOUNT = "docbroker"
 
 PART_OF = "app.kubernetes.io/part-of"
 COMPONENT = "app.kubernetes.io/component"
