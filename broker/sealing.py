@@ -113,7 +113,7 @@ def canonical_bytes(body: str) -> bytes | None:
     takes `+/` for `-_`, accepts padding and ignores the unused low bits of the last
     character, so one sealed value would open under many strings. A sealed id is a name to
     clients, proxies and logs alike; it must have exactly one, as an altered one must be
-    nothing (README: "altered ... gets 404")."""
+    nothing (docs/architecture.md, "Surfaces": "altered ... gets 404")."""
     if not _SEALED_BODY.fullmatch(body):
         return None
     try:
