@@ -156,7 +156,7 @@ def _add_audit_key(audit: AuditCommands) -> None:
     keygen.set_defaults(func=cmd_audit_keygen)
 
 
-# `audit query` and `audit export`: the same filters over the same streaming scan (broker/audit/query.py).
+# `audit query` and `audit export`: the same filters over the same streaming scan (broker/cli/audit_scan.py).
 
 
 def _add_audit_filters(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +174,7 @@ def _add_audit_filters(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_audit_query(args: argparse.Namespace) -> int:
-    from broker.audit.query import main_query
+    from broker.cli.audit_scan import main_query
 
     return main_query(args)
 
@@ -187,7 +187,7 @@ def _add_audit_query(audit: AuditCommands) -> None:
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
-    from broker.audit.ocsf import main_export
+    from broker.cli.audit_scan import main_export
 
     return main_export(args)
 

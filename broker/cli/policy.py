@@ -3,7 +3,7 @@
 The folder is the one `serve` loads — DOCBROKER_POLICIES_DIR, read as `serve` reads it — unless
 `--dir` names another: an operator checking their deployment's set with its environment is
 told about that set, not about `./policies`. The checks themselves live with the policy
-(broker/policy/tool.py).
+(broker/policy/checks.py).
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ def _folder(args: argparse.Namespace) -> Path:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from broker.policy.tool import validate
+    from broker.policy.checks import validate
 
     return validate(_folder(args), [Path(f) for f in args.files], sys.stdout)
 
 
 def _cmd_test(args: argparse.Namespace) -> int:
-    from broker.policy.tool import run_table
+    from broker.policy.checks import run_table
 
     return run_table(_folder(args), Path(args.table), sys.stdout)
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from broker.policy.tool import explain
+    from broker.policy.checks import explain
 
     request: dict[str, Any] = {
         "tenant": args.tenant,
