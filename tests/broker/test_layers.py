@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "broker.metrics": 0,
     "broker.images": 0,
     "broker.files": 0,  # opening a file someone may have planted (keys, audit inputs)
+    "broker.base64url": 0,  # unpadded base64url in its one canonical spelling
     "broker.protocol": 1,
     "broker.master_key": 1,  # the master key and every per-tenant key derived from it
     "broker.sealing": 1,  # one AES-GCM framing for values sealed through a client
