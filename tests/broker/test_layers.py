@@ -119,3 +119,16 @@ def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from broker.gateway.handler import McpGateway\n", encoding="utf-8")
     assert "broker.gateway.handler" in _imports(module)
+
+
+def test_only_the_command_lines_parse_arguments() -> None:
+    # The CLI parses and prints; the domain takes plain values (docs/architecture.md). A program
+    # of its own (`python -m broker.keeper` in a tenant's Pod) parses in its __main__.
+    parsers = [
+        name
+        for name, path in _modules()
+        if _unit(name) not in ("broker.cli", "broker.testing")
+        and not name.endswith(".__main__")
+        and "argparse" in _imports(path)
+    ]
+    assert not parsers, f"argparse outside broker/cli/: {parsers}"
