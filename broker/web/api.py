@@ -57,6 +57,7 @@ from starlette.types import Receive, Scope, Send
 
 from broker.approvals.store import ApprovalStore, DecisionError, Position, StoreUnavailable, Vote
 from broker.audit import AuditSinkError
+from broker.audit.commitment import commitment_field
 from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
@@ -109,6 +110,10 @@ class Reply:
     policy: Decision | None = None  # a decision's: the determining policy ids and the set's hash
     issuer: str | None = None  # on decisions: who vouches for the approver's subject
     decision_reason: str | None = None  # a denial's reason code (DENY_REASONS)
+    # On decisions recorded: the record's content commitment and the approvers the policy
+    # asked for (DESIGN §16: what a receipt checks the decisions against).
+    commitment: dict[str, str] = field(default_factory=dict)
+    approvers_required: int | None = None
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -164,6 +169,8 @@ class ApprovalsApi:
                     decision=reply.decision,
                     **({"issuer": reply.issuer} if reply.issuer else {}),
                     **({"decision_reason": reply.decision_reason} if reply.decision_reason else {}),
+                    **reply.commitment,
+                    **({"approvers_required": reply.approvers_required} if reply.approvers_required else {}),
                 )
         except AuditSinkError:
             # As /mcp does: refuse, never answer unaudited, never a bare 500.
@@ -365,8 +372,9 @@ class ApprovalsApi:
         # A yes that leaves the record pending is counted: it waits for more approvers.
         reason = "decided" if outcome.state is not ApprovalState.PENDING else "more_approvers_required"
         return Reply(
-            200, outcome.public(), event, Outcome.OK, reason, outcome.id, decision.value, policy=verdict
-        )
+            200, outcome.public(), event, Outcome.OK, reason, outcome.id, decision.value, policy=verdict,
+            commitment=commitment_field(outcome.salt, outcome.sha256), approvers_required=verdict.approvers,
+        )  # fmt: skip
 
 
 async def _deny_reason(request: Request) -> str | None:

@@ -1,0 +1,247 @@
+"""`docbroker audit receipt`: one approval's story, with the proof of each line (DESIGN §16).
+
+A receipt answers "this file in the reports folder: who approved it, under which policy, and
+is it byte for byte what they saw?" offline, from one JSON document:
+
+    {"type": "docbroker.receipt", "v": 1,
+     "approval": {"id", "tenant", "filename", "bytes", "sha256", "salt", "content_commitment",
+                  "requester": {"issuer", "subject"}, "required"},
+     "requested": {"time", "line"},
+     "decisions": [{"approver": {"issuer", "subject"}, "decision", "time", "policy_hash",
+                    "policy_ids", "line"}, ...],
+     "consumption": {"time", "line"} | null,
+     "write": {"outcome", "time", "line"} | null,
+     "proofs": [<an `audit prove` inclusion proof>, ...]}
+
+Each `line` is an index into `proofs`: the audit line itself, its RFC 6962 inclusion proof and
+the signed checkpoint of its replica's log (each replica signs with its own key). The lines
+carry the content commitment, never the file name or the content; the receipt adds the file
+name and the salt, for the people allowed to see the report.
+
+Making one streams each replica's log once (rotated files in order), keeping one leaf hash
+per line (32 bytes) and only the lines of this approval and the last checkpoint: a log of a
+million lines takes a few seconds (bench/receipt.py). Checking one is broker/audit/receipt_check.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from broker.audit.commitment import content_commitment
+from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, group_files
+from broker.audit.merkle import inclusion_ranges, node_hash
+from broker.audit.proofs import FORMAT as PROOF_FORMAT
+from broker.audit.proofs import ProofError, _lines
+from broker.audit.schema import AuditEvent, SystemEvent
+from broker.files import UnsafeFileError
+from broker.protocol.codec import loads_strict
+
+RECEIPT_TYPE: Final = "docbroker.receipt"
+FORMAT: Final = 1
+# The save's own line: a write that was sent (or may have been); not the "waiting" answers.
+WRITE_OUTCOMES: Final = frozenset({"ok", "failed", "result_unknown"})
+_STEP: Final = {
+    AuditEvent.APPROVAL_REQUESTED: 0,
+    AuditEvent.APPROVAL_DECIDED: 1,
+    AuditEvent.APPROVAL_CONSUMED: 2,
+    AuditEvent.MCP_REQUEST: 3,
+}
+_CHECKPOINT_NEEDLE: Final = b'"event":"' + SystemEvent.CHECKPOINT.encode() + b'"'
+
+
+@dataclass(frozen=True)
+class ApprovalFacts:
+    """What the approvals store knows of the record (plain values: no store here)."""
+
+    approval_id: str
+    tenant: str
+    filename: str
+    size: int
+    sha256: str
+    salt: str
+    requester_issuer: str
+    requester_subject: str
+
+
+class _Levels:
+    """Every perfect subtree's hash of one log, level by level (32 bytes a node, in one
+    bytearray per level): any RFC 6962 subtree is then O(log n) node hashes away."""
+
+    def __init__(self, leaves: bytearray) -> None:
+        self.size = len(leaves) // 32
+        self.levels = [leaves]
+        level = leaves
+        while len(level) >= 64:
+            up = bytearray()
+            for at in range(0, len(level) - 63, 64):
+                up += hashlib.sha256(b"\x01" + level[at : at + 64]).digest()  # merkle.node_hash
+            self.levels.append(up)
+            level = up
+
+    def root(self, start: int, end: int) -> bytes:
+        """MTH of leaves [start, end) (RFC 6962 §2.1), `end` within the tree."""
+        n = end - start
+        if n & (n - 1) == 0 and start % n == 0:  # a perfect, aligned subtree: stored
+            j = n.bit_length() - 1
+            at = (start >> j) * 32
+            return bytes(self.levels[j][at : at + 32])
+        k = 1 << ((n - 1).bit_length() - 1)
+        return node_hash(self.root(start, start + k), self.root(start + k, end))
+
+
+@dataclass
+class _Log:
+    """One replica's log as the scan left it: the lines of this approval, the last checkpoint."""
+
+    leaves: bytearray
+    found: list[tuple[int, str]]  # (index, line)
+    checkpoint: dict[str, Any] | None = None
+    sig: str = ""
+
+
+def _scan(files: list[Path], needle: bytes) -> _Log:
+    log = _Log(bytearray(), [])
+    leaves, index = log.leaves, 0
+    for _, _, raw in _lines(files):
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        h = hashlib.sha256(b"\x00")  # merkle.leaf_hash, inlined: this runs for every line
+        h.update(line)
+        leaves += h.digest()
+        if needle in line:
+            log.found.append((index, line.decode("ascii", "replace")))
+        elif _CHECKPOINT_NEEDLE in line:
+            fields = loads_strict(line.decode("ascii", "replace"))
+            if fields.get("seq") == index + 1:
+                log.checkpoint, log.sig = fields["checkpoint"], fields["sig"]
+        index += 1
+    return log
+
+
+def _first_seq(files: list[Path]) -> int | None:
+    for _, _, raw in _lines(files[:1]):
+        value = loads_strict(raw.decode("ascii", "replace"))
+        return value.get("seq") if isinstance(value, dict) else None
+    return None
+
+
+def _proofs(log: _Log) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(event, inclusion proof) of each line found, under the log's last checkpoint."""
+    if not log.found:
+        return []
+    if log.checkpoint is None or log.checkpoint["size"] <= log.found[-1][0]:
+        raise ProofError(
+            "a line of this approval is not under a signed checkpoint yet: retry after the log's "
+            "next checkpoint (DOCBROKER_AUDIT_CHECKPOINT_INTERVAL)"
+        )
+    size = log.checkpoint["size"]
+    levels = _Levels(log.leaves[: size * 32])
+    out = []
+    for index, line in log.found:
+        proof = {
+            "type": "inclusion",
+            "v": PROOF_FORMAT,
+            "line": line,
+            "index": index,
+            "checkpoint": log.checkpoint,
+            "sig": log.sig,
+            "path": [levels.root(s, e).hex() for s, e in inclusion_ranges(index, size)],
+        }
+        out.append((loads_strict(line), proof))
+    return out
+
+
+def _wanted(event: dict[str, Any]) -> bool:
+    name, outcome = event.get("event"), event.get("outcome")
+    if name == AuditEvent.APPROVAL_DECIDED:
+        return outcome == "ok"  # a refused decision (not permitted, not viewed) is no decision
+    if name == AuditEvent.MCP_REQUEST:
+        return outcome in WRITE_OUTCOMES
+    return name in (AuditEvent.APPROVAL_REQUESTED, AuditEvent.APPROVAL_CONSUMED)
+
+
+def _person(event: dict[str, Any]) -> dict[str, str]:
+    return {"issuer": event.get("issuer", ""), "subject": event.get("subject", "")}
+
+
+def make_receipt(facts: ApprovalFacts, paths: Iterable[Path]) -> dict[str, Any]:
+    """The receipt of one approval from the store's facts and every replica's log files
+    (rotated sets, any order). Raises ProofError (a fixed text), UnsafeFileError or OSError."""
+    needle = b'"approval_id":"' + facts.approval_id.encode("ascii") + b'"'
+    lines: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for files in group_files(list(paths)).values():
+        if _first_seq(files) != 1:
+            raise ProofError("a log's files do not start at seq 1: give every file from the first")
+        lines += [(e, p) for e, p in _proofs(_scan(files, needle)) if _wanted(e)]
+    # Replicas' clocks tick in milliseconds: within one, the story's own order decides.
+    lines.sort(
+        key=lambda item: (item[0]["ts"], _STEP[item[0]["event"]], item[0].get("replica", ""), item[0]["seq"])
+    )
+    requested = [i for i, (e, _) in enumerate(lines) if e["event"] == AuditEvent.APPROVAL_REQUESTED]
+    if not requested or not facts.salt:
+        raise ProofError("no approval.requested line with a content commitment for this approval in the logs")
+    commitment = content_commitment(facts.salt, facts.sha256)
+    decisions, consumption, write, required = [], None, None, 1
+    for at, (event, _) in enumerate(lines):
+        if event["event"] == AuditEvent.APPROVAL_DECIDED:
+            decisions.append({
+                "approver": _person(event),
+                "decision": event.get("decision"),
+                "time": event["ts"],
+                "policy_hash": event.get("policy_hash"),
+                "policy_ids": event.get("policy_ids", []),
+                "line": at,
+            })  # fmt: skip
+            if event.get("decision") == "approved":
+                required = max(required, event.get("approvers_required", 1))
+        elif event["event"] == AuditEvent.APPROVAL_CONSUMED:  # the last: one given back went unwritten
+            consumption = {"time": event["ts"], "line": at}
+        elif event["event"] == AuditEvent.MCP_REQUEST:
+            write = {"outcome": event["outcome"], "time": event["ts"], "line": at}
+    return {
+        "type": RECEIPT_TYPE,
+        "v": FORMAT,
+        "approval": {
+            "id": facts.approval_id,
+            "tenant": facts.tenant,
+            "filename": facts.filename,
+            "bytes": facts.size,
+            "sha256": facts.sha256,
+            "salt": facts.salt,
+            "content_commitment": commitment,
+            "requester": {"issuer": facts.requester_issuer, "subject": facts.requester_subject},
+            "required": required,
+        },
+        "requested": {"time": lines[requested[0]][0]["ts"], "line": requested[0]},
+        "decisions": decisions,
+        "consumption": consumption,
+        "write": write,
+        "proofs": [proof for _, proof in lines],
+    }
+
+
+def main_receipt(facts: ApprovalFacts | None, files: list[str], output: str | None) -> int:
+    """`docbroker audit receipt`: the receipt as one JSON document (stdout, or `output`)."""
+    if facts is None:
+        sys.stderr.write("docbroker audit receipt: no such approval for that tenant\n")
+        return EXIT_BROKEN
+    try:
+        receipt = make_receipt(facts, [Path(f) for f in files])
+    except ProofError as exc:
+        sys.stderr.write(f"docbroker audit receipt: {exc}\n")
+        return EXIT_BROKEN
+    except (UnsafeFileError, OSError) as exc:
+        reason = exc.reason if isinstance(exc, UnsafeFileError) else (exc.strerror or "error")
+        sys.stderr.write(f"docbroker audit receipt: cannot read a log file: {reason}\n")
+        return EXIT_BROKEN
+    text = json.dumps(receipt, sort_keys=True, indent=1) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        Path(output).write_text(text, encoding="ascii")
+    return EXIT_OK
