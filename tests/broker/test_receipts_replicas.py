@@ -1,0 +1,104 @@
+"""A receipt for every report (issue 37), end to end: real brokers write a report approved by
+two people (the shipped "reports over 4 kB need two approvers" policy), `docbroker audit
+receipt` makes its receipt from the approvals store and the replicas' logs, and `docbroker
+audit verify-receipt` checks it offline with nothing but the replicas' public keys and the
+written report. Two replicas on PostgreSQL (requested, decided and consumed on different
+replicas, each log with its own key), and one broker on SQLite."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.audit.sink import rotated_files
+from broker.testing import ROOT
+from broker.testing.replicas import Replica, make_replicas
+from tests.broker.pgtest import fresh_schema
+from tests.broker.support import APPROVER_SCOPE, WRITE_SCOPE, call_modern, open_http, tool_status, unique
+
+EXAMPLE = ROOT / "policies" / "examples" / "big-reports-two-approvers.cedar"
+BIG = "quarterly numbers, all of them\n" * 200  # over 4 kB: two approvers
+
+
+def docbroker(replica: Replica, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", *map(str, args)],
+        cwd=ROOT, env=replica.env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def save(replica: Replica, token: str, name: str) -> dict[str, Any]:
+    with open_http(replica, token) as http:
+        return tool_status(call_modern(http, "save_report", {"filename": name, "content": BIG}))
+
+
+def approve(replica: Replica, who: str, approval_id: str) -> dict[str, Any]:
+    with open_http(replica, replica.token("acme", who, APPROVER_SCOPE)) as http:
+        assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
+        answer = http.post(f"/v1/approvals/{approval_id}/approve")
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_a_two_person_report_yields_a_receipt_that_verifies_offline(tmp_path: Path, backend: str) -> None:
+    with fresh_schema() as url:
+        replicas = (
+            make_replicas(tmp_path, 2, database_url=url)
+            if backend == "postgresql"
+            else make_replicas(tmp_path, 1)
+        )
+        members = list(replicas)
+        first, last = members[0], members[-1]
+        shutil.copy(EXAMPLE, Path(first.env["DOCBROKER_POLICIES_DIR"]) / EXAMPLE.name)
+        with replicas:
+            rita = first.token("acme", "rita", WRITE_SCOPE)
+            name = unique()
+            approval_id = save(first, rita, name)["data"]["approval_id"]
+            assert approve(first, "carol", approval_id)["state"] == "pending"
+            assert approve(last, "dave", approval_id)["state"] == "approved"
+            assert save(last, rita, name)["status"] == "ok"
+        # Stopped: each log's last lines are under its closing checkpoint.
+        report = first.reports("acme") / name
+        assert report.read_text() == BIG
+        logs = [p for r in members for p in [*rotated_files(r.audit_file), r.audit_file]]
+        for member in members:  # the audit is name-only: neither the file name nor the content's hash
+            data = member.audit_file.read_bytes()
+            assert name.encode() not in data and b"quarterly" not in data
+
+        made = docbroker(first, "audit", "receipt", "--tenant", "acme", approval_id, *logs)
+        assert made.returncode == 0, made.stderr
+        receipt = json.loads(made.stdout)
+        assert receipt["approval"]["filename"] == name and receipt["approval"]["required"] == 2
+        assert [d["approver"]["subject"] for d in receipt["decisions"]] == ["carol", "dave"]
+        assert all(d["approver"]["issuer"] for d in receipt["decisions"])
+        assert receipt["approval"]["requester"]["subject"] == "rita" and receipt["write"]["outcome"] == "ok"
+        assert len({p["checkpoint"]["replica"] for p in receipt["proofs"]}) == len(members)
+
+        keys: list[str | Path] = []
+        for member in members:
+            pem = tmp_path / f"{member.replica_id}.pem"
+            printed = docbroker(member, "audit", "key")
+            assert printed.returncode == 0, printed.stderr
+            pem.write_text(printed.stdout)
+            keys += ["--key", pem]
+        path = tmp_path / "receipt.json"
+        path.write_text(made.stdout)
+        verified = docbroker(first, "audit", "verify-receipt", path, *keys, "--report", report)
+        assert verified.returncode == 0, verified.stdout
+        assert "carol" in verified.stdout and "dave" in verified.stdout and "byte for byte" in verified.stdout
+
+        changed = tmp_path / name
+        changed.write_text(BIG[:-1] + "!")
+        refused = docbroker(first, "audit", "verify-receipt", path, *keys, "--report", changed)
+        assert refused.returncode == 1 and "NOT the approved" in refused.stdout
+        unknown = docbroker(first, "audit", "receipt", "--tenant", "acme", "0" * 32, *logs)
+        assert unknown.returncode == 1 and "no such approval" in unknown.stderr
