@@ -42,6 +42,10 @@ REPORT = b"the report's bytes\n"
 IDP, TENANT, APPROVAL = "https://idp.example", "acme", "f" * 32
 
 
+TRAFFIC = {"tenant": TENANT, "subject": "user@example.com", "method": "tools/call",
+           "tool": "search_documents", "outcome": "ok", "status": 200}  # fmt: skip
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = START_NS
@@ -80,8 +84,7 @@ async def write_log(folder: Path, lines: int, decisions: int) -> ApprovalFacts:
         while written < lines:
             for event, fields in at.get(written, [("mcp.request", {})]):
                 if event == "mcp.request" and not fields:
-                    fields = {"request_id": f"req-{written:07d}", "tenant": TENANT, "subject": "user@example.com",
-                              "method": "tools/call", "tool": "search_documents", "outcome": "ok", "status": 200}  # fmt: skip
+                    fields = dict(TRAFFIC, request_id=f"req-{written:07d}")
                 await log.emit(event, **fields)
                 written += 1
     return ApprovalFacts(APPROVAL, TENANT, "q3.md", len(REPORT), sha, salt, IDP, "rita")
@@ -116,7 +119,8 @@ def main() -> int:
             print(f"{lines:>10} {size:>8.0f} {made:>7.2f} {kib:>12.1f} {checked:>8.3f}  "
                   f"{'OK' if ok else verdict.problem}")  # fmt: skip
     print(
-        f"targets: 1 M lines < {TARGET_SECONDS:.0f} s, receipt < {TARGET_KIB} KiB: {'PASS' if passed else 'FAIL'}"
+        f"targets: 1 M lines < {TARGET_SECONDS:.0f} s, receipt < {TARGET_KIB} KiB: "
+        + ("PASS" if passed else "FAIL")
     )
     return 0 if passed else 1
 

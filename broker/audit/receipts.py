@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -39,7 +39,8 @@ from broker.audit.merkle import inclusion_ranges, node_hash
 from broker.audit.proofs import FORMAT as PROOF_FORMAT
 from broker.audit.proofs import ProofError, _lines
 from broker.audit.schema import AuditEvent, SystemEvent
-from broker.files import UnsafeFileError
+from broker.audit.sink import MAX_LINE_BYTES
+from broker.files import UnsafeFileError, open_regular_stream
 from broker.protocol.codec import loads_strict
 
 RECEIPT_TYPE: Final = "docbroker.receipt"
@@ -52,6 +53,7 @@ _STEP: Final = {
     AuditEvent.APPROVAL_CONSUMED: 2,
     AuditEvent.MCP_REQUEST: 3,
 }
+_CHUNK: Final = 4 << 20
 _CHECKPOINT_NEEDLE: Final = b'"event":"' + SystemEvent.CHECKPOINT.encode() + b'"'
 
 
@@ -78,9 +80,12 @@ class _Levels:
         self.levels = [leaves]
         level = leaves
         while len(level) >= 64:
-            up = bytearray()
-            for at in range(0, len(level) - 63, 64):
-                up += hashlib.sha256(b"\x01" + level[at : at + 64]).digest()  # merkle.node_hash
+            sha256 = hashlib.sha256  # merkle.node_hash, in one comprehension
+            up = bytearray(
+                b"".join(
+                    [sha256(b"\x01" + level[at : at + 64]).digest() for at in range(0, len(level) - 63, 64)]
+                )
+            )
             self.levels.append(up)
             level = up
 
@@ -105,21 +110,44 @@ class _Log:
     sig: str = ""
 
 
+def _chunks(files: list[Path]) -> Iterator[bytes]:
+    """The lineage's complete lines, a few MiB of them at a time, joined by newlines (no final
+    one): a line at a time, Python's per-line cost was most of a receipt's time. A torn tail
+    (no newline) is no line of the log."""
+    for path in files:
+        with open_regular_stream(path) as stream:
+            rest = b""
+            while chunk := stream.read(_CHUNK):
+                data = rest + chunk
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    if len(data) > MAX_LINE_BYTES:
+                        raise ProofError("a line of the log is longer than any line the broker writes")
+                    rest = data
+                    continue
+                rest = data[cut + 1 :]
+                yield data[:cut]
+
+
 def _scan(files: list[Path], needle: bytes) -> _Log:
     log = _Log(bytearray(), [])
-    leaves, index = log.leaves, 0
-    for _, _, raw in _lines(files):
-        line = raw[:-1] if raw.endswith(b"\n") else raw
-        h = hashlib.sha256(b"\x00")  # merkle.leaf_hash, inlined: this runs for every line
-        h.update(line)
-        leaves += h.digest()
-        if needle in line:
-            log.found.append((index, line.decode("ascii", "replace")))
-        elif _CHECKPOINT_NEEDLE in line:
-            fields = loads_strict(line.decode("ascii", "replace"))
-            if fields.get("seq") == index + 1:
+    base, sha256 = 0, hashlib.sha256
+    for body in _chunks(files):
+        lines = body.split(b"\n")
+        # merkle.leaf_hash, in one comprehension: this runs for every line of the log.
+        log.leaves += b"".join([sha256(b"\x00" + line).digest() for line in lines])
+        if needle in body:
+            log.found += [
+                (base + i, line.decode("ascii", "replace")) for i, line in enumerate(lines) if needle in line
+            ]
+        at = body.rfind(_CHECKPOINT_NEEDLE)
+        if at >= 0:  # only the lineage's last checkpoint is wanted: the chunk's last one
+            start = body.rfind(b"\n", 0, at) + 1
+            end = body.find(b"\n", at)
+            fields = loads_strict(body[start : end if end >= 0 else len(body)].decode("ascii", "replace"))
+            if fields.get("seq") == base + body.count(b"\n", 0, start) + 1:
                 log.checkpoint, log.sig = fields["checkpoint"], fields["sig"]
-        index += 1
+        base += len(lines)
     return log
 
 

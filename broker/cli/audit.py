@@ -99,25 +99,14 @@ def _add_audit_verify_proof(audit: AuditCommands) -> None:
 async def approval_facts(approval_id: str, tenant: str) -> Any:
     """The store's record of the approval as receipts take it (plain values), or None."""
     from broker.app import open_store
-    from broker.audit.receipts import ApprovalFacts
+    from broker.approvals.receipts import facts
 
     store = await open_store(load_settings())
     try:
         record = await store.get(approval_id, tenant)
     finally:
         await store.close()
-    if record is None:
-        return None
-    return ApprovalFacts(
-        approval_id=record.id,
-        tenant=record.tenant,
-        filename=record.filename,
-        size=record.bytes,
-        sha256=record.sha256,
-        salt=record.salt,
-        requester_issuer=record.requester.issuer,
-        requester_subject=record.requester.id,
-    )
+    return None if record is None else facts(record)
 
 
 def cmd_audit_receipt(args: argparse.Namespace) -> int:

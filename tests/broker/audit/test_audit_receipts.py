@@ -27,10 +27,10 @@ from test_audit_evidence import ROOT, Replica
 
 from broker.audit import AuditLog
 from broker.audit.checkpoint import Keyring, create_signing_key, load_public_key, load_signing_key, public_pem
-from broker.audit.receipt_check import check_receipt
-from broker.audit.receipts import ApprovalFacts, make_receipt
 from broker.audit.log import Evidence
 from broker.audit.notary import Notary
+from broker.audit.receipt_check import check_receipt
+from broker.audit.receipts import ApprovalFacts, make_receipt
 from broker.audit.sink import FileSink, rotated_files
 from tests.broker.audit.audit_helpers import request_fields
 
