@@ -20,10 +20,19 @@ from broker.audit.sink import rotated_files
 from broker.testing import ROOT
 from broker.testing.replicas import Replica, make_replicas
 from tests.broker.pgtest import fresh_schema
-from tests.broker.support import APPROVER_SCOPE, WRITE_SCOPE, call_modern, open_http, tool_status, unique
+from tests.broker.support import (
+    APPROVER_SCOPE,
+    WRITE_SCOPE,
+    call_modern,
+    open_http,
+    tool_status,
+    unique,
+    wait_for,
+)
 
 EXAMPLE = ROOT / "policies" / "examples" / "big-reports-two-approvers.cedar"
 BIG = "quarterly numbers, all of them\n" * 200  # over 4 kB: two approvers
+FAST_CHECKPOINTS = {"DOCBROKER_AUDIT_CHECKPOINT_INTERVAL": "0.2"}  # a written report's lines soon signed
 
 
 def docbroker(replica: Replica, *args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -52,9 +61,9 @@ def approve(replica: Replica, who: str, approval_id: str) -> dict[str, Any]:
 def test_a_two_person_report_yields_a_receipt_that_verifies_offline(tmp_path: Path, backend: str) -> None:
     with fresh_schema() as url:
         replicas = (
-            make_replicas(tmp_path, 2, database_url=url)
+            make_replicas(tmp_path, 2, database_url=url, env=FAST_CHECKPOINTS)
             if backend == "postgresql"
-            else make_replicas(tmp_path, 1)
+            else make_replicas(tmp_path, 1, env=FAST_CHECKPOINTS)
         )
         members = list(replicas)
         first, last = members[0], members[-1]
@@ -64,8 +73,41 @@ def test_a_two_person_report_yields_a_receipt_that_verifies_offline(tmp_path: Pa
             name = unique()
             approval_id = save(first, rita, name)["data"]["approval_id"]
             assert approve(first, "carol", approval_id)["state"] == "pending"
+            with open_http(first, rita) as http:  # not written yet: no receipt
+                assert http.get(f"/v1/approvals/{approval_id}/receipt").json() == {"error": "not_written"}
             assert approve(last, "dave", approval_id)["state"] == "approved"
             assert save(last, rita, name)["status"] == "ok"
+
+            # Over REST, from either replica (their logs share a folder), for the requester
+            # and the tenant's approvers; nobody else. 409 until the last lines are signed.
+            served: dict[str, Any] = {}
+
+            def receipt_served() -> bool:
+                with open_http(first, rita) as http:
+                    answer = http.get(f"/v1/approvals/{approval_id}/receipt")
+                served.update(answer.json())
+                return answer.status_code == 200
+
+            assert wait_for(receipt_served, timeout=30), served
+            assert served["approval"]["filename"] == name and len(served["decisions"]) == 2
+            with open_http(last, last.token("acme", "mallory", WRITE_SCOPE)) as http:
+                assert http.get(f"/v1/approvals/{approval_id}/receipt").status_code == 403
+            token_file = tmp_path / "carol.token"
+            token_file.write_text(last.token("acme", "carol", APPROVER_SCOPE))
+            shown = docbroker(
+                last,
+                "approvals",
+                "show",
+                approval_id,
+                "--receipt",
+                "--url",
+                last.url,
+                "--token-file",
+                token_file,
+            )
+            assert shown.returncode == 0, shown.stderr
+            assert json.loads(shown.stdout)["approval"]["id"] == approval_id
+            (tmp_path / "served.json").write_text(shown.stdout)
         # Stopped: each log's last lines are under its closing checkpoint.
         report = first.reports("acme") / name
         assert report.read_text() == BIG
@@ -95,6 +137,12 @@ def test_a_two_person_report_yields_a_receipt_that_verifies_offline(tmp_path: Pa
         verified = docbroker(first, "audit", "verify-receipt", path, *keys, "--report", report)
         assert verified.returncode == 0, verified.stdout
         assert "carol" in verified.stdout and "dave" in verified.stdout and "byte for byte" in verified.stdout
+
+        # The receipt the API served checks as well.
+        again = docbroker(
+            first, "audit", "verify-receipt", tmp_path / "served.json", *keys, "--report", report
+        )
+        assert again.returncode == 0, again.stdout
 
         changed = tmp_path / name
         changed.write_text(BIG[:-1] + "!")
