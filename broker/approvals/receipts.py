@@ -20,7 +20,7 @@ from broker.files import UnsafeFileError
 
 # The broker's own names for a replica's log and its rotations (broker/settings.py), not its
 # witness copy (same checkpoints: it would pass for the log).
-_LOG_NAME = re.compile(r"audit(-(?!witness-|signing-)[A-Za-z0-9_.:-]+)?\.jsonl")
+_LOG_NAME = re.compile(r"audit(-(?!witness|signing)[A-Za-z0-9_.:-]+)?\.jsonl")
 
 
 def facts(record: Approval) -> ApprovalFacts:

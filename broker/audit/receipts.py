@@ -159,10 +159,13 @@ def _first_seq(files: list[Path]) -> int | None:
 
 
 def _proofs(log: _Log) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(event, inclusion proof) of each line found, under the log's last checkpoint."""
-    if not log.found:
+    """(event, inclusion proof) of each line of the story found, under the log's last
+    checkpoint. Other lines naming the approval (a view, a refused decision — or the request
+    for this very receipt) need no checkpoint yet: they are not in it."""
+    story = [(index, line, event) for index, line in log.found if _wanted(event := loads_strict(line))]
+    if not story:
         return []
-    if log.checkpoint is None or log.checkpoint["size"] <= log.found[-1][0]:
+    if log.checkpoint is None or log.checkpoint["size"] <= story[-1][0]:
         raise ProofError(
             "a line of this approval is not under a signed checkpoint yet: retry after the log's "
             "next checkpoint (DOCBROKER_AUDIT_CHECKPOINT_INTERVAL)"
@@ -170,7 +173,7 @@ def _proofs(log: _Log) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     size = log.checkpoint["size"]
     levels = _Levels(log.leaves[: size * 32])
     out = []
-    for index, line in log.found:
+    for index, line, event in story:
         proof = {
             "type": "inclusion",
             "v": PROOF_FORMAT,
@@ -180,7 +183,7 @@ def _proofs(log: _Log) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             "sig": log.sig,
             "path": [levels.root(s, e).hex() for s, e in inclusion_ranges(index, size)],
         }
-        out.append((loads_strict(line), proof))
+        out.append((event, proof))
     return out
 
 
@@ -205,7 +208,7 @@ def make_receipt(facts: ApprovalFacts, paths: Iterable[Path]) -> dict[str, Any]:
     for files in group_files(list(paths)).values():
         if _first_seq(files) != 1:
             raise ProofError("a log's files do not start at seq 1: give every file from the first")
-        lines += [(e, p) for e, p in _proofs(_scan(files, needle)) if _wanted(e)]
+        lines += _proofs(_scan(files, needle))
     # Replicas' clocks tick in milliseconds: within one, the story's own order decides.
     lines.sort(
         key=lambda item: (item[0]["ts"], _STEP[item[0]["event"]], item[0].get("replica", ""), item[0]["seq"])
