@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -59,7 +60,9 @@ async def write_log(folder: Path, lines: int, decisions: int) -> ApprovalFacts:
     salt, sha = secrets.token_hex(32), hashlib.sha256(REPORT).hexdigest()
     story = {"approval_id": APPROVAL, "tenant": TENANT, "content_commitment": content_commitment(salt, sha)}
     rita = {"subject": "rita", "issuer": IDP}
-    at = {lines // 10: [("approval.requested", {"outcome": "waiting_approval", **rita, **story})]}
+    at: dict[int, list[tuple[str, dict[str, Any]]]] = {
+        lines // 10: [("approval.requested", {"outcome": "waiting_approval", **rita, **story})]
+    }
     for i in range(decisions):
         at[lines // 3 + i * (lines // (3 * max(decisions, 1)))] = [(
             "approval.decided",

@@ -190,8 +190,11 @@ class ApprovalFlow:
         approve_url = f"{self._public_url}/approvals?id={record.id}"
         if created:
             await self._audit(
-                AuditEvent.APPROVAL_REQUESTED, approval_id=record.id, outcome="waiting_approval",
-                **commitment_field(record.salt, record.sha256), **ids,
+                AuditEvent.APPROVAL_REQUESTED,
+                approval_id=record.id,
+                outcome="waiting_approval",
+                **commitment_field(record.salt, record.sha256),
+                **ids,
             )
             if self._notify_pending is not None:
                 self._notify_pending(record, approve_url)
@@ -269,8 +272,11 @@ class ApprovalFlow:
             },
         }
         await self._audit(
-            AuditEvent.APPROVAL_REQUESTED, approval_id=approval_id, outcome="waiting_approval",
-            **commitment_field(draft.salt, draft.sha256), **ids,
+            AuditEvent.APPROVAL_REQUESTED,
+            approval_id=approval_id,
+            outcome="waiting_approval",
+            **commitment_field(draft.salt, draft.sha256),
+            **ids,
         )
         result = {
             "resultType": "input_required",

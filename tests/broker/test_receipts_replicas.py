@@ -54,7 +54,8 @@ def approve(replica: Replica, who: str, approval_id: str) -> dict[str, Any]:
         assert http.get(f"/v1/approvals/{approval_id}").status_code == 200  # read first
         answer = http.post(f"/v1/approvals/{approval_id}/approve")
         assert answer.status_code == 200, answer.text
-        return answer.json()
+        body: dict[str, Any] = answer.json()
+        return body
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])

@@ -49,7 +49,11 @@ def commitment(salt: str, content: bytes) -> str:
 def approval_lines(approval_id: str, salt: str, content: bytes, approvers: list[str]) -> list[dict[str, Any]]:
     """The approval's lines, in the order a two-person approval writes them (as the flow and
     the REST API do: broker/approvals/flow.py, broker/web/api.py)."""
-    c = {"content_commitment": commitment(salt, content), "approval_id": approval_id, "tenant": TENANT}
+    c: dict[str, Any] = {
+        "content_commitment": commitment(salt, content),
+        "approval_id": approval_id,
+        "tenant": TENANT,
+    }
     alice = {"subject": "alice", "issuer": IDP}
     out = [dict(event="approval.requested", outcome="waiting_approval", request_id="r1", **alice, **c)]
     for who in approvers:
