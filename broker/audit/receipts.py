@@ -200,6 +200,21 @@ def _person(event: dict[str, Any]) -> dict[str, str]:
     return {"issuer": event.get("issuer", ""), "subject": event.get("subject", "")}
 
 
+def _story(lines: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The lines a receipt tells, in order: the request, every decision, and only the last
+    consumption and the last write (a consumption given back went unwritten; a retry wrote)."""
+    last = {
+        name: max((i for i, (e, _) in enumerate(lines) if e["event"] == name), default=None)
+        for name in (AuditEvent.APPROVAL_CONSUMED, AuditEvent.MCP_REQUEST)
+    }
+    first = next((i for i, (e, _) in enumerate(lines) if e["event"] == AuditEvent.APPROVAL_REQUESTED), None)
+    keep = {first, *last.values()} - {None}
+    return [
+        item for i, item in enumerate(lines)
+        if i in keep or item[0]["event"] == AuditEvent.APPROVAL_DECIDED
+    ]  # fmt: skip
+
+
 def make_receipt(facts: ApprovalFacts, paths: Iterable[Path]) -> dict[str, Any]:
     """The receipt of one approval from the store's facts and every replica's log files
     (rotated sets, any order). Raises ProofError (a fixed text), UnsafeFileError or OSError."""
@@ -213,9 +228,11 @@ def make_receipt(facts: ApprovalFacts, paths: Iterable[Path]) -> dict[str, Any]:
     lines.sort(
         key=lambda item: (item[0]["ts"], _STEP[item[0]["event"]], item[0].get("replica", ""), item[0]["seq"])
     )
-    requested = [i for i, (e, _) in enumerate(lines) if e["event"] == AuditEvent.APPROVAL_REQUESTED]
-    if not requested or not facts.salt:
-        raise ProofError("no approval.requested line with a content commitment for this approval in the logs")
+    if not facts.salt:
+        raise ProofError("the approval has no content salt (it was made before receipts): no receipt")
+    lines = _story(lines)
+    if not lines or lines[0][0]["event"] != AuditEvent.APPROVAL_REQUESTED:
+        raise ProofError("no approval.requested line for this approval in the logs")
     commitment = content_commitment(facts.salt, facts.sha256)
     decisions, consumption, write, required = [], None, None, 1
     for at, (event, _) in enumerate(lines):
@@ -230,7 +247,7 @@ def make_receipt(facts: ApprovalFacts, paths: Iterable[Path]) -> dict[str, Any]:
             })  # fmt: skip
             if event.get("decision") == "approved":
                 required = max(required, event.get("approvers_required", 1))
-        elif event["event"] == AuditEvent.APPROVAL_CONSUMED:  # the last: one given back went unwritten
+        elif event["event"] == AuditEvent.APPROVAL_CONSUMED:
             consumption = {"time": event["ts"], "line": at}
         elif event["event"] == AuditEvent.MCP_REQUEST:
             write = {"outcome": event["outcome"], "time": event["ts"], "line": at}
@@ -248,7 +265,7 @@ def make_receipt(facts: ApprovalFacts, paths: Iterable[Path]) -> dict[str, Any]:
             "requester": {"issuer": facts.requester_issuer, "subject": facts.requester_subject},
             "required": required,
         },
-        "requested": {"time": lines[requested[0]][0]["ts"], "line": requested[0]},
+        "requested": {"time": lines[0][0]["ts"], "line": 0},
         "decisions": decisions,
         "consumption": consumption,
         "write": write,
