@@ -190,6 +190,7 @@ def build_app(
         audit_ready=audit.check,
         require_distinct_approver=settings.approvals.require_distinct_approver,
         signin=signin,
+        audit_log=settings.audit.path,
     )
     parts = Components(settings, audit, auth, policies, engine, tenants, runtime, upstreams, store, metrics)
 

@@ -32,6 +32,7 @@ from broker.approvals.reports import Reports
 from broker.approvals.sealing import SealedApproval, StateSealer
 from broker.approvals.store import Approval, ApprovalStore, Draft, StoreUnavailable, TooManyPending
 from broker.audit import AuditFn
+from broker.audit.commitment import commitment_field
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial, Denied
 from broker.policy import APPROVE, Call, Decider, Decision, TenantPolicy
@@ -145,6 +146,8 @@ class ApprovalFlow:
             size=len(data),
         )
         ids = {"request_id": request_id, "tenant": principal.tenant, "subject": principal.subject}
+        if principal.issuer:  # the requester is the pair (issuer, subject), as a receipt names them
+            ids["issuer"] = principal.issuer
 
         state = msg.params.get("requestState")
         if state is not None:
@@ -156,7 +159,10 @@ class ApprovalFlow:
             changed = await self._decided_again(draft, approved)
             if changed is not None:
                 return changed
-            await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok", **ids)
+            await self._audit(
+                AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok",
+                **commitment_field(approved.salt, approved.sha256), **ids,
+            )  # fmt: skip
             return self._forward(draft, approved)
         if await self._claim_held(draft):
             # A broker holds this report's approval (a save in flight, or one whose release
@@ -184,7 +190,11 @@ class ApprovalFlow:
         approve_url = f"{self._public_url}/approvals?id={record.id}"
         if created:
             await self._audit(
-                AuditEvent.APPROVAL_REQUESTED, approval_id=record.id, outcome="waiting_approval", **ids
+                AuditEvent.APPROVAL_REQUESTED,
+                approval_id=record.id,
+                outcome="waiting_approval",
+                **commitment_field(record.salt, record.sha256),
+                **ids,
             )
             if self._notify_pending is not None:
                 self._notify_pending(record, approve_url)
@@ -262,7 +272,11 @@ class ApprovalFlow:
             },
         }
         await self._audit(
-            AuditEvent.APPROVAL_REQUESTED, approval_id=approval_id, outcome="waiting_approval", **ids
+            AuditEvent.APPROVAL_REQUESTED,
+            approval_id=approval_id,
+            outcome="waiting_approval",
+            **commitment_field(draft.salt, draft.sha256),
+            **ids,
         )
         result = {
             "resultType": "input_required",
@@ -327,7 +341,8 @@ class ApprovalFlow:
         decision = "approved" if approve else "denied"
         await self._audit(
             AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome="ok",
-            policy_ids=list(verdict.policy_ids) or None, policy_hash=verdict.policy_hash, **ids,
+            policy_ids=list(verdict.policy_ids) or None, policy_hash=verdict.policy_hash,
+            approvers_required=verdict.approvers, **commitment_field(record.salt, record.sha256), **ids,
         )  # fmt: skip
         if not approve:
             return Answer(
@@ -336,7 +351,10 @@ class ApprovalFlow:
                 "approval_denied",
                 record.id,
             )
-        await self._audit(AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome="ok", **ids)
+        await self._audit(
+            AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome="ok",
+            **commitment_field(record.salt, record.sha256), **ids,
+        )  # fmt: skip
         return self._forward(draft, record)
 
     async def _consume(self, draft: Draft) -> Approval | None:

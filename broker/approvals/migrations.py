@@ -124,6 +124,8 @@ def _views(real: str) -> tuple[str, ...]:
     )
 
 
+_SALT = ("ALTER TABLE approvals ADD COLUMN salt TEXT NOT NULL DEFAULT ''",)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -206,6 +208,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         # approvers fetch it once more.
         sqlite=_views("REAL"),
         postgres=_views("DOUBLE PRECISION"),
+    ),
+    Migration(
+        8,
+        "approval_salts",
+        # Each record's salt for its content commitment (DESIGN §16): the audit carries
+        # sha256(salt ‖ sha256(content)), the receipt the salt. A record from before has none
+        # ('') and its lines no commitment. Same SQL in both dialects.
+        sqlite=_SALT,
+        postgres=_SALT,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -357,10 +357,10 @@ class PostgresApprovalStore:
             raise TooManyPending
         await conn.execute(
             "INSERT INTO approvals (id, tenant, requester, requester_issuer, filename, sha256, bytes, "
-            "content, state, created_at, expires_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'pending', %s, %s)",
+            "content, salt, state, created_at, expires_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'pending', %s, %s)",
             (approval_id, draft.tenant, draft.requester.id, draft.requester.issuer, draft.filename,
-             draft.sha256, draft.size, draft.content, now, now + ttl),
+             draft.sha256, draft.size, draft.content, draft.salt, now, now + ttl),
         )  # fmt: skip
         # Sent with the COMMIT, not waited for alone: the record is what was just written.
         return Approval(
@@ -376,6 +376,7 @@ class PostgresApprovalStore:
             decided_by=None,
             decided_at=None,
             consumed_at=None,
+            salt=draft.salt,
         )
 
     async def decide(

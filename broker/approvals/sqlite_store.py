@@ -265,9 +265,10 @@ class SqliteApprovalStore:
             raise TooManyPending
         self._db.execute(
             "INSERT INTO approvals (id, tenant, requester, requester_issuer, filename, sha256, bytes, "
-            "content, state, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            "content, salt, state, created_at, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
             (approval_id, draft.tenant, draft.requester.id, draft.requester.issuer, draft.filename,
-             draft.sha256, draft.size, draft.content, now, now + ttl),
+             draft.sha256, draft.size, draft.content, draft.salt, now, now + ttl),
         )  # fmt: skip
 
     def _decide(

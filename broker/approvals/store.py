@@ -24,8 +24,9 @@ so its retry knows it already happened.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -75,6 +76,9 @@ class Draft:
     content: str
     sha256: str
     size: int
+    # Hex of 32 random bytes: the audit's lines carry sha256(salt ‖ sha256(content)) only
+    # (broker/audit/commitment.py); a record requested again keeps the salt it was made with.
+    salt: str = field(default_factory=lambda: secrets.token_hex(32))
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class Approval:
     approvals: int = 0
     required: int = 1
     policy_hash: str | None = None
+    salt: str = ""  # the content commitment's salt; "" for a record from before (migration 8)
 
     def public(self) -> dict[str, object]:
         """What the REST API and the approvals page show (to approvers of the same tenant)."""
@@ -156,7 +161,7 @@ class Page:
 # decisions never read a report's text.
 META_COLUMNS = (
     "id, tenant, requester, filename, sha256, bytes, state, created_at, expires_at, "
-    "decided_by, decided_at, consumed_at, approvals, required, policy_hash, requester_issuer"
+    "decided_by, decided_at, consumed_at, approvals, required, policy_hash, requester_issuer, salt"
 )
 # A draft's requester in a lookup (`{p}`: the backend's placeholder), bound with
 # `requester_params`: a record from before issuers were recorded is the requester's still.
@@ -215,6 +220,7 @@ def approval_from_row(row: Sequence[Any]) -> Approval:
         approvals=row[12],
         required=row[13],
         policy_hash=row[14],
+        salt=row[16] or "",
     )
 
 

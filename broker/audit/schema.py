@@ -195,6 +195,11 @@ CALLER_FIELDS: Final[dict[str, Validator]] = {
     # operator's names, never a request value) and the hash of the policy set that decided.
     "policy_ids": _ids,
     "policy_hash": _pattern(_SHA256),
+    # An approval's lines (DESIGN §16): sha256(salt ‖ sha256(content)), the salt kept by the
+    # approvals store: without it the value says nothing of the content. And, on decisions, how
+    # many distinct approvers the policy asked for, so a receipt shows the count was reached.
+    "content_commitment": _pattern(_SHA256),
+    "approvers_required": _count(1, MAX_LIST_ITEMS),
 }
 
 

@@ -52,6 +52,8 @@ ERRORS = {
     "concurrency_limited": "the tenant's concurrency limit; retry later",
     "audit_unavailable": "the broker cannot write its audit log",
     "approvals_unavailable": "the broker cannot reach its approvals database",
+    "not_written": "the report is not written (yet): a receipt is for a written report",
+    "receipt_not_ready": "the receipt's last lines are not under a signed checkpoint yet",
 }
 
 
@@ -72,6 +74,10 @@ def register(sub: Subparsers) -> None:
 
     show = commands.add_parser("show", help="one approval, with the report's content")
     show.add_argument("approval_id", metavar="ID")
+    show.add_argument(
+        "--receipt", action="store_true",
+        help="print the written report's receipt (JSON) for `docbroker audit verify-receipt` instead",
+    )  # fmt: skip
     _client_args(show)
     show.set_defaults(func=cmd_show)
 
@@ -201,6 +207,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if args.receipt:  # the document itself: what verify-receipt reads, byte for byte as served
+        print_json(_call(args, "GET", "/" + _check_id(args.approval_id) + "/receipt"))
+        return 0
     record = _call(args, "GET", "/" + _check_id(args.approval_id))
     if args.json:
         print_json(record)

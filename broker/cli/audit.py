@@ -1,4 +1,5 @@
-"""`docbroker audit ...`: verify, prove, verify-proof, key, keygen, query, export.
+"""`docbroker audit ...`: verify, prove, verify-proof, receipt, verify-receipt, key, keygen, query,
+export.
 
 One `_add_*` function per subcommand, each adding its parser and setting `func`; `register`
 adds them all. Heavy imports stay inside the command functions (start-up time of the CLI).
@@ -12,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from broker.cli.base import CliError, Subparsers, load_settings
 
@@ -89,6 +91,76 @@ def _add_audit_verify_proof(audit: AuditCommands) -> None:
         "--key", action="append", required=True, help="the replica's public key: PEM file, or hex"
     )
     check.set_defaults(func=cmd_audit_verify_proof)
+
+
+# `audit receipt` and `verify-receipt`: one approval's story with its proofs (DESIGN §16).
+
+
+async def approval_facts(approval_id: str, tenant: str) -> Any:
+    """The store's record of the approval as receipts take it (plain values), or None."""
+    from broker.app import open_store
+    from broker.approvals.receipts import facts
+
+    store = await open_store(load_settings())
+    try:
+        record = await store.get(approval_id, tenant)
+    finally:
+        await store.close()
+    return None if record is None else facts(record)
+
+
+def cmd_audit_receipt(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from broker.approvals.store import StoreError
+    from broker.audit.receipts import main_receipt
+    from broker.audit.sink import rotated_files
+
+    files = args.files
+    if not files:  # this replica's log, rotated files first
+        path = load_settings().audit.path
+        files = [str(p) for p in [*rotated_files(path), path]]
+    try:
+        facts = asyncio.run(approval_facts(args.approval_id, args.tenant))
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    return main_receipt(facts, files, args.output)
+
+
+def _add_audit_receipt(audit: AuditCommands) -> None:
+    receipt = audit.add_parser(
+        "receipt",
+        help="print one approval's receipt (JSON): its lines with their proofs, the salt, the file name",
+    )
+    receipt.add_argument("approval_id", metavar="APPROVAL_ID")
+    receipt.add_argument("--tenant", required=True, help="the approval's tenant")
+    receipt.add_argument(
+        "files", nargs="*", metavar="FILE",
+        help="every replica's log files, any order (default: this replica's)",
+    )  # fmt: skip
+    receipt.add_argument("-o", "--output", help="write the receipt to this file (default: stdout)")
+    receipt.set_defaults(func=cmd_audit_receipt)
+
+
+def cmd_audit_verify_receipt(args: argparse.Namespace) -> int:
+    from broker.audit.receipt_check import main_verify_receipt
+
+    return main_verify_receipt(args.receipt, args.key, args.report, args.json)
+
+
+def _add_audit_verify_receipt(audit: AuditCommands) -> None:
+    check = audit.add_parser(
+        "verify-receipt", help="check a receipt (and the report): exit 0 valid, 1 not, 2 usage"
+    )
+    check.add_argument("receipt", help="the receipt's JSON file, or - for stdin")
+    check.add_argument(
+        "--key", action="append", required=True, help="a replica's public key: PEM file, or hex (repeat)"
+    )
+    check.add_argument(
+        "--report", metavar="PATH", help="the written report: its bytes must be the approved ones"
+    )
+    check.add_argument("--json", action="store_true", help="one JSON document instead of the story")
+    check.set_defaults(func=cmd_audit_verify_receipt)
 
 
 def _key_file() -> Path:
@@ -203,6 +275,8 @@ AUDIT_COMMANDS: list[Callable[[AuditCommands], None]] = [
     _add_audit_verify,
     _add_audit_prove,
     _add_audit_verify_proof,
+    _add_audit_receipt,
+    _add_audit_verify_receipt,
     _add_audit_key,
     _add_audit_query,
     _add_audit_export,

@@ -47,14 +47,18 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from broker.approvals.receipts import complete_receipt
 from broker.approvals.store import ApprovalStore, DecisionError, Position, StoreUnavailable, Vote
 from broker.audit import AuditSinkError
+from broker.audit.commitment import commitment_field
 from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
@@ -108,6 +112,10 @@ class Reply:
     policy: Decision | None = None  # a decision's: the determining policy ids and the set's hash
     issuer: str | None = None  # on decisions: who vouches for the approver's subject
     decision_reason: str | None = None  # a denial's reason code (DENY_REASONS)
+    # On decisions recorded: the record's content commitment and the approvers the policy
+    # asked for (DESIGN §16: what a receipt checks the decisions against).
+    commitment: dict[str, str] = field(default_factory=dict)
+    approvers_required: int | None = None
 
 
 def _refused(status: int, error: str, event: AuditEvent, reason: str | None = None) -> Reply:
@@ -131,6 +139,7 @@ class ApprovalsApi:
         audit_ready: Callable[[], None],
         require_distinct_approver: bool,
         signin: SignIn | None = None,
+        audit_log: Path | None = None,
     ) -> None:
         self._auth = auth
         self._store = store
@@ -141,6 +150,7 @@ class ApprovalsApi:
         self._audit_ready = audit_ready  # raises AuditSinkError while the log cannot be written
         self._require_distinct = require_distinct_approver
         self._signin = signin  # None: bearer tokens only (no OpenID Provider configured)
+        self._audit_log = audit_log  # this replica's log: receipts are made from it and its peers'
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -163,6 +173,8 @@ class ApprovalsApi:
                     decision=reply.decision,
                     **({"issuer": reply.issuer} if reply.issuer else {}),
                     **({"decision_reason": reply.decision_reason} if reply.decision_reason else {}),
+                    **reply.commitment,
+                    **({"approvers_required": reply.approvers_required} if reply.approvers_required else {}),
                 )
         except AuditSinkError:
             # As /mcp does: refuse, never answer unaudited, never a bare 500.
@@ -176,8 +188,12 @@ class ApprovalsApi:
         authorization = request.headers.getlist("authorization")
         if not authorization and self._signin is not None and self._signin.has_cookie(request):
             return await self._with_session(request, route, self._signin)
+        # A receipt is the requester's too, who need not be an approver: the handler decides.
+        authenticate = (
+            self._auth.authenticate if route.handler is ApprovalsApi._receipt else self._auth.approver
+        )
         try:
-            principal = await self._auth.approver(authorization, client_address(request.scope))
+            principal = await authenticate(authorization, client_address(request.scope))
         except AuthError as exc:
             error = {401: "unauthorized", 429: "too_many_requests"}.get(exc.status, "forbidden")
             reply = _refused(exc.status, error, AuditEvent.AUTH_DENIED, exc.reason.value)
@@ -245,7 +261,7 @@ class ApprovalsApi:
             if route.handler is None:
                 return _refused(route.status, route.error, route.event)
             self._audit_ready()  # nothing is shown or decided while it cannot be recorded
-            if route.event is AuditEvent.APPROVAL_VIEWED:
+            if route.event is AuditEvent.APPROVAL_VIEWED and route.handler is not ApprovalsApi._receipt:
                 # Listing or reading approvals shows reports' contents: the policy decides who may.
                 verdict = self._engine.decide(Call(principal, VIEW_APPROVALS))
                 if not verdict.allowed:
@@ -306,6 +322,29 @@ class ApprovalsApi:
         await self._store.viewed(record.approval.id, principal.tenant, principal.person)
         return Reply(200, record.public(), event, Outcome.OK, "shown", approval_id=record.approval.id)
 
+    async def _receipt(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
+        """A written report's receipt (DESIGN §16): for the tenant's approvers (whom the policy
+        lets view approvals) and its requester; 409 until the report is written and its lines
+        are under signed checkpoints."""
+        event = AuditEvent.APPROVAL_VIEWED
+        record = await self._store.get(approval_id, principal.tenant) if approval_id else None
+        if record is None:
+            return _refused(404, "not_found", event, "not_found" if approval_id else "malformed_id")
+        approver = principal.has(OAuthScope.REPORTS_APPROVE)
+        verdict = self._engine.decide(Call(principal, VIEW_APPROVALS)) if approver else None
+        if not record.requester.may_be(principal.person) and not (verdict and verdict.allowed):
+            refused = _refused(403, "forbidden", event, "viewer_not_permitted")
+            refused.policy = verdict
+            return refused
+        if record.state is not ApprovalState.CONSUMED or self._audit_log is None:
+            return _refused(409, "not_written", event, "receipt_not_written")
+        receipt = await anyio.to_thread.run_sync(complete_receipt, record, self._audit_log)
+        if receipt is None:  # a line not yet under a checkpoint, or on a log out of reach
+            reply = _refused(409, "receipt_not_ready", event, "receipt_not_ready")
+            reply.headers = {"retry-after": "10"}
+            return reply
+        return Reply(200, receipt, event, Outcome.OK, "receipt", approval_id=record.id, policy=verdict)
+
     async def _approve(self, request: Request, principal: Principal, approval_id: str | None) -> Reply:
         return await self._decide(principal, approval_id, approve=True)
 
@@ -364,8 +403,9 @@ class ApprovalsApi:
         # A yes that leaves the record pending is counted: it waits for more approvers.
         reason = "decided" if outcome.state is not ApprovalState.PENDING else "more_approvers_required"
         return Reply(
-            200, outcome.public(), event, Outcome.OK, reason, outcome.id, decision.value, policy=verdict
-        )
+            200, outcome.public(), event, Outcome.OK, reason, outcome.id, decision.value, policy=verdict,
+            commitment=commitment_field(outcome.salt, outcome.sha256), approvers_required=verdict.approvers,
+        )  # fmt: skip
 
 
 async def _deny_reason(request: Request) -> str | None:
@@ -402,6 +442,8 @@ def _route(method: str, path: str) -> _Route:
     """Which endpoint a request is for. Decided before authentication only to name the event."""
     parts = path.removeprefix(PREFIX).strip("/").split("/") if path.rstrip("/") != PREFIX else []
     viewed, decided = AuditEvent.APPROVAL_VIEWED, AuditEvent.APPROVAL_DECIDED
+    if len(parts) == 2 and parts[1] == "receipt":
+        return _for_method(method, "GET", viewed, ApprovalsApi._receipt, parts[0])
     if len(parts) == 2 and parts[1] in ("approve", "deny"):
         handler = ApprovalsApi._approve if parts[1] == "approve" else ApprovalsApi._deny
         return _for_method(method, "POST", decided, handler, parts[0])

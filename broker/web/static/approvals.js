@@ -179,6 +179,34 @@
   }
 
   // The latest decided approvals (of each tenant the approver acts for), newest first.
+  // A written report's receipt (docs/audit.md, "Receipts"): fetched with this page's
+  // credentials (a bearer token cannot ride on a plain link) and saved as a file.
+  function receiptCell(item) {
+    const cell = document.createElement("td");
+    if (item.state !== "consumed") { return cell; }
+    const link = document.createElement("a");
+    link.href = "#";
+    link.className = "receipt";
+    link.textContent = "Receipt";
+    link.addEventListener("click", async (event) => {
+      event.preventDefault();
+      try {
+        const receipt = await api("/v1/approvals/" + encodeURIComponent(item.approval_id) + "/receipt");
+        const blob = new Blob([JSON.stringify(receipt, null, 1) + "\n"], { type: "application/json" });
+        const save = document.createElement("a");
+        save.href = URL.createObjectURL(blob);
+        save.download = item.approval_id + ".receipt.json";
+        save.click();
+        URL.revokeObjectURL(save.href);
+        status("Receipt saved: check it with docbroker audit verify-receipt");
+      } catch (error) {
+        status("No receipt yet: " + error.message);
+      }
+    });
+    cell.appendChild(link);
+    return cell;
+  }
+
   async function recent() {
     const tenants = session.mode === "oidc" ? session.tenants : [null];
     const rows = [];
@@ -197,6 +225,7 @@
         show(cell, value); // names are data too: marks for what hides or reorders
         row.appendChild(cell);
       }
+      row.appendChild(receiptCell(item));
       body.appendChild(row);
     }
     $("recent").hidden = rows.length === 0;

@@ -187,6 +187,24 @@ async def test_one_open_record_per_report_with_its_content(store: ApprovalStore)
     assert await store.detail(first.id, "globex") is None
 
 
+async def test_each_record_keeps_its_own_content_salt_for_the_audits_commitment(store: ApprovalStore) -> None:
+    # Issue 37: the audit carries sha256(salt ‖ sha256(content)); the salt is the record's,
+    # 32 random bytes, the same whenever the record is read or requested again.
+    d = draft()
+    first, _ = await store.request(d, ttl=TTL, max_pending=10)
+    again, created = await store.request(draft(), ttl=TTL, max_pending=10)  # a new Draft, a new salt
+    assert not created and again.salt == first.salt == d.salt
+    assert len(bytes.fromhex(first.salt)) == 32
+    read = await store.get(first.id, "acme")
+    assert read is not None and read.salt == first.salt
+    other, _ = await store.request(draft(filename="q4.md"), ttl=TTL, max_pending=10)
+    in_band = draft(filename="q5.md")
+    await store.record_in_band("b" * 32, in_band, ttl=TTL, max_pending=10)
+    answered = await answer(store, "b" * 32, "acme", "alice", True)
+    assert answered is not None and answered.salt == in_band.salt
+    assert len({first.salt, other.salt, in_band.salt}) == 3
+
+
 async def test_expired_records_read_as_expired_and_cannot_be_decided(
     store: ApprovalStore, clock: Clock
 ) -> None:

@@ -21,7 +21,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from broker.testing import Broker, structured
+from broker.testing import Broker, make_broker, structured
 from tests.broker.support import APPROVER_SCOPE, open_mcp, unique
 
 pytestmark = pytest.mark.anyio
@@ -122,6 +122,42 @@ async def test_page_draws_hidden_characters_as_counted_marks_in_written_order(
         result = structured(await client.call_tool("save_report", {"filename": name, "content": DISGUISED}))
     assert result["status"] == "ok", result
     assert (broker.reports("acme") / name).read_text() == DISGUISED
+
+
+async def test_a_written_report_has_a_receipt_link_under_recent_decisions(
+    tmp_path: Path, chromium: webdriver.Chrome
+) -> None:
+    # A broker of its own: the shared one signs checkpoints once a day, and a receipt waits for
+    # the checkpoint over the report's last line (issue 37).
+    broker = make_broker(tmp_path, env={"DOCBROKER_AUDIT_CHECKPOINT_INTERVAL": "0.2"})
+    broker.start()
+    try:
+        name = unique("receipt")
+        card = open_page(chromium, broker, await pending_approval(broker, name, "numbers\n"))
+        card.find_element(By.CSS_SELECTOR, ".approve").click()
+        WebDriverWait(chromium, 20).until(
+            lambda _: card.find_element(By.CSS_SELECTOR, ".state").text == "approved"
+        )
+        async with open_mcp(broker, broker.token(subject="alice")) as client:
+            result = structured(
+                await client.call_tool("save_report", {"filename": name, "content": "numbers\n"})
+            )
+        assert result["status"] == "ok", result
+        chromium.find_element(By.ID, "load").click()
+
+        def receipt_saved(driver: webdriver.Chrome) -> bool:
+            rows = [r for r in driver.find_elements(By.CSS_SELECTOR, "#recent-rows tr") if name in r.text]
+            links = rows[0].find_elements(By.CSS_SELECTOR, "a.receipt") if rows else []
+            if links and not driver.find_element(By.ID, "status").text.startswith("Receipt saved"):
+                links[0].click()  # 409 receipt_not_ready until the next checkpoint: asked again
+            return driver.find_element(By.ID, "status").text.startswith("Receipt saved")
+
+        WebDriverWait(chromium, 30, poll_frequency=0.5).until(receipt_saved)
+        rows = chromium.find_elements(By.CSS_SELECTOR, "#recent-rows tr")
+        undecided = [r for r in rows if name not in r.text]
+        assert all(not r.find_elements(By.CSS_SELECTOR, "a.receipt") for r in undecided)
+    finally:
+        broker.stop()
 
 
 async def test_page_shows_plain_report_without_marks_or_warning(
