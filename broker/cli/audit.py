@@ -98,7 +98,7 @@ def _add_audit_verify_proof(audit: AuditCommands) -> None:
 
 async def approval_facts(approval_id: str, tenant: str) -> Any:
     """The store's record of the approval as receipts take it (plain values), or None."""
-    from broker.app import open_store
+    from broker.approvals.stores import open_store
     from broker.approvals.receipts import facts
 
     store = await open_store(load_settings())
