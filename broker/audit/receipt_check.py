@@ -21,19 +21,14 @@ Messages are fixed texts with numbers and the receipt's own ids: never the repor
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from broker.audit.checkpoint import Keyring
 from broker.audit.commitment import content_commitment
-from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, EXIT_USAGE, load_keys
-from broker.audit.proofs import ProofError, _read_proof, verify_proof
+from broker.audit.proofs import verify_proof
 from broker.audit.receipts import FORMAT, RECEIPT_TYPE, WRITE_OUTCOMES
 from broker.audit.schema import AuditEvent
-from broker.files import UnsafeFileError, open_regular_stream, printable
 from broker.protocol.codec import loads_strict
 
 MAX_LINES = 256  # a receipt of 64 approvers and their retries is far below
@@ -220,39 +215,3 @@ def check_receipt(
     except Refused as exc:
         return ReceiptVerdict(False, str(exc))
     return ReceiptVerdict(True, None, story, report is not None)
-
-
-def main_verify_receipt(
-    receipt_file: str, key_specs: list[str], report_path: str | None, as_json: bool
-) -> int:
-    """`docbroker audit verify-receipt`: the story (or one JSON document); exit 0/1/2."""
-    keys = load_keys(key_specs, "verify-receipt")
-    if keys is None:
-        return EXIT_USAGE
-    try:
-        receipt = _read_proof(receipt_file)
-    except ProofError as exc:
-        sys.stderr.write(f"docbroker audit verify-receipt: cannot read the receipt: {exc}\n")
-        return EXIT_USAGE
-    report = None
-    if report_path is not None:
-        try:
-            with open_regular_stream(report_path) as stream:
-                report = stream.read()
-        except (UnsafeFileError, OSError) as exc:
-            reason = exc.reason if isinstance(exc, UnsafeFileError) else (exc.strerror or "error")
-            sys.stderr.write(f"docbroker audit verify-receipt: cannot read the report: {reason}\n")
-            return EXIT_USAGE
-    name = Path(report_path).name if report_path is not None else None
-    verdict = check_receipt(receipt, keys, report, name)
-    if as_json:
-        document = {"ok": verdict.ok, "problem": verdict.problem, "story": verdict.story,
-                    "report_checked": verdict.report_checked}  # fmt: skip
-        sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
-    elif verdict.ok:
-        sys.stdout.write("receipt OK\n" + "".join(line + "\n" for line in verdict.story))
-        if report is None:
-            sys.stdout.write("the report itself NOT checked: give it with --report\n")
-    else:
-        sys.stdout.write(f"receipt BROKEN: {printable(verdict.problem or '')}\n")
-    return EXIT_OK if verdict.ok else EXIT_BROKEN

@@ -26,21 +26,19 @@ million lines takes a few seconds (bench/receipt.py). Checking one is broker/aud
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from broker.audit.commitment import content_commitment
-from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, group_files
+from broker.audit.evidence import group_files
 from broker.audit.merkle import inclusion_ranges, node_hash
 from broker.audit.proofs import FORMAT as PROOF_FORMAT
 from broker.audit.proofs import ProofError, _lines
 from broker.audit.schema import AuditEvent, SystemEvent
 from broker.audit.sink import MAX_LINE_BYTES
-from broker.files import UnsafeFileError, open_regular_stream
+from broker.files import open_regular_stream
 from broker.protocol.codec import loads_strict
 
 RECEIPT_TYPE: Final = "docbroker.receipt"
@@ -271,25 +269,3 @@ def make_receipt(facts: ApprovalFacts, paths: Iterable[Path]) -> dict[str, Any]:
         "write": write,
         "proofs": [proof for _, proof in lines],
     }
-
-
-def main_receipt(facts: ApprovalFacts | None, files: list[str], output: str | None) -> int:
-    """`docbroker audit receipt`: the receipt as one JSON document (stdout, or `output`)."""
-    if facts is None:
-        sys.stderr.write("docbroker audit receipt: no such approval for that tenant\n")
-        return EXIT_BROKEN
-    try:
-        receipt = make_receipt(facts, [Path(f) for f in files])
-    except ProofError as exc:
-        sys.stderr.write(f"docbroker audit receipt: {exc}\n")
-        return EXIT_BROKEN
-    except (UnsafeFileError, OSError) as exc:
-        reason = exc.reason if isinstance(exc, UnsafeFileError) else (exc.strerror or "error")
-        sys.stderr.write(f"docbroker audit receipt: cannot read a log file: {reason}\n")
-        return EXIT_BROKEN
-    text = json.dumps(receipt, sort_keys=True, indent=1) + "\n"
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        Path(output).write_text(text, encoding="ascii")
-    return EXIT_OK

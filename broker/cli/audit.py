@@ -98,8 +98,8 @@ def _add_audit_verify_proof(audit: AuditCommands) -> None:
 
 async def approval_facts(approval_id: str, tenant: str) -> Any:
     """The store's record of the approval as receipts take it (plain values), or None."""
-    from broker.approvals.stores import open_store
     from broker.approvals.receipts import facts
+    from broker.approvals.stores import open_store
 
     store = await open_store(load_settings())
     try:
@@ -113,8 +113,8 @@ def cmd_audit_receipt(args: argparse.Namespace) -> int:
     import asyncio
 
     from broker.approvals.store import StoreError
-    from broker.audit.receipts import main_receipt
     from broker.audit.sink import rotated_files
+    from broker.cli.audit_receipts import main_receipt
 
     files = args.files
     if not files:  # this replica's log, rotated files first
@@ -143,7 +143,7 @@ def _add_audit_receipt(audit: AuditCommands) -> None:
 
 
 def cmd_audit_verify_receipt(args: argparse.Namespace) -> int:
-    from broker.audit.receipt_check import main_verify_receipt
+    from broker.cli.audit_receipts import main_verify_receipt
 
     return main_verify_receipt(args.receipt, args.key, args.report, args.json)
 
