@@ -55,7 +55,7 @@ from broker.runtime.lifecycle import Runtime
 from broker.settings import RuntimeKind, Settings, origin_of
 from broker.tenants import Tenants
 from broker.tracing import Tracing
-from broker.types import Endpoint, TenantId
+from broker.types import Endpoint, Outcome, TenantId
 from broker.upstream import Upstreams
 from broker.web import page
 from broker.web.api import ApprovalsApi
@@ -421,7 +421,7 @@ class BrokerApp:
             with contextlib.suppress(Exception):
                 await self._audit.emit(
                     AuditEvent.AUTH_DENIED,
-                    outcome="denied",
+                    outcome=Outcome.DENIED,
                     reason=ORIGIN_REFUSED,
                     method=origin_surface(path),
                     status=403,

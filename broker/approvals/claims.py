@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from broker.approvals.store import ApprovalStore, Claim, HeldClaim, StoreUnavailable
 from broker.audit import AuditFn, AuditSinkError
 from broker.audit.schema import AuditEvent
+from broker.types import Outcome
 
 log = logging.getLogger("docbroker")
 
@@ -119,7 +120,7 @@ async def give_back(store: ApprovalStore, claims: Claims, unsent: Unsent, audit:
         unsent.approval_id, unsent.tenant, claims.owner, consumed_at=unsent.consumed_at
     )
     if released:
-        await audit(AuditEvent.APPROVAL_RELEASED, approval_id=unsent.approval_id, outcome="ok",
+        await audit(AuditEvent.APPROVAL_RELEASED, approval_id=unsent.approval_id, outcome=Outcome.OK,
                     reason="not_forwarded", **unsent.ids)  # fmt: skip
     return released
 
@@ -148,7 +149,7 @@ async def recover_claims(store: ApprovalStore, claims: Claims, audit: AuditFn, t
         if claims.lost(held) and await store.revert(held):
             taken += 1
             await audit(AuditEvent.APPROVAL_RELEASED, approval_id=held.approval_id, tenant=held.tenant,
-                        outcome="ok", reason="claim_lost")  # fmt: skip
+                        outcome=Outcome.OK, reason="claim_lost")  # fmt: skip
     return taken
 
 

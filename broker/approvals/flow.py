@@ -160,7 +160,7 @@ class ApprovalFlow:
             if changed is not None:
                 return changed
             await self._audit(
-                AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome="ok",
+                AuditEvent.APPROVAL_CONSUMED, approval_id=approved.id, outcome=Outcome.OK,
                 **commitment_field(approved.salt, approved.sha256), **ids,
             )  # fmt: skip
             return self._forward(draft, approved)
@@ -192,7 +192,7 @@ class ApprovalFlow:
             await self._audit(
                 AuditEvent.APPROVAL_REQUESTED,
                 approval_id=record.id,
-                outcome="waiting_approval",
+                outcome=Outcome.WAITING_APPROVAL,
                 **commitment_field(record.salt, record.sha256),
                 **ids,
             )
@@ -274,7 +274,7 @@ class ApprovalFlow:
         await self._audit(
             AuditEvent.APPROVAL_REQUESTED,
             approval_id=approval_id,
-            outcome="waiting_approval",
+            outcome=Outcome.WAITING_APPROVAL,
             **commitment_field(draft.salt, draft.sha256),
             **ids,
         )
@@ -340,7 +340,7 @@ class ApprovalFlow:
             return _rejected(c.Message.APPROVAL_INVALID.value, "approval_replayed")
         decision = "approved" if approve else "denied"
         await self._audit(
-            AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome="ok",
+            AuditEvent.APPROVAL_DECIDED, approval_id=record.id, decision=decision, outcome=Outcome.OK,
             policy_ids=list(verdict.policy_ids) or None, policy_hash=verdict.policy_hash,
             approvers_required=verdict.approvers, **commitment_field(record.salt, record.sha256), **ids,
         )  # fmt: skip
@@ -352,7 +352,7 @@ class ApprovalFlow:
                 record.id,
             )
         await self._audit(
-            AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome="ok",
+            AuditEvent.APPROVAL_CONSUMED, approval_id=record.id, outcome=Outcome.OK,
             **commitment_field(record.salt, record.sha256), **ids,
         )  # fmt: skip
         return self._forward(draft, record)

@@ -39,6 +39,7 @@ from typing import Protocol
 
 from broker.audit.schema import AuditEvent
 from broker.threads import to_thread_to_the_end
+from broker.types import Outcome
 from server.contracts import FILENAME_RE, MAX_REPORT_BYTES
 
 log = logging.getLogger("docbroker.reports")
@@ -303,7 +304,7 @@ def audit_sweep(emit: Callable[..., Awaitable[None]], **ids: str) -> OnSwept:
         if swept.quarantined:
             await emit(
                 AuditEvent.REPORTS_QUARANTINED,
-                outcome="rejected",
+                outcome=Outcome.REJECTED,
                 reason=reason,
                 count=swept.quarantined,
                 **ids,
@@ -311,7 +312,7 @@ def audit_sweep(emit: Callable[..., Awaitable[None]], **ids: str) -> OnSwept:
         if swept.stuck:
             await emit(
                 AuditEvent.REPORTS_QUARANTINED,
-                outcome="error",
+                outcome=Outcome.ERROR,
                 reason="quarantine_failed",
                 count=swept.stuck,
                 **ids,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from broker.approvals.store import ApprovalStore
 from broker.audit import AuditFn, AuditSinkError
 from broker.audit.schema import AuditEvent
+from broker.types import Outcome
 
 log = logging.getLogger("docbroker")
 
@@ -33,7 +34,7 @@ async def purge_once(
     audit_ready()  # raises AuditSinkError: nothing is deleted while the deletion cannot be recorded
     count = await store.purge(closed_before=clock() - retention_seconds)
     if count:
-        await audit(AuditEvent.APPROVAL_PURGED, outcome="ok", reason="retention", count=count)
+        await audit(AuditEvent.APPROVAL_PURGED, outcome=Outcome.OK, reason="retention", count=count)
     return count
 
 

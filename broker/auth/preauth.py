@@ -49,6 +49,7 @@ from starlette.types import Scope
 
 from broker.audit.schema import AuditEvent
 from broker.settings import IPNetwork, PreAuthSettings
+from broker.types import Outcome
 
 LIMITED = "preauth_limited"  # the reason a 429 of this limiter is counted under
 
@@ -201,7 +202,7 @@ async def write_counts(limiter: PreAuthLimiter, emit: Callable[..., Awaitable[No
     counts = limiter.drain()
     for reason in list(counts):
         try:
-            await emit(AuditEvent.AUTH_DENIED, outcome="denied", reason=reason, count=counts[reason])
+            await emit(AuditEvent.AUTH_DENIED, outcome=Outcome.DENIED, reason=reason, count=counts[reason])
         except Exception:
             limiter.restore(counts)
             raise

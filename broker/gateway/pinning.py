@@ -19,7 +19,7 @@ from broker.policy import Call, Decider
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.versions import LEGACY
 from broker.runtime.lifecycle import Runtime
-from broker.types import Principal, RunningSandbox, TenantId
+from broker.types import Outcome, Principal, RunningSandbox, TenantId
 from broker.upstream import Upstream
 from server import contracts as c
 
@@ -59,7 +59,7 @@ class Pinning:
             for tool, reason in admission.rejected:
                 await self._audit.emit(
                     AuditEvent.TOOLS_REJECTED, tenant=tenant, sandbox=sandbox_field(sandbox.backend_id),
-                    tool=tool if tool in c.TOOL_NAMES else None, reason=reason, outcome="rejected",
+                    tool=tool if tool in c.TOOL_NAMES else None, reason=reason, outcome=Outcome.REJECTED,
                 )  # fmt: skip
         if pin.broken:
             await self._replace_changed(tenant, sandbox)
@@ -83,7 +83,7 @@ class Pinning:
         if not self._pins.matches(pin, fresh):
             await self._audit.emit(
                 AuditEvent.CONTRACT_CHANGED, tenant=principal.tenant, subject=principal.subject,
-                sandbox=sandbox_field(sandbox.backend_id), request_id=request_id, outcome="denied",
+                sandbox=sandbox_field(sandbox.backend_id), request_id=request_id, outcome=Outcome.DENIED,
                 reason="descriptors_changed",
             )  # fmt: skip
             await self._replace_changed(principal.tenant, sandbox)

@@ -402,7 +402,7 @@ class Relay:
             subject=passed.principal.subject,
             request_id=record.request_id,
             method=audit_method(message.get("method")),
-            outcome="denied",
+            outcome=Outcome.DENIED,
             reason="sandbox_message_refused",
         )
 

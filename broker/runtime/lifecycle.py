@@ -26,8 +26,8 @@ from broker.types import Endpoint, RunningSandbox, SandboxInfo, SandboxSpec, San
 
 log = logging.getLogger("docbroker.runtime")
 
-# event name ("sandbox.started" | "sandbox.stopped" | "sandbox.failed"), tenant, sandbox id, details
-SandboxEventSink = Callable[[str, str, str, dict[str, Any]], Awaitable[None]]
+# the event (sandbox.started, .stopped or .failed), tenant, sandbox id, details
+SandboxEventSink = Callable[[AuditEvent, str, str, dict[str, Any]], Awaitable[None]]
 
 
 async def _all_settled(calls: list[Coroutine[Any, Any, None]]) -> int:
@@ -245,7 +245,7 @@ class Runtime:
         await self._on_event(AuditEvent.SANDBOX_STOPPED, info.tenant, info.backend_id, details)
 
     async def _remove(
-        self, tenant: TenantId, *, reason: str, event: str = AuditEvent.SANDBOX_STOPPED
+        self, tenant: TenantId, *, reason: str, event: AuditEvent = AuditEvent.SANDBOX_STOPPED
     ) -> None:
         info = self._sandboxes.pop(tenant, None)
         if info is None:
