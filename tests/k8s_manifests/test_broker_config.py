@@ -66,7 +66,7 @@ def test_every_overlay_builds_valid_broker_settings(name: str) -> None:
     }
     settings = Settings.from_env({**image_env, **env})
     assert settings.runtime.kind == "kubernetes"
-    assert (settings.host, settings.port) == ("0.0.0.0", 8000)  # noqa: S104 (the Pod's own address)
+    assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8000)  # noqa: S104 (the Pod's own address)
     assert settings.replica_id == "docbroker-broker-5d8f7c9b4-x2x7q"
     assert settings.database.url is not None
     assert str(settings.master_key_file).startswith(KEYS + "/")
