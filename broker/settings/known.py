@@ -43,6 +43,8 @@ def refuse_unknown(env: Mapping[str, str], known: Callable[[], list[SettingRead]
     for name in unread:
         if name in names:
             continue
-        close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
-        hint = f": did you mean {close[0]}?" if close else " (docs/operations.md lists them)"
+        # Without the prefix every name shares: else any two names look alike.
+        short = sorted(n.removeprefix(PREFIX) for n in names)
+        close = difflib.get_close_matches(name.removeprefix(PREFIX), short, n=1, cutoff=0.6)
+        hint = f": did you mean {PREFIX}{close[0]}?" if close else " (docs/operations.md lists the settings)"
         raise SettingsError(f"{name} is not a setting{hint}")
