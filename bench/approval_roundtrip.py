@@ -5,7 +5,7 @@
     python bench/approval_roundtrip.py --database-url postgresql://…   # an existing (empty) database
 
 Two real brokers (`python -m broker serve`, local runtime, the tests' setup from
-broker/testing.py) that differ only in their approvals store: the embedded SQLite file,
+broker/testing/) that differ only in their approvals store: the embedded SQLite file,
 and PostgreSQL (a throw-away cluster from .ci/postgres.sh, unix socket, unless a URL is
 given; its schema is created with `docbroker db upgrade`). One round trip, at concurrency 1:
 

@@ -55,10 +55,10 @@ sys.path.insert(0, str(REPO))
 from bench._stats import fmt, pct  # noqa: E402
 from bench.cold_start import broker_call, docker_broker, pool_facts, wait_pool  # noqa: E402
 from bench.first_call import CpuWindow  # noqa: E402
-from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.runtime.docker.hardening import RUN_DIR  # noqa: E402
-from broker.runtime.docker.pool import BIND_SOCKET_NAME  # noqa: E402
+from broker.runtime.docker.warm_slots import BIND_SOCKET_NAME  # noqa: E402
+from broker.runtime.readiness import wait_ready  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
 from broker.types import Endpoint  # noqa: E402
 
@@ -82,7 +82,7 @@ async def _start_floor(settings: DockerSettings, instance: str, n: int) -> float
             run_dir = base / str(i)
             run_dir.mkdir()
             run_dir.chmod(0o1777)
-            options = backend._hardened_options(
+            options = backend.hardened_options(
                 f"docbroker-{instance}.floor-{i}",
                 image=image,
                 labels={},

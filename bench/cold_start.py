@@ -49,10 +49,10 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from bench._stats import nearest_index  # noqa: E402
 from broker.master_key import tenant_secret  # noqa: E402
-from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
+from broker.runtime.readiness import wait_ready  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
-from broker.types import DROPBOX_MODE, SandboxSpec  # noqa: E402
+from broker.types import DROPBOX_MODE, SandboxSpec, TenantId  # noqa: E402
 
 QUERY = {"query": "bench"}
 _PROTOCOL = "2026-07-28"
@@ -82,7 +82,9 @@ class Tenants:
         owned = (self.root / name, docs, docs / "sources", docs / "reports", run, secret)
         for path in (*owned, docs / "sources" / "a.md"):
             os.chown(path, *self.owner)
-        return SandboxSpec(tenant=name, docs_root=str(docs), secret_file=str(secret), run_dir=str(run))
+        return SandboxSpec(
+            tenant=TenantId(name), docs_root=str(docs), secret_file=str(secret), run_dir=str(run)
+        )
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

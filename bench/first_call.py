@@ -55,8 +55,8 @@ from bench.cold_start import (  # noqa: E402
     docker_broker,
     wait_pool_warm,
 )
-from broker.runtime.base import wait_ready  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
+from broker.runtime.readiness import wait_ready  # noqa: E402
 from broker.settings import DockerSettings  # noqa: E402
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct/docker")  # cgroup v1, cgroupfs driver (this host)

@@ -164,7 +164,7 @@ def docker_memory(base: Path) -> int | None:
     """A Docker runtime sandbox's memory once idle (None when no daemon answers)."""
     from broker.runtime.docker import DockerBackend
     from broker.settings import DockerSettings
-    from broker.types import DROPBOX_MODE, SandboxSpec
+    from broker.types import DROPBOX_MODE, SandboxSpec, TenantId
 
     tenant = "benchmem"
     docs = base / "docker" / tenant / "docs"
@@ -177,7 +177,9 @@ def docker_memory(base: Path) -> int | None:
     os.chmod(run, 0o1777)  # noqa: S103 - as broker/tenants.py makes it
     secret = base / "docker" / tenant / "secret.key"
     secret.write_text("0" * 64)
-    spec = SandboxSpec(tenant=tenant, docs_root=str(docs), secret_file=str(secret), run_dir=str(run))
+    spec = SandboxSpec(
+        tenant=TenantId(tenant), docs_root=str(docs), secret_file=str(secret), run_dir=str(run)
+    )
     settings = DockerSettings(
         base_url=os.environ.get("DOCBROKER_DOCKER_HOST"),
         pool_size=0,

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._stats import fmt, med, pct  # noqa: E402
 from broker.policy import Call, Policies, PolicyEngine, toml_permits  # noqa: E402
-from broker.types import OAuthScope, Principal  # noqa: E402
+from broker.types import OAuthScope, Principal, TenantId  # noqa: E402
 from server.contracts import TOOL_NAMES  # noqa: E402
 
 TENANTS = [f"t{n:02d}" for n in range(60)]
@@ -102,7 +102,7 @@ def calls(count: int) -> list[Call]:
     scopes = frozenset(OAuthScope)
     out: list[Call] = []
     for tenant, grouped, tool, document in itertools.islice(mix, count):
-        caller = Principal(tenant, f"user-{len(grouped)}", scopes, grouped)
+        caller = Principal(TenantId(tenant), f"user-{len(grouped)}", scopes, grouped)
         out.append(Call(caller, tool, protocol="2026-07-28", request_bytes=300, document=document, at=1.8e9))
     return out
 
@@ -116,7 +116,7 @@ def workload(count: int, seed: int) -> list[Call]:
     out: list[Call] = []
     for _ in range(count):
         grouped = rng.choice(groups)
-        caller = Principal(rng.choice(TENANTS[:12]), f"user-{len(grouped)}", scopes, grouped)
+        caller = Principal(TenantId(rng.choice(TENANTS[:12])), f"user-{len(grouped)}", scopes, grouped)
         tool = rng.choice(TOOL_NAMES)
         out.append(
             Call(

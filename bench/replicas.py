@@ -5,7 +5,7 @@
     python bench/replicas.py --own-data-dirs       # a data dir (and sandbox) each (see below)
 
 Two real replicas (`python -m broker serve`, local runtime) of one deployment, set up by the
-tests' harness (tests/broker/replicas.py): one identity provider, one master key, the same
+tests' harness (broker/testing/replicas.py): one identity provider, one master key, the same
 policies and documents, distinct ports and replica ids. The client sends raw JSON-RPC
 (protocol 2026-07-28) over keep-alive HTTP; the workload is tools/call alternating
 search_documents and read_document, every answer checked (HTTP 200, tool status "ok").
@@ -15,7 +15,7 @@ search_documents and read_document, every answer checked (HTTP 200, tool status 
    concurrency 4 (throughput); medians over rounds. CPU per call: the broker processes' own
    CPU time (/proc), sandboxes not included, during the c=4 runs.
 2. Kill: 4 client threads in a steady loop through the round-robin "load balancer", which on a
-   connection error retries the call on the other replica (tests/broker/replicas.py RoundRobin);
+   connection error retries the call on the other replica (broker/testing/replicas.py RoundRobin);
    a few seconds in, replica b is SIGKILLed and started again. Reported: calls, failed calls
    (an error after the retries, or an answer that is not "ok"), retries, time b was away.
    Target: zero failed.

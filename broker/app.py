@@ -51,12 +51,13 @@ from broker.origin import Origins
 from broker.origin import refusal as origin_refusal
 from broker.origin import surface as origin_surface
 from broker.policy import LivePolicy, Policies, PolicyEngine, TenantLimiter
-from broker.runtime.base import Runtime, SandboxBackend
-from broker.runtime.shared import Replicas
-from broker.settings import Settings, origin_of
+from broker.runtime.base import SandboxBackend
+from broker.runtime.host_replicas import Replicas
+from broker.runtime.lifecycle import Runtime
+from broker.settings import RuntimeKind, Settings, origin_of
 from broker.tenants import Tenants
 from broker.tracing import Tracing
-from broker.types import Endpoint
+from broker.types import Endpoint, TenantId
 from broker.upstream import Upstreams
 from broker.web import page
 from broker.web.api import ApprovalsApi
@@ -74,12 +75,12 @@ NO_STORE = {"cache-control": "no-store"}  # answers that are true now, for one c
 async def make_backend(settings: Settings) -> SandboxBackend:
     """The sandbox backend the settings name; Docker is connected (and checked) here."""
     replicas = Replicas(settings.replicas_dir, settings.replica_id)
-    if settings.runtime.kind == "local":
+    if settings.runtime.kind is RuntimeKind.LOCAL:
         from broker.runtime.local import LocalProcessBackend
 
         command = settings.runtime.local_command
         return LocalProcessBackend(command, run_dir=settings.run_dir, replicas=replicas)
-    if settings.runtime.kind == "kubernetes":
+    if settings.runtime.kind is RuntimeKind.KUBERNETES:
         from broker.runtime.kubernetes import KubernetesBackend
 
         return await KubernetesBackend.connect(
@@ -175,12 +176,12 @@ def build_app(
     report_stores: dict[str, Reports] = {}  # one per tenant: its saves and sweeps take turns
 
     def new_reports(tenant: str) -> Reports:
-        if settings.runtime.kind != "kubernetes":
+        if settings.runtime.kind is not RuntimeKind.KUBERNETES:
             return ReportStore(tenants.dropbox_dir(tenant), tenants.reports_dir(tenant))
 
         # In a Pod the reports are the keeper's (broker/keeper/), asked at the Pod's current address.
         async def endpoint() -> Endpoint | None:
-            info = runtime.get(tenant)
+            info = runtime.get(TenantId(tenant))  # the approval's tenant, checked when the call was made
             return info.endpoint if info is not None else None
 
         return KeeperReports(

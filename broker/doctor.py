@@ -12,7 +12,7 @@ import stat
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from broker.settings import Settings
+from broker.settings import RuntimeKind, Settings
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -45,7 +45,7 @@ def run_doctor(settings: Settings, out: TextIO, rows: list[dict[str, str]] | Non
     report.check("policies", lambda: _policies(settings))
     report.check("data dir", lambda: _data_dir(settings))
     report.check("identity keys", lambda: asyncio.run(_keys(settings)))
-    if settings.runtime.kind == "kubernetes":
+    if settings.runtime.kind is RuntimeKind.KUBERNETES:
         from broker.runtime.kubernetes.doctor import cluster_checks
 
         for what, check in cluster_checks(settings.runtime.kubernetes):
@@ -53,7 +53,7 @@ def run_doctor(settings: Settings, out: TextIO, rows: list[dict[str, str]] | Non
     else:
         facts: dict[str, Any] = {}
         report.check("sandbox runtime", lambda: asyncio.run(_runtime(settings, facts)))
-        if settings.runtime.kind == "docker":
+        if settings.runtime.kind is RuntimeKind.DOCKER:
             report.check("sandbox image", lambda: _image(facts))
     return 1 if report.failed else 0
 
@@ -100,7 +100,7 @@ async def _keys(settings: Settings) -> tuple[str, str]:
 
 
 async def _runtime(settings: Settings, described: dict[str, Any]) -> tuple[str, str]:
-    if settings.runtime.kind == "local":
+    if settings.runtime.kind is RuntimeKind.LOCAL:
         return WARN, "local processes: INSECURE, no sandbox (development only)"
     from broker.runtime.docker import DockerBackend
     from broker.runtime.imagetrust import ImageTrust

@@ -100,20 +100,6 @@ def build_images(
         client.close()
 
 
-def image_present(image: str, *, base_url: str | None = None) -> bool:
-    """For `doctor`: is the image in the daemon's store?"""
-    import docker.errors
-
-    client = docker_client(base_url)
-    try:
-        client.images.get(image)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-    finally:
-        client.close()
-
-
 # --- the base image --------------------------------------------------------------------------
 
 

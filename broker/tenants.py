@@ -18,7 +18,7 @@ from pathlib import Path
 
 from broker.master_key import tenant_secret
 from broker.settings import Settings
-from broker.types import DROPBOX_MODE, SandboxSpec
+from broker.types import DROPBOX_MODE, SandboxSpec, TenantId
 from server.contracts import TENANT_RE
 
 
@@ -53,7 +53,7 @@ class Tenants:
 
     def provision(self, tenant: str) -> SandboxSpec:
         """Create (idempotently) the folders and secret file a sandbox needs, and describe them."""
-        _checked(tenant)
+        checked = _checked(tenant)
         # The data dir is the barrier against other users of the host. The tenant's folder and
         # docs/ are closed too: a warm sandbox holds its sources and drop-box as descriptors
         # (server/binding.py), and a walk up from them (`..`) must stop at the first folder,
@@ -72,7 +72,7 @@ class Tenants:
         run_dir.chmod(0o1777)  # the sandbox's (sub-)uid creates its socket here; the data dir is private
         secret_file = self._write_secret(tenant)
         return SandboxSpec(
-            tenant=tenant,
+            tenant=checked,
             docs_root=str(self.docs_root(tenant)),
             secret_file=str(secret_file),
             run_dir=str(run_dir),
@@ -100,7 +100,7 @@ class Tenants:
         return path
 
 
-def _checked(tenant: str) -> str:
+def _checked(tenant: str) -> TenantId:
     if not TENANT_RE.fullmatch(tenant):
         raise ValueError("tenant id must be a DNS label")
-    return tenant
+    return TenantId(tenant)

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NewType
 
 # The drop-box (DESIGN §7) lets the sandbox's uid create files and nothing else: write+search,
 # no read (cannot list), sticky (cannot remove others' files). Rootless containers run under a
 # sub-uid, so "others" is the class that applies to them; in a tenant Pod the folder is the
 # keeper's and the server is "others" too. Docker's tenant folders and the Pod's keeper use it.
 DROPBOX_MODE = 0o1733
+
+# A tenant's id: a DNS label (server.contracts.TENANT_RE), made one only where it is checked
+# (a verified token, a tenant folder, a name the engine gave) and passed on as such.
+TenantId = NewType("TenantId", str)
 
 
 class OAuthScope(StrEnum):
@@ -47,7 +51,7 @@ class Principal:
     """An authenticated caller: a verified bearer token's (`broker.auth`), or a signed-in
     approver's session (`broker.web`)."""
 
-    tenant: str
+    tenant: TenantId
     subject: str  # the person's id at `issuer` (the person claim; `sub` by default)
     scopes: frozenset[OAuthScope]
     # The groups or roles the token's groups claim names (DESIGN §14): policy decides on them.
@@ -97,7 +101,7 @@ class Endpoint:
 class SandboxSpec:
     """Everything a backend needs to create one tenant's sandbox. Paths are on the broker's host."""
 
-    tenant: str
+    tenant: TenantId
     docs_root: str  # holds sources/ (mount read-only) and reports/ (the drop-box: create-only)
     secret_file: str  # the tenant's approval secret, mounted read-only as a file
     run_dir: str  # per-tenant folder that holds the MCP unix socket
@@ -120,7 +124,7 @@ class SandboxSpec:
 class SandboxInfo:
     """What the lifecycle knows of one running sandbox."""
 
-    tenant: str
+    tenant: TenantId
     state: SandboxState
     endpoint: Endpoint | None
     backend_id: str  # container id, pod name, or process id
@@ -133,7 +137,7 @@ class SandboxInfo:
 class RunningSandbox:
     """A sandbox as a caller holds it during a lease: always running, always reachable."""
 
-    tenant: str
+    tenant: TenantId
     backend_id: str
     endpoint: Endpoint
 

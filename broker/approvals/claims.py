@@ -3,7 +3,7 @@
 A consumption is a claim until it is confirmed, just before the write is sent (see
 `broker.approvals.store`). A claim is lost, and any broker may take it back, when its owner is
 known to be dead: a replica of this host's data dir whose lock is free, or held by a later
-incarnation (restarted under the same id; see `broker.runtime.shared`). An owner known to be
+incarnation (restarted under the same id; see `broker.runtime.host_replicas`). An owner known to be
 alive (this broker, or a replica of this host whose lock its incarnation holds) keeps its
 claim however long it holds it: it gives it back itself. Owners this host cannot see (a
 replica on another node) are trusted until their time is up: the hold is longer than a

@@ -39,7 +39,7 @@ from broker.protocol.answers import BROKER_ONLY_ARGUMENT, broker_result
 from broker.protocol.jsonrpc import RpcMessage
 from broker.protocol.versions import MODERN
 from broker.settings import ApprovalSettings
-from broker.types import OAuthScope, Outcome, Person, Principal
+from broker.types import OAuthScope, Outcome, Person, Principal, TenantId
 from server import contracts as c
 from server.approval import content_sha256, mint_token
 
@@ -372,7 +372,7 @@ class ApprovalFlow:
         required, refusing, asking = 1, None, None
         for vote in votes:
             approver = Principal(
-                tenant=draft.tenant,
+                tenant=TenantId(draft.tenant),
                 subject=vote.approver.id,
                 issuer=vote.approver.issuer,
                 scopes=frozenset(OAuthScope(s) for s in vote.scopes if s in OAuthScope._value2member_map_),

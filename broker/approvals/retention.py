@@ -21,7 +21,6 @@ log = logging.getLogger("docbroker")
 INTERVAL_SECONDS = 600.0  # a purge is one indexed scan; often enough that the age is kept to the hour
 
 
-
 async def purge_once(
     store: ApprovalStore,
     *,

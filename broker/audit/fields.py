@@ -15,7 +15,7 @@ def sandbox_field(backend_id: str) -> str:
 
 
 def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a runtime's `sandbox.*` event (runtime.base's `on_event` arguments)."""
+    """The fields of a runtime's `sandbox.*` event (runtime.lifecycle's `on_event` arguments)."""
     fields: dict[str, Any] = {
         "outcome": "ok" if event == AuditEvent.SANDBOX_STARTED else "error",
         "tenant": tenant,

@@ -105,6 +105,7 @@ class Evidence:
     checkpoint_every: int = 1000
     checkpoint_interval_seconds: float = 10.0
     rotate_bytes: int = 0  # 0: never
+    keep_files: int = 0  # rotated files kept after a rotation, the newest (0: all)
 
 
 class AuditLog:
@@ -342,6 +343,21 @@ class AuditLog:
         self._next_rotation = self._evidence.rotate_bytes
         if self._notary is not None:
             self._write_checkpoint()  # the new file starts with one
+        if self._evidence.keep_files:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Remove the rotated files older than the newest `keep_files`: the volume stays bounded.
+        The new file starts with a checkpoint over every line so far, so what is left still
+        verifies (`audit verify`: "earlier files not given"); the removed lines were on stdout
+        when written, for the collector. A failure is logged and retried at the next rotation."""
+        try:
+            removed = self._sink.prune(self._evidence.keep_files)
+        except OSError as exc:
+            logger.warning("audit log retention failed (%s); kept the rotated files", _errno_name(exc))
+            return
+        if removed:
+            logger.warning("audit log retention: removed %d rotated file(s) beyond the kept ones", removed)
 
     def _checkpoint_if_due(self, minimum: int) -> bool:
         with self._lock:
@@ -466,7 +482,7 @@ class AuditLog:
 def _evidence(settings: AuditSettings, clock: Clock) -> Evidence:
     stdout = StdoutCopy() if settings.stdout else None
     if settings.key_file is None:
-        return Evidence(stdout=stdout, rotate_bytes=settings.rotate_bytes)
+        return Evidence(stdout=stdout, rotate_bytes=settings.rotate_bytes, keep_files=settings.keep_files)
     from broker.audit.checkpoint import KeyFileError, create_signing_key, load_signing_key
 
     try:
@@ -482,6 +498,7 @@ def _evidence(settings: AuditSettings, clock: Clock) -> Evidence:
         checkpoint_every=settings.checkpoint_every,
         checkpoint_interval_seconds=settings.checkpoint_interval_seconds,
         rotate_bytes=settings.rotate_bytes,
+        keep_files=settings.keep_files,
     )
 
 

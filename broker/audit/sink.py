@@ -55,6 +55,9 @@ class Sink(Protocol):
     def rotate(self) -> None:
         """Close the current file under a rotated name and start an empty one (OSError if not)."""
 
+    def prune(self, keep: int) -> int:
+        """Remove all but the newest `keep` rotated files; how many were removed (OSError if not)."""
+
     def read_back(self) -> Iterator[bytes]:
         """Every complete line of the log's lineage, newest first, across rotated files."""
 
@@ -136,6 +139,18 @@ class FileSink:
         except BaseException:
             self.close()  # renamed: writing on would only grow the rotated file
             raise
+
+    def prune(self, keep: int) -> int:
+        old = rotated_files(self.path)[:-keep] if keep else []
+        for path in old:  # oldest first: a failure midway leaves the newest ones
+            path.unlink()
+        if old:
+            fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)  # the removals are on disk
+            finally:
+                os.close(fd)
+        return len(old)
 
     def read_back(self) -> Iterator[bytes]:
         if self._fd is not None and self._regular:

@@ -52,6 +52,9 @@ class MemorySink:
     def rotate(self) -> None:
         raise OSError(errno.EINVAL, "MemorySink does not rotate")
 
+    def prune(self, keep: int) -> int:
+        return 0  # nothing rotated
+
     def read_back(self) -> Iterator[bytes]:
         return reversed(self.lines)
 

@@ -47,7 +47,7 @@ from broker.auth.encoding import b64url_decode, json_object
 from broker.auth.errors import AuthError, AuthReason, KeysUnavailable, insufficient_scope
 from broker.auth.keys import KeySource, VerificationKey, allowed_algorithms
 from broker.settings import MAX_LEEWAY_SECONDS, PREFIX, AuthSettings, SettingsError
-from broker.types import OAuthScope, Principal
+from broker.types import OAuthScope, Principal, TenantId
 from server.contracts import TENANT_RE
 
 R = AuthReason
@@ -282,7 +282,9 @@ class Authenticator:
             raise AuthError.of(R.BAD_SUBJECT)
         if not TENANT_RE.fullmatch(tenant):
             raise AuthError.of(R.BAD_TENANT)
-        principal = Principal(tenant=tenant, subject=person, scopes=scopes, groups=groups, issuer=iss)
+        principal = Principal(
+            tenant=TenantId(tenant), subject=person, scopes=scopes, groups=groups, issuer=iss
+        )
         return principal, exp, iat, nbf
 
 

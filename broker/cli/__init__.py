@@ -11,7 +11,6 @@ errors, `--json`, tables — is in `base.py`.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import sys
 from collections.abc import Iterator
@@ -33,7 +32,18 @@ from broker.cli import (
 from broker.cli.base import EXIT_FAILED, CliError
 
 GROUPS = (
-    serve, tenant, approvals, sandbox, client_config, token, audit, db, policy, doctor, image, reference
+    serve,
+    tenant,
+    approvals,
+    sandbox,
+    client_config,
+    token,
+    audit,
+    db,
+    policy,
+    doctor,
+    image,
+    reference,
 )
 
 EPILOG = (
@@ -46,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="docbroker", description="Multi-tenant MCP broker for document tools", epilog=EPILOG
     )
-    parser.add_argument("--version", action="version", version=f"docbroker {package_version()}")
+    # The release and the schema it needs: what an upgrade or a rollback is checked against.
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.register(sub)
@@ -55,12 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def package_version() -> str:
-    """The installed distribution's version (pyproject.toml's, as the wheel recorded it)."""
+def version_line() -> str:
+    """`docbroker X.Y.Z (approvals schema N)`: the installed release and its schema version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from broker.approvals.migrations import LATEST
+
     try:
-        return importlib.metadata.version("docbroker")
-    except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, never installed
-        return "(not installed)"
+        release = version("docbroker")
+    except PackageNotFoundError:  # a source checkout run without installing it
+        release = "unknown"
+    return f"docbroker {release} (approvals schema {LATEST})"
 
 
 def commands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

@@ -3,7 +3,7 @@ setting, every policy key, every command — made from the code itself, so it ca
 
 Settings come from the settings object as it reads them (`Settings.from_env(reads=...)`:
 name, type, bounds, default, and the meaning each read gives beside its field, `doc=` in
-broker/settings/); policy keys from the policy schema (`broker/policy/`); commands from the
+broker/settings/); policy keys from the policy schema (`broker/policy/tenants.py`); commands from the
 parser (`build_parser`). What a policy key means is here, one line each; a setting or key
 without a meaning stops the generator, and tests/broker/cli/test_reference.py fails when the
 page and the code disagree. Regenerate

@@ -44,13 +44,14 @@ async def _serve(settings: Settings) -> int:
     import uvicorn
 
     from broker.app import build_app, make_backend, open_store
-    from broker.approvals.store import StoreError
+    from broker.approvals.store import SchemaMismatch, StoreError
     from broker.audit import AuditLog, AuditSinkError
     from broker.http_edge import edge_protocol
     from broker.master_key import MasterKeyError
     from broker.policy import PolicyError
     from broker.runtime.base import RuntimeErrorBase
-    from broker.runtime.shared import ReplicaTaken
+    from broker.runtime.host_replicas import ReplicaTaken
+    from broker.schema_wait import wait_for_schema
     from broker.serving import BrokerServer
 
     try:
@@ -60,6 +61,17 @@ async def _serve(settings: Settings) -> int:
     async with audit:
         try:
             store = await open_store(settings)
+        except SchemaMismatch as exc:
+            if settings.database.url is None:  # the SQLite file is this broker's: nobody else migrates it
+                raise SystemExit(f"docbroker: cannot start: {exc}") from None
+            # PostgreSQL is migrated by a step of its own (on a cluster the db-upgrade Job):
+            # wait for it, alive and Not Ready, rather than crash-loop.
+            if not await wait_for_schema(settings, str(exc)):
+                return 0  # stopped while waiting
+            try:
+                store = await open_store(settings)
+            except StoreError as again:
+                raise SystemExit(f"docbroker: cannot start: {again}") from None
         except StoreError as exc:  # fixed texts: never the database URL
             raise SystemExit(f"docbroker: cannot start: {exc}") from None
         try:

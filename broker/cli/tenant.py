@@ -69,7 +69,14 @@ def register(sub: Subparsers) -> None:
     manifest = commands.add_parser("manifest", help="the tenant's Kubernetes PVCs (and Secret) as YAML")
     manifest.add_argument("manifest_of", metavar="name")
     manifest.add_argument("--secret", action="store_true", help="add the Secret (master key)")
-    manifest.add_argument("--storage-class", help="the PVCs' storage class")
+    manifest.add_argument("--storage-class", help="the PVCs' storage class (both, unless set apart)")
+    manifest.add_argument("--sources-storage-class", help="the sources PVC's storage class")
+    manifest.add_argument("--reports-storage-class", help="the reports PVC's storage class")
+    manifest.add_argument(
+        "--sources-access-mode",
+        choices=("ReadOnlyMany", "ReadWriteOnce"),
+        help="the sources PVC's access mode (default DOCBROKER_KUBE_SOURCES_ACCESS_MODE, ReadOnlyMany)",
+    )
     manifest.add_argument("--sources-size", default="1Gi", help="the sources PVC's size")
     manifest.add_argument("--reports-size", default="1Gi", help="the reports PVC's size")
     manifest.set_defaults(func=cmd_manifest)
@@ -280,7 +287,13 @@ def cmd_sources_push(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     finally:
         api.close()
-    result = {"tenant": name, "documents": answer["files"], "removed": answer["removed"]}
+    result = {
+        "tenant": name,
+        "documents": answer["files"],
+        "removed": answer["removed"],
+        # ReadWriteOnce sources: the tenant's Pod was stopped for the push (its next call starts one)
+        "tenant_pods_stopped": answer["stopped"],
+    }
     if args.json:
         print_json(result)
     else:

@@ -31,7 +31,7 @@ from broker.policy import Call, Decider, Policies, TenantLimiter
 from broker.protocol import answers, inbound
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import client_may_send
-from broker.types import Outcome, Principal
+from broker.types import Outcome, Principal, TenantId
 from server import contracts as c
 
 
@@ -77,8 +77,8 @@ class Gate:
         sessions: SessionSealer,
         approvals: ApprovalFlow,
         audit: AuditLike,
-        pinned_without: Callable[[str, str], bool],
-        session_alive: Callable[[str, dict[str, str]], Awaitable[bool]],
+        pinned_without: Callable[[TenantId, str], bool],
+        session_alive: Callable[[TenantId, dict[str, str]], Awaitable[bool]],
         max_body_bytes: int,
     ) -> None:
         self._auth = auth

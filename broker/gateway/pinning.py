@@ -18,8 +18,8 @@ from broker.gateway.tools_filter import visible_tools
 from broker.policy import Call, Decider
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.versions import LEGACY
-from broker.runtime.base import Runtime
-from broker.types import Principal, RunningSandbox
+from broker.runtime.lifecycle import Runtime
+from broker.types import Principal, RunningSandbox, TenantId
 from broker.upstream import Upstream
 from server import contracts as c
 
@@ -42,7 +42,7 @@ class Pinning:
         self._engine = engine
         self._audit = audit
 
-    def pinned_without(self, tenant: str, tool: str) -> bool:
+    def pinned_without(self, tenant: TenantId, tool: str) -> bool:
         """Was the tenant's running sandbox pinned without this tool?"""
         sandbox = self._runtime.get(tenant)
         if sandbox is None:
@@ -50,7 +50,7 @@ class Pinning:
         pin = self._pins.get(tenant, sandbox.backend_id)
         return pin is not None and tool not in pin.admission.tools
 
-    async def pinned(self, tenant: str, sandbox: RunningSandbox, client: Upstream) -> Pin:
+    async def pinned(self, tenant: TenantId, sandbox: RunningSandbox, client: Upstream) -> Pin:
         """The contract pinned for this sandbox instance, listing and pinning it on first use."""
         pin = self._pins.get(tenant, sandbox.backend_id)
         if pin is None:
@@ -98,7 +98,7 @@ class Pinning:
             result.update(resultType="complete", ttlMs=0, cacheScope="private")
         return rpc.result(msg.id, result)
 
-    async def _replace_changed(self, tenant: str, sandbox: RunningSandbox) -> NoReturn:
+    async def _replace_changed(self, tenant: TenantId, sandbox: RunningSandbox) -> NoReturn:
         """A sandbox whose contract changed is no longer the program that was admitted: it is
         replaced at once, and the breaker held open for its cool-down, so the successor starts
         (and is pinned afresh) with the first call after it, and a sandbox that keeps

@@ -38,9 +38,10 @@ from broker.protocol import answers, inbound, sse
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.codec import loads_sandbox
 from broker.protocol.methods import audit_method, sandbox_may_send
-from broker.runtime.base import CapacityError, Runtime, RuntimeErrorBase
+from broker.runtime.base import CapacityError, RuntimeErrorBase
+from broker.runtime.lifecycle import Runtime
 from broker.tracing import SandboxSpans
-from broker.types import Outcome, RunningSandbox
+from broker.types import Outcome, RunningSandbox, TenantId
 from broker.upstream import (
     BodyTooLarge,
     Deadlines,
@@ -108,7 +109,7 @@ class Relay:
             record.end(Outcome.OK, "client_disconnected")
             await out.audit()
 
-    async def session_alive(self, tenant: str, headers: dict[str, str]) -> bool:
+    async def session_alive(self, tenant: TenantId, headers: dict[str, str]) -> bool:
         """Does the tenant's sandbox still hold the legacy session of these (unsealed) request
         headers? The gate asks before a save's approval: no one is asked to approve a write
         the client's session can no longer make, and an approval given is not spent on one.

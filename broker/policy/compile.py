@@ -12,7 +12,7 @@
 
 Nothing else of the TOML (limits, approvals) is a decision about a request's right to call: it
 stays in `TenantPolicy`. Together these give exactly the TOML path's decisions
-(`toml_permits`); tests/broker/policy/test_migration.py checks it over a generated table.
+(`toml_permits`); tests/broker/policy/test_policy_migration.py checks it over a generated table.
 """
 
 from __future__ import annotations

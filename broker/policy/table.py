@@ -27,7 +27,7 @@ from typing import Any
 
 from broker.policy.cedar import Call
 from broker.policy.tenants import PolicyError
-from broker.types import OAuthScope, Principal
+from broker.types import OAuthScope, Principal, TenantId
 
 _KEYS = {
     "name", "tenant", "subject", "issuer", "groups", "scopes", "tool", "document", "content_bytes",
@@ -82,7 +82,7 @@ def call_of(case: dict[str, Any], where: str) -> Call:
     if not set(scopes) <= _SCOPES.keys():
         raise PolicyError(f"{where}: scopes must be among {', '.join(sorted(_SCOPES))}")
     principal = Principal(
-        tenant=_text(case, "tenant", where, "demo") or "demo",
+        tenant=TenantId(_text(case, "tenant", where, "demo") or "demo"),
         subject=_text(case, "subject", where, "someone") or "someone",
         scopes=frozenset(_SCOPES[s] for s in scopes),
         groups=frozenset(_strings(case, "groups", where)),

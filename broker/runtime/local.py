@@ -9,7 +9,7 @@ replica that started it, and `mcp.sock` is its socket. A server runs in a sessio
 so it outlives the broker that started it (a crash, a restart): another replica on the same
 data dir finds it by the pid file, checked the way `docbroker sandbox restart` checks it (a
 live session leader whose environment names the tenant), and shares it. Replicas racing to
-start one take turns under the tenant's create lock (broker/runtime/shared.py).
+start one take turns under the tenant's create lock (broker/runtime/host_replicas.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from broker.runtime.base import SandboxBackend, SandboxStartError
-from broker.runtime.shared import Replicas
-from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
+from broker.runtime.host_replicas import Replicas
+from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState, TenantId
 from server.contracts import TENANT_RE
 
 _STOP_GRACE_SECONDS = 3.0
@@ -122,7 +122,7 @@ class LocalProcessBackend(SandboxBackend):
             if entry is None:
                 continue
             pid, replica = entry
-            info = _info(tenant, pid, os.path.join(folder, SOCKET_NAME))
+            info = _info(TenantId(tenant), pid, os.path.join(folder, SOCKET_NAME))
             info.details["replica"] = replica
             if _serves(pid, tenant):
                 info.state = SandboxState.RUNNING
@@ -143,7 +143,7 @@ class LocalProcessBackend(SandboxBackend):
         self._procs = {}
 
 
-def _info(tenant: str, pid: int, socket_path: str, *, adopted: bool = False) -> SandboxInfo:
+def _info(tenant: TenantId, pid: int, socket_path: str, *, adopted: bool = False) -> SandboxInfo:
     now = time.monotonic()
     return SandboxInfo(
         tenant=tenant,

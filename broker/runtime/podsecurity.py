@@ -72,22 +72,6 @@ class Violation:
         return f"{self.where}: {self.rule}: {self.message}"
 
 
-def pod_spec_of(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
-    """(pod metadata, pod spec) of a Pod or of a workload's pod template; None if it has none."""
-    kind = obj.get("kind")
-    spec = _map(obj.get("spec"))
-    if kind == "Pod":
-        return _map(obj.get("metadata")), spec
-    if kind == "CronJob":
-        spec = _map(_map(spec.get("jobTemplate")).get("spec"))
-    template = spec.get("template")
-    if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "PodTemplate"):
-        template = obj.get("template") if kind == "PodTemplate" else template
-        if isinstance(template, Mapping):
-            return _map(template.get("metadata")), _map(template.get("spec"))
-    return None
-
-
 def check_pod_spec(
     spec: Mapping[str, Any],
     *,

@@ -39,6 +39,7 @@ from broker.settings.known import refuse_unknown
 from broker.settings.kubernetes import (
     IMAGE_BY_DIGEST_RE,
     KUBE_QUANTITY_RE,
+    SOURCES_ACCESS_MODES,
     KubernetesSettings,
     kubernetes_settings,
 )
@@ -64,6 +65,7 @@ from broker.settings.reader import (
 )
 from broker.settings.runtime import (
     DockerSettings,
+    RuntimeKind,
     RuntimeSettings,
     docker_host,
     docker_image,
@@ -85,6 +87,7 @@ __all__ = [
     "MAX_LEEWAY_SECONDS",
     "MIB",
     "PREFIX",
+    "SOURCES_ACCESS_MODES",
     "ApprovalSettings",
     "AuditFsync",
     "AuditSettings",
@@ -100,6 +103,7 @@ __all__ = [
     "PolicySettings",
     "PreAuthSettings",
     "Reader",
+    "RuntimeKind",
     "RuntimeSettings",
     "ServerSettings",
     "SettingRead",
@@ -158,7 +162,7 @@ class Settings:
 
     @property
     def replicas_dir(self) -> Path:
-        """What replicas on this host share: liveness locks, last use (broker/runtime/shared.py)."""
+        """What replicas on this host share: liveness locks, last use (broker/runtime/host_replicas.py)."""
         return self.run_dir / ".replicas"
 
     @property
@@ -200,7 +204,7 @@ def _read(r: Reader) -> Settings:
     database = database_settings(r)
     one_approvals_store(database, replicas=server.replicas, runtime=runtime)
     supply = image_supply(r, data_dir)
-    if runtime.kind == "kubernetes" and supply.trust_keys:
+    if runtime.kind is RuntimeKind.KUBERNETES and supply.trust_keys:
         # The node pulls the image there, not the broker: the keys would check nothing.
         raise SettingsError(
             f"{PREFIX}IMAGE_TRUST_KEYS does nothing with {PREFIX}RUNTIME=kubernetes: unset it and "

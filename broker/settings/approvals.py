@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.settings.reader import PREFIX, Reader, SettingsError
-from broker.settings.runtime import RuntimeSettings
+from broker.settings.runtime import RuntimeKind, RuntimeSettings
 
 APPROVALS_DB = "approvals.sqlite3"  # in the data dir, without DOCBROKER_DATABASE_URL
 
@@ -181,7 +181,7 @@ def one_approvals_store(database: DatabaseSettings, *, replicas: int, runtime: R
             f"{PREFIX}REPLICAS above 1 needs {PREFIX}DATABASE_URL (PostgreSQL): "
             "with SQLite each replica would keep approvals of its own"
         )
-    if runtime.kind == "kubernetes" and runtime.kubernetes.kubeconfig is None:
+    if runtime.kind is RuntimeKind.KUBERNETES and runtime.kubernetes.kubeconfig is None:
         raise SettingsError(
             f"{PREFIX}RUNTIME=kubernetes in a Pod needs {PREFIX}DATABASE_URL (PostgreSQL): "
             "SQLite in the Pod's data dir is lost with the Pod and not shared with other replicas"

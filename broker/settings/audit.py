@@ -50,6 +50,9 @@ class AuditSettings:
     checkpoint_every: int = 1000  # lines
     checkpoint_interval_seconds: float = 10.0  # and at least this often while lines are written
     rotate_bytes: int = 256 * MIB  # 0: never rotate
+    # Rotated files kept in the data dir, the newest; older ones are removed after a rotation
+    # (0: all kept). With rotate_bytes it bounds the log's disk: (keep_files + 1) * rotate_bytes.
+    keep_files: int = 0
     stdout: bool = False  # every line also on stdout (JSON Lines for a log collector)
 
     def __post_init__(self) -> None:
@@ -65,6 +68,8 @@ class AuditSettings:
             raise SettingsError(f"{PREFIX}AUDIT_CHECKPOINT_INTERVAL must be between 0.1 and 86400")
         if self.rotate_bytes and self.rotate_bytes < 1024 * 1024:
             raise SettingsError(f"{PREFIX}AUDIT_ROTATE_MB must be 0 (never) or at least 1")
+        if self.keep_files and not self.rotate_bytes:
+            raise SettingsError(f"{PREFIX}AUDIT_KEEP_FILES needs {PREFIX}AUDIT_ROTATE_MB above 0")
 
 
 def audit_settings(r: Reader, data_dir: Path) -> AuditSettings:
@@ -146,6 +151,16 @@ def audit_settings(r: Reader, data_dir: Path) -> AuditSettings:
             doc=(
                 "rotate the log at this size into `audit.jsonl.000001`, `.000002`, …, the chain going on "
                 "(0: never)"
+            ),
+        ),
+        keep_files=r.integer(
+            "AUDIT_KEEP_FILES",
+            AuditSettings.keep_files,
+            low=0,
+            high=100_000,
+            doc=(
+                "rotated files kept, the newest; older ones are removed after each rotation, so the log "
+                "takes at most (this + 1) x `AUDIT_ROTATE_MB` of its volume (0: all kept; needs rotation)"
             ),
         ),
         stdout=r.flag(

@@ -24,6 +24,10 @@ class KubernetesSettings:
     runtime_class: str | None = None  # e.g. gVisor's or Kata's RuntimeClass
     cpu_limit: str = "1"  # a quantity; start-up is CPU-bound (the SDK import)
     memory_limit: str = "128Mi"
+    # The tenants' sources claims: ReadOnlyMany (pushed while the tenant's Pod serves) or
+    # ReadWriteOnce (what EBS, Azure Disk, PD offer: the push and the tenant's Pod take turns,
+    # and the broker starts no tenant Pod while its push runs).
+    sources_access_mode: str = "ReadOnlyMany"
 
 
 # An image named by its content, `[registry/]name[:tag]@sha256:<64 hex>`: a tag can be moved to
@@ -31,6 +35,7 @@ class KubernetesSettings:
 IMAGE_BY_DIGEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 KUBE_SECCOMP_RE = re.compile(r"RuntimeDefault|localhost/[A-Za-z0-9._/-]{1,200}")
 KUBE_QUANTITY_RE = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
+SOURCES_ACCESS_MODES = ("ReadOnlyMany", "ReadWriteOnce")
 KUBE_CPU_RE = re.compile(r"[0-9]+(\.[0-9]+)?m?")  # cores or millicores: what the Pod spec computes with
 
 
@@ -92,6 +97,16 @@ def kubernetes_settings(r: Reader, *, by_digest: bool) -> KubernetesSettings:
             doc=(
                 "kubernetes: the server container's memory limit (= request), a Kubernetes quantity; "
                 "separate from the Docker limits, whose units differ"
+            ),
+        ),
+        sources_access_mode=r.choice(
+            "KUBE_SOURCES_ACCESS_MODE",
+            "ReadOnlyMany",
+            SOURCES_ACCESS_MODES,
+            doc=(
+                "the tenants' sources claims: `ReadOnlyMany` (a push while the tenant's Pod serves) or "
+                "`ReadWriteOnce` (block storage: the push stops the tenant's Pod and no Pod starts while it "
+                'runs); the default of `tenant manifest` (docs/kubernetes.md, "Storage")'
             ),
         ),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from broker.settings.kubernetes import KubernetesSettings, kubernetes_settings
@@ -22,10 +23,10 @@ class DockerSettings:
     tmpfs_bytes: int = 8 * 1024 * 1024
     seccomp_profile: Path = Path("policies/seccomp.json")
     # Warm, tenant-less sandboxes kept ready so a first call skips the ~1 s SDK import
-    # (broker/runtime/pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
+    # (broker/runtime/warm_pool.py). Each costs an idle sandbox's memory; 0 turns the pool off.
     pool_size: int = 1
     # How far the pool grows when new tenants arrive faster than one spare warms up
-    # (broker/runtime/pool_sizing.py); never below pool_size. Spares above pool_size go once no
+    # (broker/runtime/warm_pool_sizer.py); never below pool_size. Spares above pool_size go once no
     # new tenant came for the idle timeout.
     pool_max: int = 10
     # Each blocking call to the daemon, at most (docker-py's own default is 60 s, longer than
@@ -39,9 +40,17 @@ SANDBOX_OWN_FILES = 64
 CONTAINERD_NOFILE = 1024  # the open-file limit of a container in containerd's default spec
 
 
+class RuntimeKind(StrEnum):
+    """The engine sandboxes run on (DOCBROKER_RUNTIME)."""
+
+    DOCKER = "docker"
+    KUBERNETES = "kubernetes"
+    LOCAL = "local"  # plain processes: insecure, development and tests
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
-    kind: str = "docker"  # "docker" | "kubernetes" | "local" (insecure, development and tests)
+    kind: RuntimeKind = RuntimeKind.DOCKER
     # The deployment's name on the engine: its replicas share it (and so their sandboxes);
     # two deployments on one daemon keep apart by it.
     instance: str = "default"
@@ -64,7 +73,7 @@ class RuntimeSettings:
         limit its server runs under, less what the server holds itself. Past that limit a
         sandbox cannot accept, and a call on a connection it never accepts waits out its
         deadline (seen with a tenant's `max_concurrent` of 1000 against 256 files)."""
-        if self.kind == "docker":
+        if self.kind is RuntimeKind.DOCKER:
             return max(8, self.docker.nofile - SANDBOX_OWN_FILES)
         return CONTAINERD_NOFILE - SANDBOX_OWN_FILES  # a Pod: containerd's default limit
 
@@ -83,8 +92,8 @@ def runtime_settings(r: Reader, policies_dir: Path) -> RuntimeSettings:
     docker = docker_settings(r, start_timeout=start_timeout, policies_dir=policies_dir)
     kind = r.choice(
         "RUNTIME",
-        "docker",
-        ("docker", "kubernetes", "local"),
+        RuntimeKind.DOCKER.value,
+        tuple(k.value for k in RuntimeKind),
         doc=(
             "`docker`, `kubernetes` (one Pod per tenant, [docs/kubernetes.md](docs/kubernetes.md)) or "
             "`local` (insecure, needs `DOCBROKER_ALLOW_INSECURE_LOCAL_RUNTIME=1`)"
@@ -99,7 +108,7 @@ def runtime_settings(r: Reader, policies_dir: Path) -> RuntimeSettings:
         ),
     )
     runtime = RuntimeSettings(
-        kind=kind,
+        kind=RuntimeKind(kind),
         instance=instance(r),
         allow_insecure_local=r.flag(
             "ALLOW_INSECURE_LOCAL_RUNTIME",
@@ -145,9 +154,9 @@ def runtime_settings(r: Reader, policies_dir: Path) -> RuntimeSettings:
             doc="seconds the circuit stays open before one trial call (0.1-3600)",
         ),
         docker=docker,
-        kubernetes=kubernetes_settings(r, by_digest=kind == "kubernetes"),
+        kubernetes=kubernetes_settings(r, by_digest=kind == RuntimeKind.KUBERNETES),
     )
-    if runtime.kind == "local" and not runtime.allow_insecure_local:
+    if runtime.kind is RuntimeKind.LOCAL and not runtime.allow_insecure_local:
         raise SettingsError(
             f"{PREFIX}RUNTIME=local runs tenant servers as plain processes without a sandbox; "
             f"set {PREFIX}ALLOW_INSECURE_LOCAL_RUNTIME=1 to accept that (development and tests only)"

@@ -31,6 +31,8 @@ from jwt.algorithms import RSAAlgorithm
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from broker.settings import RuntimeKind
+
 ROOT = Path(__file__).resolve().parents[2]
 ISSUER = "https://idp.test.invalid"
 AUDIENCE = "docbroker-test"
@@ -204,7 +206,7 @@ def make_broker(
         "DOCBROKER_AUTH_JWKS_FILE": str(jwks_file),
         "DOCBROKER_OPS_TOKEN_FILE": str(ops_file),
         "DOCBROKER_RUNTIME": runtime,
-        "DOCBROKER_ALLOW_INSECURE_LOCAL_RUNTIME": "1" if runtime == "local" else "0",
+        "DOCBROKER_ALLOW_INSECURE_LOCAL_RUNTIME": "1" if runtime == RuntimeKind.LOCAL else "0",
         # Every test client shares 127.0.0.1, and many send bad tokens on purpose: the pre-auth
         # limit would turn their 401s into 429s. Its own tests set it tight.
         "DOCBROKER_PREAUTH_RATE": "10000",

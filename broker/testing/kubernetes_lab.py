@@ -2,7 +2,7 @@
 
 - `Lab.open()`: the admin client (DOCBROKER_TEST_KUBECONFIG; FAILS when unset, like the
   PostgreSQL tests), the lab overlay's namespaces, RBAC, PodSecurityPolicy and storage class
-  applied (its Deployment left out: these tests are the broker), and a kubeconfig for the
+  applied (its brokers and db-upgrade Job left out: these tests are the broker), and a kubeconfig for the
   broker's own ServiceAccount (a TokenRequest token): the backend runs with exactly its RBAC.
 - `Lab.tenant(name)`: the tenant's PVCs from `docbroker tenant manifest`, bound to local
   PersistentVolumes in the lab's folder (sources filled with a document).
@@ -79,6 +79,12 @@ class Lab:
 
         return client.CoreV1Api(self.admin)
 
+    @property
+    def admin_batch(self) -> Any:
+        from kubernetes import client
+
+        return client.BatchV1Api(self.admin)
+
     def settings(self, **overrides: Any) -> KubernetesSettings:
         values: dict[str, Any] = {
             "kubeconfig": self.broker_kubeconfig,
@@ -91,7 +97,9 @@ class Lab:
         values.update(overrides)
         return KubernetesSettings(**values)
 
-    def tenant(self, name: str, files: dict[str, str] | None = None) -> Path:
+    def tenant(
+        self, name: str, files: dict[str, str] | None = None, *, sources_access_mode: str = "ReadOnlyMany"
+    ) -> Path:
         """The tenant's storage on the lab: its PVCs (as the manifest command writes them)
         bound to fresh local volumes; returns the folder holding sources/ and reports/."""
         base = self.folder / "k8sbackend-volumes" / name
@@ -106,7 +114,11 @@ class Lab:
         os.chown(base / "reports", 10002, 10001)  # the keeper's; the server never mounts it
         os.chmod(base / "reports", 0o770)  # noqa: S103 - the keeper's uid and gid
         objects = tenant_objects(
-            name, namespace=names.TENANTS_NAMESPACE, instance="default", storage_class=STORAGE_CLASS
+            name,
+            namespace=names.TENANTS_NAMESPACE,
+            instance="default",
+            storage_class=STORAGE_CLASS,
+            sources_access_mode=sources_access_mode,
         )
         for claim, kind in zip(objects, ("sources", "reports"), strict=True):
             self._volume(name, kind, base / kind, claim)
@@ -116,34 +128,35 @@ class Lab:
     def _volume(self, tenant: str, kind: str, path: Path, claim: dict[str, Any]) -> None:
         pv_name = f"k8sbackend-{tenant}-{kind}"
         _kubectl(self.kubeconfig, "delete", "pv", pv_name, "--ignore-not-found", "--wait=false")
-        pv = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {
-                "name": pv_name,
-                "labels": {names.TENANT: tenant, "docbroker.io/test": "k8sbackend"},
-            },
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": claim["spec"]["accessModes"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": STORAGE_CLASS,
-                "claimRef": {"namespace": names.TENANTS_NAMESPACE, "name": claim["metadata"]["name"]},
-                "local": {"path": str(path)},
-                "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node]}
-                                ]
-                            }
-                        ]
-                    }
-                },
-            },
-        }
+        pv = _local_volume(pv_name, names.TENANTS_NAMESPACE, claim, path, self.node)
+        pv["metadata"]["labels"] = {names.TENANT: tenant, "docbroker.io/test": "k8sbackend"}
         _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(pv))
+
+    def broker_volumes(self, replicas: int) -> list[Path]:
+        """Each broker replica's data volume: the StatefulSet's claim `data-docbroker-broker-N`
+        pre-bound to a local PersistentVolume in the lab's folder; the folders, by ordinal."""
+        folders, docs = [], []
+        for n in range(replicas):
+            folder = self.folder / "broker-volumes" / str(n)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            folders.append(folder)
+            claim = {"metadata": {"name": broker_claim(n)}, "spec": {"accessModes": ["ReadWriteOnce"]}}
+            pv_name = f"docbroker-lab-broker-data-{n}"
+            pv = _local_volume(pv_name, names.BROKER_NAMESPACE, claim, folder, self.node)
+            pv["spec"]["capacity"]["storage"] = "2Gi"
+            docs.append(pv)
+        _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+        return folders
+
+    def drop_broker_volumes(self, replicas: int) -> None:
+        """The claims the StatefulSet left (it never deletes them), the volumes, their folders."""
+        claims = [broker_claim(n) for n in range(replicas)]
+        ns = names.BROKER_NAMESPACE
+        _kubectl(self.kubeconfig, "-n", ns, "delete", "pvc", *claims, "--ignore-not-found")
+        pvs = [f"docbroker-lab-broker-data-{n}" for n in range(replicas)]
+        _kubectl(self.kubeconfig, "delete", "pv", *pvs, "--ignore-not-found")
+        shutil.rmtree(self.folder / "broker-volumes", ignore_errors=True)
 
     def drop_tenant(self, name: str) -> None:
         """Remove what `tenant()` made and any Pod or Secret of the tenant."""
@@ -229,18 +242,18 @@ def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
+# The brokers themselves and their schema step: a test that deploys them applies these.
+BROKER_KINDS = ("StatefulSet", "Deployment", "PodDisruptionBudget", "Job")
+
+
 def _apply_lab_overlay(kubeconfig: Path) -> None:
-    """The lab overlay without its broker Deployment and PDB: namespaces, RBAC, the PSP, the
-    storage class (the broker under test is this process)."""
+    """The lab overlay without its brokers, their PDB and the db-upgrade Job: namespaces, RBAC,
+    the PSP, the storage class (the broker under test is this process)."""
     rendered = subprocess.run(
         ["kubectl", "kustomize", str(ROOT / "k8s/overlays/lab")], capture_output=True, text=True, timeout=120
     )
     assert rendered.returncode == 0, rendered.stderr
-    keep = [
-        d
-        for d in yaml.safe_load_all(rendered.stdout)
-        if d and d["kind"] not in ("Deployment", "PodDisruptionBudget")
-    ]
+    keep = [d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] not in BROKER_KINDS]
     _kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(keep))
 
 
@@ -304,3 +317,36 @@ def host_broker(
     if master is not None:
         env["DOCBROKER_MASTER_KEY_FILE"] = str(master)
     return make_broker(base, runtime="kubernetes", env=env, tenants=tenants)
+
+
+def broker_claim(ordinal: int) -> str:
+    """The StatefulSet's claim of replica `ordinal` (`<template>-<set>-<ordinal>`)."""
+    return f"data-docbroker-broker-{ordinal}"
+
+
+def _local_volume(name: str, namespace: str, claim: dict[str, Any], path: Path, node: str) -> dict[str, Any]:
+    """A local PersistentVolume at `path` on the lab's node, pre-bound to `claim`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": claim["spec"]["accessModes"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "claimRef": {"namespace": namespace, "name": claim["metadata"]["name"]},
+            "local": {"path": str(path)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }

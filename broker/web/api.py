@@ -62,7 +62,7 @@ from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.policy import APPROVE, VIEW_APPROVALS, Call, Decider, Decision, Policies, TenantLimiter
-from broker.types import ApprovalState, OAuthScope, Outcome, Principal
+from broker.types import ApprovalState, OAuthScope, Outcome, Principal, TenantId
 from broker.web.sessions import WebSession
 from broker.web.signin import SignIn
 
@@ -204,7 +204,7 @@ class ApprovalsApi:
         tenant = await self._session_tenant(request, route, session)
         # The person with the groups their id_token named: every policy decides on them here
         # as on a token's (a group's forbid holds on the page too).
-        principal = Principal(tenant=tenant or session.tenants[0], subject=session.subject,
+        principal = Principal(tenant=TenantId(tenant or session.tenants[0]), subject=session.subject,
                               scopes=frozenset({OAuthScope.REPORTS_APPROVE}),
                               groups=frozenset(session.groups), issuer=session.issuer)  # fmt: skip
         if request.method not in ("GET", "HEAD") and not signin.csrf_ok(request, session):

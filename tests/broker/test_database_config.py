@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.settings import Settings, SettingsError
+from broker.settings import RuntimeKind, Settings, SettingsError
 from broker.testing import make_broker
 from tests.broker.support import serve_once
 
@@ -103,7 +103,7 @@ def test_sqlite_stays_for_one_broker_and_for_a_host_broker_on_a_kubeconfig() -> 
     # A broker process on a host with a kubeconfig (development, the lab's host broker) keeps
     # its data dir across restarts like any host broker.
     on_host = Settings.from_env(BASE | KUBE | {"DOCBROKER_KUBECONFIG": "/etc/docbroker/kubeconfig"})
-    assert on_host.runtime.kind == "kubernetes" and on_host.database.url is None
+    assert on_host.runtime.kind is RuntimeKind.KUBERNETES and on_host.database.url is None
 
 
 def test_the_broker_refuses_sqlite_with_two_replicas_in_one_line(tmp_path: Path) -> None:

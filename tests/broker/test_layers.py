@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "broker.gateway": 6,
     "broker.web": 6,
     "broker.serving": 6,
+    "broker.schema_wait": 7,  # start-up against a schema not migrated yet: alive, Not Ready
     "broker.app": 7,
     "broker.doctor": 7,
     "broker.cli": 8,
@@ -118,3 +119,40 @@ def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from broker.gateway.handler import McpGateway\n", encoding="utf-8")
     assert "broker.gateway.handler" in _imports(module)
+
+
+# Command lines are the CLI's (broker/cli/) and a package's `__main__`: domain modules take
+# plain values. Today's offenders, being moved into broker/cli/ in parallel (issue 36, item 1);
+# the list only shrinks, and the integrator empties it once they are moved.
+ARGPARSE_ALLOWED = {
+    "broker.audit.ocsf",
+    "broker.audit.query",
+    "broker.images",
+    "broker.runtime.kubernetes.manifest",
+}
+
+
+def _domain_modules() -> list[tuple[str, Path]]:
+    server = [
+        (".".join(path.relative_to(BROKER.parent).with_suffix("").parts), path)
+        for path in sorted((BROKER.parent / "server").rglob("*.py"))
+    ]
+    return [
+        (name, path)
+        for name, path in [*_modules(), *server]
+        if not name.startswith("broker.cli") and path.name != "__main__.py"
+    ]
+
+
+def test_only_the_cli_reads_a_command_line() -> None:
+    readers = {
+        name
+        for name, path in _domain_modules()
+        if any(imported.split(".")[0] == "argparse" for imported in _imports(path))
+    }
+    assert not readers - ARGPARSE_ALLOWED, (
+        f"move the command line into broker/cli/: {sorted(readers - ARGPARSE_ALLOWED)}"
+    )
+    assert not ARGPARSE_ALLOWED - readers, (
+        f"no longer reading argparse: drop {sorted(ARGPARSE_ALLOWED - readers)}"
+    )

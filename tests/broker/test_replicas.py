@@ -4,7 +4,7 @@ request gets exactly one terminal event, on the replica that served it; `audit v
 replicas' files reports each; a second broker on one chain refuses to start, in one line; a
 tenant's limits hold across replicas within the bound the README states.
 
-Real brokers (tests/broker/replicas.py): two `python -m broker serve` processes sharing a data
+Real brokers (broker/testing/replicas.py): two `python -m broker serve` processes sharing a data
 dir, master key and identity provider, requests spread by a round-robin client.
 """
 

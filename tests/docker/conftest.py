@@ -218,10 +218,10 @@ class LiveSandbox:
 
 
 async def wait_ready(info: SandboxInfo, timeout: float = 30.0) -> None:
-    from broker.runtime import base
+    from broker.runtime import readiness
 
     assert info.endpoint is not None
-    assert await base.wait_ready(info.endpoint, timeout), "sandbox socket never accepted a connection"
+    assert await readiness.wait_ready(info.endpoint, timeout), "sandbox socket never accepted a connection"
 
 
 @pytest.fixture

@@ -31,9 +31,10 @@ from typing import Any
 
 import pytest
 
-from broker.runtime.base import ImageUntrusted, Runtime
+from broker.runtime.base import ImageUntrusted
 from broker.runtime.docker import DockerBackend
 from broker.runtime.imagetrust import ImageTrust
+from broker.runtime.lifecycle import Runtime
 from broker.settings import ImageSupplySettings
 from broker.testing import make_broker
 from broker.types import SandboxInfo

@@ -1,4 +1,4 @@
-"""The shared lifecycle (broker.runtime.base.Runtime) driving real containers.
+"""The shared lifecycle (broker.runtime.lifecycle.Runtime) driving real containers.
 
 ensure → reuse → idle reap; crash → mark_broken → restart; broker restart → adopt; cap;
 close removes everything. Events are recorded by a no-op sink.
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from broker.runtime.base import CapacityError, Runtime
+from broker.runtime.base import CapacityError
 from broker.runtime.docker import DockerBackend
+from broker.runtime.lifecycle import Runtime
 from broker.types import SandboxState
 from tests.docker.conftest import Daemon, Layout, remove_instance, unique_tenant
 

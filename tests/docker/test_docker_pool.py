@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from bench.first_call import CountingProxy
-from broker.runtime.base import wait_ready
 from broker.runtime.docker import DockerBackend
+from broker.runtime.readiness import wait_ready
 from broker.types import DaemonMode
 from server.binding import send_binding
 from tests.docker.conftest import PYTHON, Daemon, Layout, remove_instance, unique_tenant
@@ -204,7 +204,7 @@ def test_a_bound_sandbox_cannot_leave_its_tenants_folders(
         slot_dir.mkdir()
         slot_dir.chmod(0o1777)
         # The warm sandbox's exact options, with the server swapped for the probe.
-        options = backend._hardened_options(
+        options = backend.hardened_options(
             f"docbroker-{instance}.pool-probe",
             image=await backend.image(),
             labels={"io.docbroker.pool": "true"},
@@ -470,7 +470,7 @@ def test_a_caller_that_gives_up_mid_binding_leaves_no_sandbox_behind(
 def test_the_lifecycle_with_warm_sandboxes_crash_replace_reap_close(
     daemon: Daemon, layout: Layout, instance: str
 ) -> None:
-    from broker.runtime.base import Runtime
+    from broker.runtime.lifecycle import Runtime
     from broker.types import SandboxState
 
     tenant = layout.tenant(unique_tenant(), {"notes.md": "lifecycle\n"})

@@ -1,4 +1,4 @@
-"""What the Deployment hands the broker is what the broker accepts: the rendered ConfigMap and
+"""What the StatefulSet hands the broker is what the broker accepts: the rendered ConfigMap and
 env of every overlay build a valid `Settings`, every `DOCBROKER_*` name in them is one the
 settings read, and the init container's key copy gives files the broker's key loaders take."""
 
@@ -17,14 +17,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from broker.audit.checkpoint import load_signing_key
 from broker.master_key import MasterKeyError, load_master_key
-from broker.settings import Settings
+from broker.settings import RuntimeKind, Settings
 from tests.k8s_manifests.render import OVERLAYS, ROOT, find, render
 
 KEYS_IN, KEYS = "/run/docbroker/keys-in", "/run/docbroker/keys"
 
 
 def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    spec: dict[str, Any] = find(docs, "Deployment", "docbroker-broker", "docbroker")["spec"]["template"][
+    spec: dict[str, Any] = find(docs, "StatefulSet", "docbroker-broker", "docbroker")["spec"]["template"][
         "spec"
     ]
     return spec
@@ -59,13 +59,13 @@ def broker_env(docs: list[dict[str, Any]]) -> dict[str, str]:
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_every_overlay_builds_valid_broker_settings(name: str) -> None:
     env = broker_env(render(name))
-    # The image's own ENV (deploy/broker.Dockerfile) comes first; the Deployment's override it.
+    # The image's own ENV (deploy/broker.Dockerfile) comes first; the StatefulSet's override it.
     image_env = {
         "DOCBROKER_POLICIES_DIR": "/opt/docbroker/policies",
         "DOCBROKER_DATA_DIR": "/var/lib/docbroker",
     }
     settings = Settings.from_env({**image_env, **env})
-    assert settings.runtime.kind == "kubernetes"
+    assert settings.runtime.kind is RuntimeKind.KUBERNETES
     assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8000)  # noqa: S104 (the Pod's own address)
     assert settings.replica_id == "docbroker-broker-5d8f7c9b4-x2x7q"
     assert settings.database.url is not None

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from broker.runtime.podsecurity import Violation, check_pod_spec, pod_spec_of
+from broker.runtime.podsecurity import Violation, check_pod_spec
 from tests.k8s_manifests.render import all_renderings, render
+from tests.k8s_manifests.workloads import pod_spec_of
 
 SERVER_BY_DIGEST = "docbroker-server@sha256:" + "ab" * 32
 KEEPER_BY_DIGEST = "registry.example.com:5000/docbroker/docbroker-broker:0.1@sha256:" + "cd" * 32
@@ -285,7 +286,8 @@ def test_every_pod_template_in_k8s_passes(tmp_path: Path) -> None:
             violations = check_pod_spec(pod_spec, metadata=metadata)
             assert violations == [], f"{name}: {doc['kind']}/{doc['metadata']['name']}: {violations}"
             templates += 1
-    assert templates == 7  # the broker's Deployment: in the 3 overlays and with each of the 4 components
+    # the brokers' StatefulSet and the db-upgrade Job: in the 4 overlays and with each of the 9 components
+    assert templates == 26
 
 
 def test_the_broker_pod_may_name_a_tag_unless_pinned_is_asked() -> None:
@@ -296,11 +298,11 @@ def test_the_broker_pod_may_name_a_tag_unless_pinned_is_asked() -> None:
 
 
 def test_the_production_overlay_names_every_image_by_digest() -> None:
-    """The broker's own Deployment (kustomize `images:` with a digest) and the tenant Pods'
+    """The brokers' own StatefulSet (kustomize `images:` with a digest) and the tenant Pods'
     images in its settings: nothing there is a tag."""
     docs = render("overlays/production")
     templates = [found for found in map(pod_spec_of, docs) if found is not None]
-    assert len(templates) == 1
+    assert len(templates) == 2  # the brokers' StatefulSet and the db-upgrade Job
     for metadata, pod_spec in templates:
         assert check_pod_spec(pod_spec, metadata=metadata, pinned=True) == []
     config = next(

@@ -20,10 +20,11 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from broker.master_key import sandbox_key, tenant_secret
-from broker.runtime.base import Runtime, SandboxStartError
+from broker.runtime.base import SandboxStartError
 from broker.runtime.kubernetes import KubernetesBackend, names
 from broker.runtime.kubernetes.doctor import _rbac_needed, _rbac_refused, allowed
 from broker.runtime.kubernetes.podspec import tenant_pod
+from broker.runtime.lifecycle import Runtime
 from broker.testing.kubernetes_lab import MASTER, Lab, unique_tenant
 from broker.types import SandboxInfo, SandboxSpec
 from server.approval import mint_token

@@ -193,6 +193,35 @@ def test_tenant_manifest_command(tmp_path: Path) -> None:
     assert no_key.returncode != 0 and "master key" in no_key.stderr and "Traceback" not in no_key.stderr
 
 
+def test_tenant_manifest_storage_for_managed_clusters() -> None:
+    """Block storage (EBS, Azure Disk, PD) offers no ReadOnlyMany: the sources claim may be
+    ReadWriteOnce (a flag, or the broker's setting), and each claim may have its own class."""
+    env = {"DOCBROKER_KUBE_SOURCES_ACCESS_MODE": "ReadWriteOnce"}
+    classes = ("--sources-storage-class", "gp3", "--reports-storage-class", "gp3-retain")
+    done = run_cli("tenant", "manifest", "acme", *classes, env=env)
+    assert done.returncode == 0, done.stderr
+    sources, reports = yaml.safe_load_all(done.stdout)
+    assert (
+        sources["spec"]["accessModes"] == ["ReadWriteOnce"] and sources["spec"]["storageClassName"] == "gp3"
+    )
+    assert reports["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert reports["spec"]["storageClassName"] == "gp3-retain"
+    # the flag over the setting; --storage-class for both unless one is set apart
+    done = run_cli(
+        "tenant", "manifest", "acme", "--sources-access-mode", "ReadOnlyMany", "--storage-class", "nfs",
+        "--reports-storage-class", "disk", env=env,
+    )  # fmt: skip
+    sources, reports = yaml.safe_load_all(done.stdout)
+    assert sources["spec"]["accessModes"] == ["ReadOnlyMany"] and sources["spec"]["storageClassName"] == "nfs"
+    assert reports["spec"]["storageClassName"] == "disk"
+    bad = run_cli("tenant", "manifest", "acme", "--sources-storage-class", "Not A Class", env={})
+    assert bad.returncode != 0 and "--sources-storage-class must be a DNS label" in bad.stderr
+    refused = run_cli(
+        "tenant", "manifest", "acme", env={"DOCBROKER_KUBE_SOURCES_ACCESS_MODE": "ReadWriteMany"}
+    )
+    assert refused.returncode != 0 and "DOCBROKER_KUBE_SOURCES_ACCESS_MODE must be one of" in refused.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [

@@ -1,11 +1,13 @@
-"""The shipped manifests on the lab cluster: `kubectl apply -k` of the lab overlay, the broker
-as its Deployment of two replicas (in-cluster config, the broker image), a real MCP SDK client
-at a broker Pod's IP, real tenant Pods, a PostgreSQL the Pods reach over TCP.
+"""The shipped manifests on the lab cluster: `kubectl apply -k` of the lab overlay, the brokers
+as their StatefulSet of two replicas (in-cluster config, the broker image, a data volume each),
+the schema migrated by the db-upgrade Job, a real MCP SDK client at a broker Pod's IP, real
+tenant Pods, a PostgreSQL the Pods reach over TCP.
 
 A run's own addresses, keys and tenant go in a small wrapper overlay in tmp_path (as
 docs/kubernetes.md, "Lab", shows). The CI's PostgreSQL listens on a unix socket only, which
-Pods cannot reach: the test starts a throw-away cluster of its own on the address where Pods
-reach the host (DOCBROKER_TEST_KUBE_HOST_IP) and runs `docbroker db upgrade` from the host.
+Pods cannot reach: the test starts a throw-away cluster of its own, EMPTY, on the address where
+Pods reach the host (DOCBROKER_TEST_KUBE_HOST_IP); the apply's Job makes the schema, as on a
+first install. Each replica's data volume is a local PersistentVolume in the lab's folder.
 The broker image comes from DOCBROKER_TEST_KUBE_BROKER_IMAGE (default the one `.ci` builds and
 `.ci/kube-lab.sh start` imports).
 """
@@ -35,6 +37,7 @@ from broker.runtime.kubernetes import names
 from broker.testing import Broker, free_port, make_broker, structured
 from broker.testing.kubernetes_lab import KEEPER_IMAGE, ROOT, SERVER_IMAGE, Lab, _kubectl, unique_tenant
 from tests.broker.pgtest import ThrowAwayCluster
+from tests.broker.support import call_modern, open_http
 from tests.kubernetes.conftest import wait_until
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
@@ -185,7 +188,8 @@ def readyz(ip: str, ops: Broker) -> dict[str, Any] | None:
 
 
 # What the Deployment test applies beyond what Lab.open() applies for every Kubernetes test.
-OWN_KINDS = ("Deployment", "PodDisruptionBudget", "ConfigMap", "Secret")
+OWN_KINDS = ("StatefulSet", "Deployment", "Job", "PodDisruptionBudget", "ConfigMap", "Secret")
+REPLICAS = 2
 
 
 @contextlib.contextmanager
@@ -200,24 +204,44 @@ def deployment_lock(lab_folder: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def job_complete(lab: Lab) -> bool:
+    job = lab.admin_batch.read_namespaced_job("docbroker-db-upgrade", BROKER_NS)
+    assert not job.status.failed, (
+        "the db-upgrade Job failed (kubectl -n docbroker logs job/docbroker-db-upgrade)"
+    )
+    return bool(job.status.succeeded)
+
+
+@dataclasses.dataclass
+class Deployed:
+    lab: Lab
+    tenant: str
+    storage: Path  # the tenant's sources/ and reports/
+    idp: Broker
+    ips: list[str]
+    volumes: list[Path]  # each replica's data volume, by ordinal
+    overlay: Path
+
+
 @pytest.fixture
-def deployed(tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]]]:
+def deployed(tmp_path: Path) -> Iterator[Deployed]:
     lab = Lab.open()  # namespaces, RBAC, PSP and storage class first: the tenant PVCs need them
     with deployment_lock(lab.folder):
         yield from _deployed(lab, tmp_path)
 
 
-def _deployed(lab: Lab, tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker, list[str]]]:
+def _deployed(lab: Lab, tmp_path: Path) -> Iterator[Deployed]:
     cluster, pg_port = postgres_for_pods(_env("DOCBROKER_TEST_KUBE_HOST_IP"))
     tenant = unique_tenant("d")
     idp = make_broker(tmp_path / "idp", tenants=[tenant])  # never started: its IdP key and JWKS
     try:
-        upgrade_database(idp, cluster.url)
         storage = lab.tenant(tenant, {"plan.md": "# Plan\nthe deployment shares one tenant pod\n"})
+        volumes = lab.broker_volumes(REPLICAS)
         write_overlay(tmp_path, idp, [tenant], pg_port)
-        _kubectl(lab.kubeconfig, "apply", "-k", str(tmp_path))
+        _kubectl(lab.kubeconfig, "apply", "-k", str(tmp_path))  # an empty database: the Job migrates it
+        wait_until("the db-upgrade Job", lambda: job_complete(lab), timeout=240, every=1)
         ips = wait_until("two Ready broker Pods", lambda: ready_broker_ips(lab), timeout=240, every=1)
-        yield lab, tenant, storage, idp, ips
+        yield Deployed(lab, tenant, storage, idp, ips, volumes, tmp_path)
     finally:
         try:
             logs = _kubectl(lab.kubeconfig, "-n", BROKER_NS, "logs", "-l", BROKER_SELECTOR, "--tail=40")
@@ -233,14 +257,19 @@ def _deployed(lab: Lab, tmp_path: Path) -> Iterator[tuple[Lab, str, Path, Broker
             delete = ("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=180s")
             _kubectl(lab.kubeconfig, *delete, stdin=yaml.safe_dump_all(mine))
         finally:
+            lab.drop_broker_volumes(REPLICAS)
             lab.drop_tenant(tenant)
             cluster.remove()
 
 
-def test_the_deployment_serves_a_tenant_through_both_replicas(
-    deployed: tuple[Lab, str, Path, Broker, list[str]],
-) -> None:
-    lab, tenant, storage, idp, ips = deployed
+def test_the_deployment_serves_a_tenant_through_both_replicas(deployed: Deployed) -> None:
+    lab, tenant, storage, idp, ips = (
+        deployed.lab,
+        deployed.tenant,
+        deployed.storage,
+        deployed.idp,
+        deployed.ips,
+    )
     started = time.monotonic()
     checks = {ip: wait_until(f"/readyz of {ip}", lambda ip=ip: readyz(ip, idp), timeout=60) for ip in ips}
     a, b = (dataclasses.replace(idp, url=f"http://{ip}:8000") for ip in ips)
@@ -278,3 +307,116 @@ def test_the_deployment_serves_a_tenant_through_both_replicas(
     # both replicas used the one tenant Pod: whichever started it, the other adopted it
     assert [p.metadata.name for p in pods] == [names.object_name(tenant)]
     assert pods[0].metadata.labels[names.TENANT] == tenant
+
+
+def audit_public_key(folder: Path) -> Path:
+    """The PEM public half of the run's audit signing key (write_overlay's, in every Pod)."""
+    key = serialization.load_pem_private_key((folder / "audit-signing.key").read_bytes(), password=None)
+    public = folder / "audit-signing.pub.pem"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return public
+
+
+def audit_lines(text: str) -> list[bytes]:
+    """The audit lines among a container's log lines (its own logs are plain text)."""
+    found = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and "seq" in record and "event" in record:
+                found.append(line.encode())
+    return found
+
+
+def replica_files(volume: Path, replica: str) -> list[Path]:
+    data = volume / "data"
+    return [*sorted(data.glob(f"audit-{replica}.jsonl.*")), data / f"audit-{replica}.jsonl"]
+
+
+def test_a_broker_pod_deleted_under_load_loses_no_audit_line(deployed: Deployed) -> None:
+    """docs/kubernetes.md, "Audit on a cluster": each replica's chain is on a volume of its own
+    that outlives the Pod. A broker Pod deleted while calls are served on it comes back under
+    its name, on its volume, and goes on with its chain: every audit line the deleted Pod wrote
+    (its stdout, followed while it ran) is in the replica's files afterwards, and the files
+    verify as one chain. (With the old emptyDir they went with the Pod.)"""
+    lab, idp = deployed.lab, deployed.idp
+    victim = "docbroker-broker-0"
+    pod = lab.core.read_namespaced_pod(victim, BROKER_NS)
+    old_uid, ip = pod.metadata.uid, pod.status.pod_ip
+    broker = dataclasses.replace(idp, url=f"http://{ip}:8000")
+    token = broker.token(deployed.tenant, subject="alice", scope="docs:read")
+    follow = subprocess.Popen(  # the Pod's stdout, to its end: the lines it wrote
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(lab.kubeconfig),
+            "-n",
+            BROKER_NS,
+            "logs",
+            "-f",
+            victim,
+            "-c",
+            "broker",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    answered = 0
+    deleting = False
+    try:
+        with open_http(broker, token) as http:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    reply = call_modern(http, "search_documents", {"query": "tenant pod"})
+                except httpx2.TransportError:
+                    if deleting:
+                        break  # the Pod is gone: the load on it ends
+                    raise
+                if reply.status_code == 200:
+                    answered += 1
+                elif deleting:
+                    break  # shutting down: 503
+                if answered == 40 and not deleting:  # mid-load: calls keep coming while it stops
+                    _kubectl(lab.kubeconfig, "-n", BROKER_NS, "delete", "pod", victim, "--wait=false")
+                    deleting = True
+        written = audit_lines(follow.communicate(timeout=120)[0])
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert answered >= 40 and deleting
+
+    def back() -> bool:  # the same name, a new Pod, Ready, on the same volume
+        now = lab.core.read_namespaced_pod(victim, BROKER_NS)
+        statuses = now.status.container_statuses or []
+        return now.metadata.uid != old_uid and bool(statuses) and all(c.ready for c in statuses)
+
+    wait_until("the replica back under its name", back, timeout=240, every=1)
+    again = dataclasses.replace(
+        idp, url=f"http://{lab.core.read_namespaced_pod(victim, BROKER_NS).status.pod_ip}:8000"
+    )
+    with open_http(again, token) as http:  # the new Pod's first call: its lines follow the old Pod's
+        assert call_modern(http, "search_documents", {"query": "tenant pod"}).status_code == 200
+    files = replica_files(deployed.volumes[0], victim)
+    kept = {line for path in files if path.exists() for line in path.read_bytes().splitlines()}
+    assert len(written) > 40  # the calls' lines, and the checkpoints
+    missing = [line for line in written if line not in kept]
+    assert missing == [], f"{len(missing)} of {len(written)} audit lines the deleted Pod wrote are gone"
+    # one chain across both Pods: the new one went on from the deleted one's last line
+    public = audit_public_key(deployed.overlay)
+    verified = subprocess.run(
+        [sys.executable, "-m", "broker", "audit", "verify", "--json", "--key", str(public), *map(str, files)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-2000:]
+    seqs = [json.loads(line)["seq"] for path in files for line in path.read_bytes().splitlines()]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert max(seqs) > max(json.loads(line)["seq"] for line in written)  # the new Pod wrote on

@@ -19,8 +19,9 @@ import pytest
 
 from broker.audit import AuditLog
 from broker.audit import fields as audit_fields
-from broker.runtime.base import ImageUntrusted, Runtime
+from broker.runtime.base import ImageUntrusted
 from broker.runtime.kubernetes import KubernetesBackend, names
+from broker.runtime.lifecycle import Runtime
 from broker.settings import AuditSettings
 from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, SERVER_IMAGE, Lab
 from broker.types import SandboxSpec

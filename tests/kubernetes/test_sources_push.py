@@ -10,9 +10,12 @@ are refused in one line before anything is created on the cluster; no push Pod o
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from broker.runtime.base import SourcesBusy
 from broker.runtime.kubernetes import KubernetesBackend, names
 from broker.runtime.kubernetes.push import PUSH_COMPONENT, push_pod
 from broker.runtime.podsecurity import check_pod_spec
@@ -28,6 +32,7 @@ from broker.settings import KubernetesSettings
 from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, SERVER_IMAGE, Lab, unique_tenant
 from broker.types import SandboxSpec
 from server.contracts import MAX_DOCUMENT_BYTES, MAX_SCAN_ENTRIES
+from tests.kubernetes.conftest import wait_until
 
 pytestmark = pytest.mark.kubernetes
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,3 +198,57 @@ def test_the_push_pod_is_restricted() -> None:
     assert pod["metadata"]["labels"][names.COMPONENT] != "sandbox"  # never adopted as a tenant Pod
     (volume,) = pod["spec"]["volumes"]
     assert volume["persistentVolumeClaim"]["claimName"] == names.sources_claim("acme")
+
+
+def test_push_on_a_read_write_once_claim_takes_turns_with_the_tenant_pod(lab: Lab, tmp_path: Path) -> None:
+    """Block storage (EBS, Azure Disk, PD) has no ReadOnlyMany: one ReadWriteOnce claim, mounted
+    read-only by the tenant's Pod and read-write by the push Pod, never both at once. The push
+    stops the tenant's Pod before its own mounts the claim, a broker starts none while the push
+    Pod exists (503, `sources_push`), and the next call after the push starts one on the new set."""
+    tenant = unique_tenant("rwo")
+    lab.tenant(tenant, sources_access_mode="ReadWriteOnce")
+    selector = f"{names.TENANT}={tenant}"
+    seen: list[tuple[bool, bool]] = []  # (a tenant Pod, a push Pod) at each look
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            pods = lab.core.list_namespaced_pod(NS, label_selector=selector).items
+            kinds = {p.metadata.labels.get(names.COMPONENT) for p in pods}
+            seen.append(("sandbox" in kinds, PUSH_COMPONENT in kinds))
+            time.sleep(0.05)
+
+    async def run() -> tuple[dict[str, Any], subprocess.CompletedProcess[str], str, dict[str, Any]]:
+        settings = lab.settings(sources_access_mode="ReadWriteOnce")
+        backend = await KubernetesBackend.connect(settings, MASTER, replica_id="r1", start_timeout=60.0)
+        try:
+            before = await served(lab, backend, tenant, ["notes.md"], "cluster")
+            pushing = asyncio.create_task(
+                asyncio.to_thread(
+                    run_push, lab, tenant, folder(tmp_path / "new", {"delta.md": "# Delta\nrwo marker\n"})
+                )
+            )
+            await asyncio.to_thread(wait_until, "the push Pod", lambda: push_pods(lab, tenant), 120, 0.1)
+            with pytest.raises(SourcesBusy) as busy:
+                await served(lab, backend, tenant, ["notes.md"], "cluster")
+            done = await pushing
+            after = await served(lab, backend, tenant, ["delta.md"], "rwo")
+            return before, done, busy.value.reason, after
+        finally:
+            await backend.close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        before, done, reason, after = asyncio.run(run())
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        lab.drop_tenant(tenant)
+    assert before["notes.md"]["status"] == "ok"
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tenant_pods_stopped"] == 1
+    assert reason == "sources_push"
+    assert after["delta.md"]["status"] == "ok" and "rwo marker" in str(after["delta.md"])
+    assert (True, True) not in seen, "a tenant Pod and a push Pod were there at once"
+    assert (False, True) in seen and (True, False) in seen  # the watch saw both turns

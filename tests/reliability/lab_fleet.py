@@ -7,7 +7,7 @@
   kube-proxy: the run's own load balancer picks among them); the last list holds while the API
   server is away, as an Endpoints object's would.
 - `Collector`: every file the run is accounted from opens while its Pod lives and is read to
-  its end afterwards: each broker Pod's audit log and witness (its `data` emptyDir) and each
+  its end afterwards: each broker replica's audit log and witness (its `data` volume) and each
   lab Pod's container logs (/var/log/pods). A deleted Pod's files are removed by the kubelet;
   an open descriptor keeps them whole, the shutdown's last checkpoint included.
 - `deployment_lock`: the Deployment's name is the lab's one; test_deployment_live.py takes the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography.hazmat.primitives import serialization
 from kubernetes import client as k8s
 
 from broker.runtime.kubernetes import names
@@ -40,7 +40,9 @@ from tests.kubernetes.test_deployment_live import (
     BROKER_NS,
     BROKER_SELECTOR,
     OWN_KINDS,
+    REPLICAS,
     _env,
+    audit_public_key,
     deployment_lock,
     postgres_for_pods,
     upgrade_database,
@@ -128,6 +130,9 @@ class _Open:
     pod_uid: str
 
 
+_REPLICA_FILE = re.compile(r"^audit-(witness-)?|\.jsonl(\.[0-9]+)?$")
+
+
 class Collector:
     """Opens each audit file and container log of this lab's Pods as it appears (polled every
     0.2 s) and keeps it open; `save(dest)` then reads every one to its end.
@@ -144,9 +149,10 @@ class Collector:
     def _candidates(self) -> Iterator[tuple[Path, str]]:
         for pod in self._pods_root.iterdir() if self._pods_root.is_dir() else ():
             uid = pod.name
-            data = pod / "volumes" / "kubernetes.io~empty-dir" / "data" / "data"
-            for path in data.glob("audit-*.jsonl") if data.is_dir() else ():
-                yield path, uid
+            # each replica's data volume (the StatefulSet's claim, a local PersistentVolume)
+            for data in (pod / "volumes").glob("kubernetes.io~local-volume/docbroker-lab-broker-data-*/data"):
+                for path in data.glob("audit-*.jsonl"):
+                    yield path, uid
             for logs in Path("/var/log/pods").glob(f"*_{uid}"):
                 for path in logs.glob("*/*.log*"):
                     yield path, uid
@@ -184,6 +190,10 @@ class Collector:
         written: dict[str, list[Path]] = {}
         for entry in self._open.values():
             pod = by_uid.get(entry.pod_uid, entry.pod_uid)
+            if entry.path.name.startswith("audit-"):
+                # A replica's files outlive its Pods (the StatefulSet's volume), and a Pod that
+                # replaces one has its name: the file names the replica, whichever Pod opened it.
+                pod = _REPLICA_FILE.sub("", entry.path.name)
             folder = dest / pod
             folder.mkdir(parents=True, exist_ok=True)
             kind = (
@@ -267,7 +277,7 @@ class Fleet:
             "-n",
             BROKER_NS,
             "scale",
-            "deployment/docbroker-broker",
+            "statefulset/docbroker-broker",
             f"--replicas={replicas}",
         )
 
@@ -349,21 +359,9 @@ def _drop_storage(lab: Lab, tenants: list[str]) -> None:
         shutil.rmtree(lab.folder / "reliability-volumes" / tenant, ignore_errors=True)
 
 
-def audit_public_key(folder: Path) -> Path:
-    """The PEM public half of the run's audit signing key (write_overlay's, in every Pod)."""
-    key = serialization.load_pem_private_key((folder / "audit-signing.key").read_bytes(), password=None)
-    public = folder / "audit-signing.pub.pem"
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    return public
-
-
 @contextlib.contextmanager
 def deploy(tmp: Path, tenants: list[str], settings: dict[str, str] | None = None) -> Iterator[Fleet]:
-    """The Deployment of two broker Pods on PostgreSQL, its tenants' storage; torn down after.
+    """The StatefulSet of two broker Pods on PostgreSQL, its tenants' storage; torn down after.
     `settings`: the brokers' DOCBROKER_* over the run's own."""
     lab = Lab.open()  # namespaces, RBAC, PSP and storage class
     overlay = tmp / "overlay"
@@ -377,6 +375,7 @@ def deploy(tmp: Path, tenants: list[str], settings: dict[str, str] | None = None
         try:
             upgrade_database(idp, cluster.url)
             storage = _storage(lab, tenants)
+            lab.broker_volumes(REPLICAS)
             # A tenant Pod's start on two busy shared cores has taken over 60 s (the lab
             # tests' timeout); a start that times out is deleted and begun again. Below the
             # clients' own limit (lab_load.OP_TIMEOUT), so that the broker answers first.
@@ -401,6 +400,7 @@ def deploy(tmp: Path, tenants: list[str], settings: dict[str, str] | None = None
                     collector.save(tmp / "collected-at-teardown", pods.seen())
                 collector.close()
                 _drop_storage(lab, tenants)
+                lab.drop_broker_volumes(REPLICAS)
                 cluster.remove()
 
 

@@ -72,7 +72,7 @@ TENANTS = 16  # with load clients; two more for the reaper (pinned, idle)
 CLIENTS = 3
 # The brokers' DOCBROKER_IDLE_TIMEOUT in this run: short enough for the reaper's phase, long
 # past any pause of a tenant with three clients. Its reaper passes every quarter of it, and a
-# replica records a use on the tenant's Pod at most every 5 s (broker/runtime/base.py).
+# replica records a use on the tenant's Pod at most every 5 s (broker/runtime/lifecycle.py).
 IDLE_TIMEOUT_S = 30.0
 REAP_INTERVAL_S = IDLE_TIMEOUT_S / 4
 KEPT_LINE = b"idle sandbox kept: used on a replica since"

@@ -1,6 +1,7 @@
 """The Docker backend's lifecycle: connect and check the daemon, create (cold, or bind a warm
 slot), adopt another replica's container, discover, remove. The security options are in
-hardening.py, the warm slots in pool.py; the reasons for both in the package docstring.
+hardening.py, the warm slots in warm_slots.py (which reach the daemon only through this
+backend's public container seam); the reasons for both in the package docstring.
 
     backend = await DockerBackend.connect(settings.runtime.docker)
     runtime = Runtime(backend, tenants.provision, ...)
@@ -40,7 +41,7 @@ from broker.runtime.base import (
 from broker.runtime.daemon import DaemonFacts, daemon_facts
 from broker.runtime.docker import hardening
 from broker.runtime.docker.hardening import SANDBOX_GID, load_seccomp_profile
-from broker.runtime.docker.pool import (
+from broker.runtime.docker.warm_slots import (
     LABEL_POOL,
     LABEL_SOCKET,
     REFILL_PAUSE_SECONDS,
@@ -50,12 +51,12 @@ from broker.runtime.docker.pool import (
     pool_off_reason,
     remove_stale_socket,
 )
-from broker.runtime.pool import WarmPool
-from broker.runtime.pool_sizing import PoolSizer
-from broker.runtime.shared import Replicas
+from broker.runtime.host_replicas import Replicas
+from broker.runtime.warm_pool import WarmPool
+from broker.runtime.warm_pool_sizer import PoolSizer
 from broker.settings import DockerSettings
 from broker.threads import in_pool_to_the_end
-from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState
+from broker.types import DaemonMode, Endpoint, SandboxInfo, SandboxSpec, SandboxState, TenantId
 from server.binding import BindingError
 from server.contracts import TENANT_RE
 
@@ -263,11 +264,11 @@ class DockerBackend(SandboxBackend):
         return self._facts
 
     @property
-    def _name_prefix(self) -> str:
+    def name_prefix(self) -> str:
         return "docbroker" if self._instance == "default" else f"docbroker-{self._instance}"
 
     def container_name(self, tenant: str) -> str:
-        return f"{self._name_prefix}-{tenant}"
+        return f"{self.name_prefix}-{tenant}"
 
     async def start(self) -> None:
         self._pool.fill()
@@ -311,10 +312,10 @@ class DockerBackend(SandboxBackend):
         return await self.blocking(self._create_and_start, spec, image)
 
     async def alive(self, info: SandboxInfo) -> bool:
-        return await self.blocking(self._running, info.backend_id)
+        return await self.blocking(self.is_running, info.backend_id)
 
     async def delete(self, info: SandboxInfo) -> None:
-        await self.blocking(self._remove, info.backend_id)
+        await self.blocking(self.remove_container, info.backend_id)
         if info.endpoint is not None and info.endpoint.uds is not None:
             remove_stale_socket(info.endpoint.uds)
             self._slots.remove_dir(os.path.dirname(info.endpoint.uds))
@@ -371,7 +372,7 @@ class DockerBackend(SandboxBackend):
             try:
                 container.start()
             except docker.errors.APIError as exc:
-                self._remove(container.id)
+                self.remove_container(container.id)
                 raise SandboxStartError("the Docker daemon could not start the sandbox") from exc
             return SandboxInfo(
                 tenant=spec.tenant,
@@ -399,7 +400,9 @@ class DockerBackend(SandboxBackend):
             if container.status == "running" and socket_path:
                 now = time.monotonic()
                 return SandboxInfo(
-                    tenant=labels.get(LABEL_TENANT) or self._bound_tenant(container.name or "") or "",
+                    tenant=TenantId(
+                        labels.get(LABEL_TENANT) or self._bound_tenant(container.name or "") or ""
+                    ),
                     state=SandboxState.STARTING,
                     endpoint=Endpoint(url="http://localhost/mcp", uds=socket_path),
                     backend_id=str(container.id),
@@ -414,11 +417,11 @@ class DockerBackend(SandboxBackend):
             if container.status in ("created", "restarting") and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            self._remove(str(container.id))
+            self.remove_container(str(container.id))
             return None
 
     def _container_options(self, spec: SandboxSpec, name: str, image: str) -> dict[str, Any]:
-        return self._hardened_options(
+        return self.hardened_options(
             name,
             image=image,
             labels={LABEL_TENANT: spec.tenant, LABEL_SOCKET: spec.socket_path},
@@ -426,7 +429,9 @@ class DockerBackend(SandboxBackend):
             mounts=hardening.tenant_mounts(spec),
         )
 
-    def _hardened_options(
+    # -- the container seam (warm_slots.ContainerSeam; blocking: call through `blocking`) -----
+
+    def hardened_options(
         self,
         name: str,
         *,
@@ -448,7 +453,19 @@ class DockerBackend(SandboxBackend):
             mounts=mounts,
         )
 
-    def _running(self, container_id: str) -> bool:
+    def start_container(self, options: dict[str, Any]) -> str:
+        """Create and start a container from `options` (hardened_options'); its id. Raises the
+        SDK's DockerException: the caller says what failed and removes what was made."""
+        container = self._client.containers.create(**options)
+        container.start()
+        return str(container.id)
+
+    def rename_container(self, container: str, name: str) -> None:
+        """Give a container its new name; the daemon gives a name to one container only (a
+        conflict is the SDK's APIError with status 409)."""
+        self._client.api.rename(container, name)
+
+    def is_running(self, container_id: str) -> bool:
         try:
             container = self._client.containers.get(container_id)
         except docker.errors.NotFound:
@@ -457,7 +474,7 @@ class DockerBackend(SandboxBackend):
             return False  # cannot tell: the lifecycle replaces it, which is the safe side
         return bool(container.status == "running")
 
-    def _remove(self, container_id_or_name: str) -> None:
+    def remove_container(self, container_id_or_name: str) -> None:
         try:
             # force: SIGKILL and remove in one call. Reaped sandboxes are idle, and a crash
             # mid-write is already reported as result_unknown by the server's contract.
@@ -468,6 +485,8 @@ class DockerBackend(SandboxBackend):
             if getattr(exc, "status_code", None) == 409:  # removal already in progress
                 return
             raise
+
+    # -- blocking helpers: what the engine holds ------------------------------------------------
 
     def _discover(self) -> list[SandboxInfo]:
         filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
@@ -489,12 +508,12 @@ class DockerBackend(SandboxBackend):
                 if tenant is None and owner != self.replicas.me and self.replicas.alive(owner):
                     continue  # a live peer's spare: its own to give out
                 if tenant is None:  # still warm, never bound: a spare of a broker that is gone
-                    self._remove(container_id)
+                    self.remove_container(container_id)
                     if socket_path:
                         self._slots.remove_dir(os.path.dirname(socket_path))
                     continue
             else:
-                tenant = labels.get(LABEL_TENANT, "")
+                tenant = TenantId(labels.get(LABEL_TENANT, ""))
             running = container.get("State") == "running"
             found.append(
                 SandboxInfo(
@@ -517,7 +536,7 @@ class DockerBackend(SandboxBackend):
         of this instance, whichever broker started them; other tenants' and spares stay."""
         removed = 0
         for _, container in self._tenant_containers(tenant):
-            self._remove(container.id)
+            self.remove_container(container.id)
             socket_path = (container.labels or {}).get(LABEL_SOCKET)
             if socket_path:
                 remove_stale_socket(socket_path)
@@ -525,14 +544,14 @@ class DockerBackend(SandboxBackend):
             removed += 1
         return removed
 
-    def _tenant_containers(self, tenant: str | None) -> list[tuple[str, Any]]:
+    def _tenant_containers(self, tenant: str | None) -> list[tuple[TenantId, Any]]:
         """(tenant, container) for the tenants' sandboxes of this instance — all, or one
         tenant's — whichever broker started them; unbound spares are nobody's yet."""
         filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self._instance}"]}
         found = []
         for container in self._client.containers.list(all=True, filters=filters, ignore_removed=True):
             labels = container.labels or {}
-            owner = labels.get(LABEL_TENANT) or (
+            owner = TenantId(labels.get(LABEL_TENANT) or "") or (
                 self._bound_tenant(container.name or "") if labels.get(LABEL_POOL) == "true" else None
             )
             if owner and (tenant is None or owner == tenant):
@@ -565,14 +584,14 @@ class DockerBackend(SandboxBackend):
             for _, container in self._tenant_containers(tenant)
         ]
 
-    def _bound_tenant(self, name: str) -> str | None:
+    def _bound_tenant(self, name: str) -> TenantId | None:
         """The tenant a warm sandbox was bound to, from the name `_bind` gave it."""
-        prefix = f"{self._name_prefix}-"
+        prefix = f"{self.name_prefix}-"
         name = name.removeprefix("/")
         if not name.startswith(prefix):
             return None  # still named `<prefix>.pool-…`: never bound
         tenant = name[len(prefix) :]
-        return tenant if TENANT_RE.fullmatch(tenant) else None
+        return TenantId(tenant) if TENANT_RE.fullmatch(tenant) else None
 
 
 # --- module helpers -------------------------------------------------------------------------------

@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker.runtime.base import ImageUntrusted, SandboxBackend, SandboxStartError, SpecRefused
+from broker.runtime.base import ImageUntrusted, SandboxBackend, SandboxStartError, SourcesBusy, SpecRefused
+from broker.runtime.host_replicas import Replicas, SharedUse
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.client import ClusterUnavailable, api_client, status_of
 from broker.runtime.kubernetes.lastuse import PodAnnotationUse, stamp
 from broker.runtime.kubernetes.podspec import tenant_pod, tenant_secret_object
 from broker.runtime.podsecurity import check_pod_spec
-from broker.runtime.shared import Replicas, SharedUse
 from broker.settings import KubernetesSettings
 from broker.threads import in_pool_to_the_end
 from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
@@ -203,6 +203,8 @@ class KubernetesBackend(SandboxBackend):
             if rules == ["image"]:  # settings refuse a tag at load; this is the last line of defence
                 raise ImageUntrusted("the tenant's pod would name its image by a tag, not by digest")
             raise SpecRefused(f"the tenant's pod spec fails the Pod Security check ({', '.join(rules)})")
+        if self._settings.sources_access_mode == "ReadWriteOnce" and self._pushing(tenant):
+            raise SourcesBusy("the tenant's sources are being replaced (a push); retry when it ends")
         self._put_secret(tenant)
         while time.monotonic() < deadline:
             adopted = False
@@ -412,6 +414,18 @@ class KubernetesBackend(SandboxBackend):
         except Exception as exc:  # the API away (restarted) or refusing: one line, no traceback
             raise ClusterUnavailable(_api_refusal("list the tenants' pods", exc)) from exc
         return list(result.items)
+
+    def _pushing(self, tenant: str) -> bool:
+        """A push Pod of the tenant exists (push.py): on a ReadWriteOnce claim the two take turns."""
+        push = f"{names.COMPONENT}={names.PUSH_COMPONENT}"
+        selector = f"{push},{names.TENANT}={tenant},{names.INSTANCE}={self._instance}"
+        try:
+            pods = self._core.list_namespaced_pod(
+                self._settings.namespace, label_selector=selector, _request_timeout=API_TIMEOUT
+            ).items
+        except Exception as exc:
+            raise ClusterUnavailable(_api_refusal("list the tenants' pods", exc)) from exc
+        return any(not _finished(pod) for pod in pods)
 
     def _info(self, pod: Any, *, adopted: bool, serving: bool = False) -> SandboxInfo:
         """`serving`: both its ports were seen accepting (the API may still say Pending)."""

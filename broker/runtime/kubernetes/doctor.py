@@ -1,5 +1,5 @@
 """`docbroker doctor` on a cluster: API reachable, RBAC exactly enough, namespaces labelled,
-the seccomp profile on the nodes.
+the NetworkPolicies as the base promises them (netpolicy.py), the seccomp profile on the nodes.
 
 Each check returns (level, detail) for broker/doctor.py's report. RBAC is asked of the API
 itself (SelfSubjectAccessReview, open to every authenticated user): for each verb the runtime
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.runtime.base import BackendRefused
-from broker.runtime.kubernetes import names
+from broker.runtime.kubernetes import names, netpolicy
 from broker.runtime.kubernetes.client import api_client, status_of
 from broker.runtime.kubernetes.podspec import seccomp_profile
 from broker.settings import KubernetesSettings
@@ -56,6 +56,7 @@ def cluster_checks(settings: KubernetesSettings) -> list[Check]:
         ("rbac needed", lambda a: _rbac_needed(a, settings.namespace)),
         ("rbac refused", lambda a: _rbac_refused(a, settings.namespace)),
         ("namespaces", lambda a: _namespaces(a, settings.namespace)),
+        ("network policies", lambda a: _network_policies(a, settings.namespace)),
         ("seccomp profile", lambda a: _seccomp(a, settings)),
     ]
     return [(what, _clean(check, api)) for what, check in checks]
@@ -143,6 +144,73 @@ def _namespaces(api: Any, tenants: str) -> tuple[str, str]:
             f"not labelled pod-security.kubernetes.io/enforce,audit,warn=restricted: {', '.join(unlabelled)}",
         )
     return OK, f"{names.BROKER_NAMESPACE}, {tenants}: Pod Security restricted (enforce, audit, warn)"
+
+
+def _network_policies(api: Any, tenants: str) -> tuple[str, str]:
+    """The NetworkPolicies of both namespaces read back and checked (netpolicy.py), the API
+    server's egress against its real endpoints. Reading them needs more than the broker's own
+    RBAC: with its credentials this is a warning, as for the namespaces."""
+    from kubernetes import client
+
+    networking: Any = client.NetworkingV1Api(api)
+    policies: dict[str, list[dict[str, Any]]] = {}
+    for namespace in (names.BROKER_NAMESPACE, tenants):
+        try:
+            items = networking.list_namespaced_network_policy(namespace, _request_timeout=10).items
+        except Exception as exc:
+            if status_of(exc) == 403:
+                return WARN, "these credentials may not read NetworkPolicies (the broker's need not): " + (
+                    "run doctor with an admin kubeconfig (DOCBROKER_KUBECONFIG) to check them"
+                )
+            raise
+        policies[namespace] = [api.sanitize_for_serialization(item) for item in items]
+    found = netpolicy.problems(
+        policies,
+        broker_namespace=names.BROKER_NAMESPACE,
+        tenants_namespace=tenants,
+        apiserver=_apiserver_endpoints(api),
+        cilium_apiserver=_cilium_apiserver_policy(api),
+    )
+    if found:
+        return FAIL, "; ".join(found)
+    return OK, (
+        f"default-deny in {names.BROKER_NAMESPACE} and {tenants}, no tenant egress, the API server "
+        "reachable by its rule (enforced only by a CNI that enforces NetworkPolicy)"
+    )
+
+
+def _apiserver_endpoints(api: Any) -> list[netpolicy.Endpoint] | None:
+    """The `kubernetes` Service's endpoints (where NetworkPolicy sees the API server), or None."""
+    from kubernetes import client
+
+    try:
+        endpoints = client.CoreV1Api(api).read_namespaced_endpoints(
+            "kubernetes", "default", _request_timeout=10
+        )
+    except Exception:
+        return None  # not readable with these credentials: that part is not checked
+    return [
+        netpolicy.Endpoint(address.ip, port.port)
+        for subset in endpoints.subsets or ()
+        for address in subset.addresses or ()
+        for port in subset.ports or ()
+        if (port.protocol or "TCP") == "TCP"
+    ]
+
+
+def _cilium_apiserver_policy(api: Any) -> bool:
+    """Whether the apiserver-cilium component's CiliumNetworkPolicy is there (False when Cilium's
+    resources do not exist or cannot be read)."""
+    from kubernetes import client
+
+    try:
+        client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "cilium.io", "v2", names.BROKER_NAMESPACE, "ciliumnetworkpolicies", "apiserver-egress",
+            _request_timeout=10,
+        )  # fmt: skip
+    except Exception:
+        return False
+    return True
 
 
 def _seccomp(api: Any, settings: KubernetesSettings) -> tuple[str, str]:

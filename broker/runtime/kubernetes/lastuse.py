@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.runtime.shared import SharedUse
+from broker.runtime.host_replicas import SharedUse
 
 log = logging.getLogger("docbroker.runtime.kubernetes")
 

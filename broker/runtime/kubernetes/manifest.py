@@ -38,16 +38,21 @@ def tenant_objects(
     sources_size: str = "1Gi",
     reports_size: str = "1Gi",
     storage_class: str | None = None,
+    sources_storage_class: str | None = None,
+    reports_storage_class: str | None = None,
+    sources_access_mode: str = "ReadOnlyMany",
     master_key: bytes | None = None,
 ) -> list[dict[str, Any]]:
-    # sources: mounted read-only by the server container; reports: only by the keeper's
+    """sources: mounted read-only by the server container, read-write only by a push Pod
+    (`ReadWriteOnce`: never both at once, push.py); reports: only by the keeper's. Each claim
+    may have a class of its own (`storage_class` is both's default)."""
     objects = [
         _claim(
             names.sources_claim(tenant),
             tenant,
             namespace=namespace,
             instance=instance,
-            mode="ReadOnlyMany",
+            mode=sources_access_mode,
             size=sources_size,
         ),
         _claim(
@@ -59,9 +64,10 @@ def tenant_objects(
             size=reports_size,
         ),
     ]
-    if storage_class is not None:
-        for claim in objects:
-            claim["spec"]["storageClassName"] = storage_class
+    for claim, own in zip(objects, (sources_storage_class, reports_storage_class), strict=True):
+        chosen = own or storage_class
+        if chosen is not None:
+            claim["spec"]["storageClassName"] = chosen
     if master_key is not None:
         objects.append(tenant_secret_object(master_key, tenant, namespace=namespace, instance=instance))
     return objects
@@ -91,8 +97,13 @@ def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
     for flag, value in (("--sources-size", args.sources_size), ("--reports-size", args.reports_size)):
         if not KUBE_QUANTITY_RE.fullmatch(value):
             raise SystemExit(f"docbroker tenant manifest: {flag} must be a quantity such as 1Gi")
-    if args.storage_class is not None and not INSTANCE_RE.fullmatch(args.storage_class):
-        raise SystemExit("docbroker tenant manifest: --storage-class must be a DNS label")
+    for flag, value in (
+        ("--storage-class", args.storage_class),
+        ("--sources-storage-class", args.sources_storage_class),
+        ("--reports-storage-class", args.reports_storage_class),
+    ):
+        if value is not None and not INSTANCE_RE.fullmatch(value):
+            raise SystemExit(f"docbroker tenant manifest: {flag} must be a DNS label")
     try:
         kube, instance = kubernetes_from_env(by_digest=False)  # PVCs and a Secret: no image
     except SettingsError as exc:
@@ -110,6 +121,9 @@ def run_manifest(args: argparse.Namespace, out: TextIO) -> int:
         sources_size=args.sources_size,
         reports_size=args.reports_size,
         storage_class=args.storage_class,
+        sources_storage_class=args.sources_storage_class,
+        reports_storage_class=args.reports_storage_class,
+        sources_access_mode=args.sources_access_mode or kube.sources_access_mode,
         master_key=master_key,
     )
     out.write(to_yaml(objects))

@@ -10,10 +10,10 @@ import re
 
 BROKER_NAMESPACE = "docbroker"
 TENANTS_NAMESPACE = "docbroker-tenants"
-SERVICE_ACCOUNT = "docbroker"
 
 PART_OF = "app.kubernetes.io/part-of"
 COMPONENT = "app.kubernetes.io/component"
+PUSH_COMPONENT = "sources-push"  # `tenant sources push`'s Pod: never a sandbox, never adopted
 NAME = "app.kubernetes.io/name"
 TENANT = "docbroker.io/tenant"
 INSTANCE = "docbroker.io/instance"

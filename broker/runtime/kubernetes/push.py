@@ -40,7 +40,7 @@ from broker.settings import KubernetesSettings
 from server.contracts import FILENAME_PATTERN, FILENAME_RE, MAX_DOCUMENT_BYTES, MAX_SCAN_ENTRIES
 
 PUSH_UID = 10003  # neither the server's nor the keeper's: the files' owner is neither of them
-PUSH_COMPONENT = "sources-push"  # not "sandbox": the broker's discovery must never adopt it
+PUSH_COMPONENT = names.PUSH_COMPONENT  # not "sandbox": the broker's discovery must never adopt it
 SOURCES_MOUNT = "/sources"
 PYTHON = "/opt/venv/bin/python"
 DEADLINE_SECONDS = 600  # the Pod ends itself if this process is killed before its `finally`
@@ -253,11 +253,18 @@ def push(
     core: Any = client.CoreV1Api(api)  # bodies are dicts, as the backend's
     ns = settings.namespace
     try:
-        core.read_namespaced_persistent_volume_claim(names.sources_claim(tenant), ns, _request_timeout=30)
+        claim = core.read_namespaced_persistent_volume_claim(
+            names.sources_claim(tenant), ns, _request_timeout=30
+        )
     except Exception as exc:
         if status_of(exc) == 404:
             raise PushFailed("the tenant has no sources PVC (see `docbroker tenant manifest`)") from None
         raise PushFailed(f"the API refused reading the sources PVC ({_why(exc)})") from None
+    # A claim without ReadOnlyMany (ReadWriteOnce: block storage) is mounted by one side at a
+    # time: the tenant's Pod is stopped before the push Pod mounts it, and brokers start none
+    # while the push Pod exists (backend._pushing); the next call starts it again.
+    exclusive = "ReadOnlyMany" not in (claim.spec.access_modes or ())
+    stopped = _stop_tenant_pods(core, tenant, ns, instance, timeout) if exclusive else 0
     pod = push_pod(settings, tenant, instance=instance, suffix=secrets.token_hex(3))
     name = pod["metadata"]["name"]
     # The same self-check as the tenant Pod's (tenant=True: no API token, no service links).
@@ -269,10 +276,44 @@ def push(
         raise PushFailed(f"the API refused the push Pod ({_why(exc)})") from None
     on_pod(name)
     try:
+        if exclusive:  # one a broker started between the check above and the push Pod
+            stopped += _stop_tenant_pods(core, tenant, ns, instance, timeout)
         _wait_running(core, name, ns, timeout)
-        return _send(core, name, ns, payload(sources), timeout)
+        answer = _send(core, name, ns, payload(sources), timeout)
     finally:
         _delete(core, name, ns)
+    return {**answer, "exclusive": exclusive, "stopped": stopped}
+
+
+def _stop_tenant_pods(core: Any, tenant: str, ns: str, instance: str, timeout: float) -> int:
+    """Delete the tenant's Pod(s) and wait until none is left; how many were deleted."""
+    selector = f"{names.instance_selector(instance)},{names.TENANT}={tenant}"
+    deadline = time.monotonic() + timeout
+    deleted: set[str] = set()
+    while True:
+        try:
+            pods = core.list_namespaced_pod(ns, label_selector=selector, _request_timeout=30).items
+        except Exception as exc:
+            raise PushFailed(f"the API refused listing the tenant's Pod ({_why(exc)})") from None
+        if not pods:
+            return len(deleted)
+        for pod in pods:
+            if pod.metadata.uid not in deleted:
+                _delete_quietly(core, pod.metadata.name, ns)
+                deleted.add(pod.metadata.uid)
+        if time.monotonic() > deadline:
+            raise PushFailed(f"the tenant's Pod was still there after {timeout:.0f}s (it holds the volume)")
+        time.sleep(0.25)
+
+
+def _delete_quietly(core: Any, name: str, ns: str) -> None:
+    from broker.runtime.kubernetes.client import status_of
+
+    try:
+        core.delete_namespaced_pod(name, ns, _request_timeout=30)
+    except Exception as exc:
+        if status_of(exc) != 404:
+            raise PushFailed(f"the API refused deleting the tenant's Pod ({_why(exc)})") from None
 
 
 def _why(exc: BaseException) -> str:

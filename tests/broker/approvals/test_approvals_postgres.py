@@ -9,6 +9,7 @@ the server, a cluster of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import psycopg
 import pytest
 
@@ -75,28 +77,45 @@ def database() -> Iterator[str]:
         yield with_password(url)
 
 
-def test_schema_is_checked_at_start_and_upgraded_by_the_command(tmp_path: Path, database: str) -> None:
+def test_a_broker_waits_not_ready_for_its_schema_until_the_command_migrates_it(
+    tmp_path: Path, database: str
+) -> None:
+    """On a cluster the schema is migrated by a Job of its own while the broker Pods start: a
+    broker on an older schema stays alive and Not Ready, says why on /readyz, and starts
+    serving once `docbroker db upgrade` has run, without a restart (it used to exit)."""
     broker = make_broker(tmp_path, env={"DOCBROKER_DATABASE_URL": database})
-    with pytest.raises(RuntimeError, match="broker exited early"):
-        broker.start()
-    lines = [line for line in broker.logs().splitlines() if line.startswith("docbroker:")]
-    assert lines == [
-        "docbroker: cannot start: the approvals database schema is at version 0, this broker needs "
-        f"{LATEST}: run `docbroker db upgrade`"
-    ]
-    status = db_command(broker, "status")
-    assert status.returncode == 1 and json.loads(status.stdout)["state"] == "needs upgrade"
-    upgrade = db_command(broker, "upgrade")
-    assert upgrade.returncode == 0, upgrade.stderr
-    assert json.loads(upgrade.stdout) == {
-        "backend": "postgresql", "schema_version": LATEST, "broker_version": LATEST, "state": "current",
-        "applied": list(range(1, LATEST + 1)),
-    }  # fmt: skip
-    assert json.loads(db_command(broker, "upgrade").stdout)["applied"] == []  # idempotent
-    assert PASSWORD not in upgrade.stdout + upgrade.stderr
-
-    broker.start()
+    broker.start()  # /healthz answers: alive (the kubelet's liveness probe passes)
     try:
+        ready = httpx2.get(f"{broker.url}/readyz", headers=broker.ops_headers, timeout=5)
+        assert ready.status_code == 503
+        assert ready.json() == {
+            "status": "not_ready",
+            "checks": {"approvals_database": {
+                "backend": "postgresql", "reachable": True,
+                "schema": {"found": 0, "needed": LATEST, "state": "waiting"},
+            }},
+        }  # fmt: skip
+        # without the operators' bearer: ready or not, nothing more
+        assert httpx2.get(f"{broker.url}/readyz", timeout=5).json() == {"status": "not_ready"}
+        assert httpx2.post(f"{broker.url}/mcp", json={}, timeout=5).status_code == 503
+        assert "run `docbroker db upgrade`" in broker.logs()
+        status = db_command(broker, "status")
+        assert status.returncode == 1 and json.loads(status.stdout)["state"] == "needs upgrade"
+        upgrade = db_command(broker, "upgrade")
+        assert upgrade.returncode == 0, upgrade.stderr
+        assert json.loads(upgrade.stdout) == {
+            "backend": "postgresql", "schema_version": LATEST, "broker_version": LATEST, "state": "current",
+            "applied": list(range(1, LATEST + 1)),
+        }  # fmt: skip
+        assert json.loads(db_command(broker, "upgrade").stdout)["applied"] == []  # idempotent
+        assert PASSWORD not in upgrade.stdout + upgrade.stderr
+
+        def ready_now() -> bool:
+            with contextlib.suppress(httpx2.TransportError):
+                return httpx2.get(f"{broker.url}/readyz", timeout=2).status_code == 200
+            return False
+
+        assert wait_for(ready_now, timeout=30), broker.logs()[-2000:]
         name = unique()
         waiting = save(broker, name, "kept in PostgreSQL")
         assert waiting["status"] == "waiting_approval"

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from broker.approvals.claims import Claims
 from broker.approvals.store import HeldClaim
-from broker.runtime.shared import Replicas
+from broker.runtime.host_replicas import Replicas
 
 # A second replica in its own process: joins the folder, prints its owner, holds on until killed.
 PEER = """
 import asyncio, sys, time
 from pathlib import Path
-from broker.runtime.shared import Replicas
+from broker.runtime.host_replicas import Replicas
 r = Replicas(Path(sys.argv[1]), sys.argv[2])
 asyncio.run(r.join())
 print(r.owner, flush=True)

@@ -38,7 +38,7 @@ from broker.audit.notary import Notary
 from broker.audit.processors import canonical
 from broker.audit.sink import FileSink, rotated_files
 from broker.audit.witness import FileCopy
-from broker.settings import AuditSettings
+from broker.settings import AuditSettings, SettingsError
 from tests.broker.audit.audit_helpers import plain, request_fields
 
 pytestmark = pytest.mark.anyio
@@ -414,6 +414,38 @@ async def test_rotation_keeps_the_chain_and_a_missing_middle_file_is_found(tmp_p
     assert code == 1 and "rotated file is missing" in problem(report, 1), report
     assert report["files"][1]["first_bad_line"] == 1
     assert [f["ok"] for f in report["files"]] == [True, False, *([True] * (len(rest) - 2))]
+
+
+async def test_retention_keeps_the_newest_rotated_files_and_what_is_left_verifies(tmp_path: Path) -> None:
+    """DOCBROKER_AUDIT_KEEP_FILES: the log stays inside its volume ((keep + 1) x the rotation
+    size); nothing removed them before, and a Pod's volume filled until it was evicted."""
+    replica = Replica(tmp_path / "r1", "r1")
+    create_signing_key(replica.key_file)
+    evidence = Evidence(
+        notary=Notary(replica.signer, "r1", time.time_ns),
+        witness=FileCopy(replica.witness),
+        checkpoint_every=4,
+        rotate_bytes=3000,
+        keep_files=2,
+    )
+    async with await AuditLog.with_sink(FileSink(replica.log), evidence=evidence) as log:
+        for i in range(80):
+            await log.emit("mcp.request", **request_fields(i))
+        assert log.stats.rotations >= 6
+    rotated = rotated_files(replica.log)
+    # the two newest only: numbers keep growing, the oldest went first
+    assert [int(p.name.rsplit(".", 1)[1]) for p in rotated] == [log.stats.rotations - 1, log.stats.rotations]
+    files = [*rotated, replica.log]
+    seqs = [json.loads(line)["seq"] for path in files for line in path.read_bytes().splitlines()]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and seqs[0] > 1  # one chain, its start gone
+    code, report = verify(*files, "--key", replica.public)
+    assert code == 0, report
+    assert "earlier files not given" in str(report["files"][0]["notes"])
+
+
+def test_keep_files_needs_rotation() -> None:
+    with pytest.raises(SettingsError, match="DOCBROKER_AUDIT_KEEP_FILES needs DOCBROKER_AUDIT_ROTATE_MB"):
+        AuditSettings(path=Path("a"), key_file=None, witness_file=None, rotate_bytes=0, keep_files=3)
 
 
 # -- the CLI ---------------------------------------------------------------------------------------

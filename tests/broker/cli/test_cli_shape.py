@@ -111,11 +111,16 @@ def test_an_unexpected_failure_is_one_line_naming_its_kind_never_a_traceback(tmp
     assert line.startswith("docbroker tenant add: failed unexpectedly (") and str(planted) not in line
 
 
-def test_version_prints_the_package_version() -> None:
-    # Issue 38: an operator upgrading (or filing a bug) needs to know which broker runs.
+def test_version_names_the_release_and_the_schema_it_needs() -> None:
+    """An upgrade and a rollback are checked against it (docs/kubernetes.md, "Roll back")."""
     import tomllib
 
+    from broker.approvals.migrations import LATEST
+
     expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    result = cli({"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, "--version")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == f"docbroker {expected}\n"
+
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"docbroker {expected} (approvals schema {LATEST})"

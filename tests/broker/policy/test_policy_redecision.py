@@ -86,7 +86,8 @@ def test_a_yes_cast_under_an_old_set_is_decided_again_when_another_completes_the
     assert counted(approve(broker, "mallory", approval_id)) == ("pending", 1, 2)
     before = len(policy_changed(broker))
     forbid = (
-        f'@id("acme.mallory_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/mallory#{ISSUER}", '
+        '@id("acme.mallory_no_longer_approves")\n'
+        f'forbid (principal == Docbroker::User::"acme/mallory#{ISSUER}", '
         'action == Docbroker::Action::"approve", resource);\n'
     )
     with rule(broker, "no-mallory.cedar", forbid):
@@ -112,7 +113,8 @@ def test_a_record_reopened_needing_three_is_not_approved_by_two(broker: Broker) 
     approve(broker, "june", approval_id, groups=("juniors",))
     assert counted(approve(broker, "dave", approval_id)) == ("approved", 2, 2)
     second_set = (
-        f'@id("acme.dave_no_longer_approves")\nforbid (principal == Docbroker::User::"acme/dave#{ISSUER}", '
+        '@id("acme.dave_no_longer_approves")\n'
+        f'forbid (principal == Docbroker::User::"acme/dave#{ISSUER}", '
         'action == Docbroker::Action::"approve", resource);\n'
         '@id("acme.juniors_need_three")\n@approvers("3")\npermit (principal in Docbroker::Group::"juniors", '
         'action == Docbroker::Action::"approve", resource)\n'

@@ -1,4 +1,4 @@
-"""broker/runtime/pool.py: the warm pool's own bookkeeping, with real asyncio tasks.
+"""broker/runtime/warm_pool.py: the warm pool's own bookkeeping, with real asyncio tasks.
 
 The pool starts and removes slots through two functions the backend gives it; here they make
 plain `Slot` records, so the tests reach the timing the Docker tests can only hit by chance.
@@ -10,8 +10,8 @@ import asyncio
 import itertools
 import time
 
-from broker.runtime.pool import Slot, WarmPool
-from broker.runtime.pool_sizing import PoolSizer
+from broker.runtime.warm_pool import Slot, WarmPool
+from broker.runtime.warm_pool_sizer import PoolSizer
 
 
 def _slot(n: int) -> Slot:

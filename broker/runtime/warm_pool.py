@@ -1,13 +1,14 @@
 """Started, tenant-less sandboxes, so a tenant's first call skips the ~1 s warm-up; as many as
-new tenants arrive for (broker/runtime/pool_sizing.py), between a floor and a cap.
+new tenants arrive for (broker/runtime/warm_pool_sizer.py), between a floor and a cap.
 
-    pool = WarmPool(sizer=PoolSizer(...), start=start_one, remove=remove_one)  # the backend's
+    pool = WarmPool(sizer=PoolSizer(...), start=slots.start, remove=slots.remove)  # docker/warm_slots.py
     pool.fill()                 # background: keep the sizer's target of slots warm
     slot = await pool.take()    # a warm slot, or one started for this caller; None: start cold
     ...                         # bind it to a tenant (server/binding.py); pool refills itself
                                 # (once takes pause: the tenants' first calls go first)
 
-The pool knows nothing of containers: the backend starts and removes slots. Every new tenant
+The pool knows nothing of containers: its callbacks (the Docker backend's warm slots) start
+and remove them. Every new tenant
 is an arrival the sizer counts: a burst raises the target, and spares beyond it (the target
 falls back once no new tenant came for the idle time) are removed.
 
@@ -30,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.runtime.pool_sizing import PoolSizer
+from broker.runtime.warm_pool_sizer import PoolSizer
 
 log = logging.getLogger("docbroker.runtime.pool")
 

@@ -1,5 +1,9 @@
-"""The Docker side of the warm pool (broker.runtime.pool keeps the slots): tenant-less
-sandboxes started ahead, each bound to a tenant on demand, then renamed to the tenant's name.
+"""The Docker side of the warm pool (broker/runtime/warm_pool.py keeps the slots): its
+`start` and `remove` callbacks, and the bind of a slot to a tenant. Tenant-less sandboxes are
+started ahead, each bound to a tenant on demand, then renamed to the tenant's name.
+
+It reaches the daemon only through the backend's public seam (`ContainerSeam`: create, rename,
+remove, is it running), so the backend imports this module and never the other way round.
 
 A warm sandbox's name carries a per-process tag: `discover()` removes an earlier broker's
 spares, not this one's, and a live peer replica's spares stay its own.
@@ -13,21 +17,22 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar
 
 import docker.errors
 
-from broker.runtime.base import SandboxStartError, wait_ready
-from broker.runtime.docker.hardening import RUN_DIR
-from broker.runtime.pool import Slot
+from broker.runtime.base import SandboxStartError
+from broker.runtime.docker.hardening import RUN_DIR, Mounts
+from broker.runtime.readiness import wait_ready
+from broker.runtime.warm_pool import Slot
 from broker.settings import DockerSettings
 from broker.types import Endpoint, SandboxInfo, SandboxSpec, SandboxState
 from server import landlock
 from server.binding import send_binding
 
-if TYPE_CHECKING:
-    from broker.runtime.docker.backend import DockerBackend
+_T = TypeVar("_T")
 
 SOCKET_NAME = "mcp.sock"
 BIND_SOCKET_NAME = "bind.sock"
@@ -46,10 +51,36 @@ class NameTaken(Exception):
     """Another replica's container got the tenant's name first."""
 
 
+class ContainerSeam(Protocol):
+    """What the warm slots need of the Docker backend (DockerBackend is one). The container
+    calls block: they run through `blocking`, on the backend's own threads."""
+
+    @property
+    def name_prefix(self) -> str: ...
+
+    def container_name(self, tenant: str) -> str: ...
+
+    async def image(self) -> str: ...
+
+    async def blocking(self, fn: Callable[..., _T], *args: Any) -> _T: ...
+
+    def hardened_options(
+        self, name: str, *, image: str, labels: dict[str, str], environment: dict[str, str], mounts: Mounts
+    ) -> dict[str, Any]: ...
+
+    def start_container(self, options: dict[str, Any]) -> str: ...
+
+    def rename_container(self, container: str, name: str) -> None: ...
+
+    def remove_container(self, container: str) -> None: ...
+
+    def is_running(self, container: str) -> bool: ...
+
+
 class WarmSlots:
     """Starts, binds and removes the Docker containers of warm slots, for one backend."""
 
-    def __init__(self, backend: DockerBackend, pool_dir: Path | None) -> None:
+    def __init__(self, backend: ContainerSeam, pool_dir: Path | None) -> None:
         self._backend = backend
         self._pool_dir = pool_dir
         self.tag = f"{POOL_NAME_TAG}{secrets.token_hex(3)}-"
@@ -65,11 +96,11 @@ class WarmSlots:
             bind_socket=str(run_dir / BIND_SOCKET_NAME),
             mcp_socket=str(run_dir / SOCKET_NAME),
         )
-        name = f"{self._backend._name_prefix}{self.tag}{token}"
+        name = f"{self._backend.name_prefix}{self.tag}{token}"
         endpoint = Endpoint(url="http://localhost/mcp", uds=slot.bind_socket)
 
         async def alive() -> bool:
-            return await self._backend.blocking(self._backend._running, name)
+            return await self._backend.blocking(self._backend.is_running, name)
 
         try:
             # Vouched for and pinned like a cold start's: a warm sandbox runs the image too.
@@ -89,7 +120,7 @@ class WarmSlots:
 
     def remove_now(self, container: str, run_dir: str) -> None:
         if container:
-            self._backend._remove(container)
+            self._backend.remove_container(container)
         self.remove_dir(run_dir)
 
     def _create(self, slot: Slot, name: str) -> str:
@@ -97,7 +128,7 @@ class WarmSlots:
         self._pool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.mkdir(slot.run_dir)
         os.chmod(slot.run_dir, 0o1777)  # noqa: S103 - as a tenant's run dir: the sandbox's (sub-)uid binds here
-        options = self._backend._hardened_options(
+        options = self._backend.hardened_options(
             name,
             image=slot.image,
             labels={LABEL_POOL: "true", LABEL_SOCKET: slot.mcp_socket},
@@ -106,11 +137,9 @@ class WarmSlots:
         )
         options["command"] = ["--bind", f"{RUN_DIR}/{BIND_SOCKET_NAME}"]
         try:
-            container = self._backend._client.containers.create(**options)
-            container.start()
+            return self._backend.start_container(options)
         except docker.errors.DockerException as exc:  # the caller removes what was made
             raise SandboxStartError("the Docker daemon could not start a warm sandbox") from exc
-        return str(container.id)
 
     def bind(self, slot: Slot, spec: SandboxSpec) -> SandboxInfo:
         """Give a warm sandbox its tenant: the folders as descriptors, then the tenant's name."""
@@ -128,7 +157,7 @@ class WarmSlots:
         try:
             # The name is how a restarted broker knows the tenant (labels cannot change), and
             # what replicas agree on: the daemon gives it to one container only.
-            self._backend._client.api.rename(slot.sandbox_id, name)
+            self._backend.rename_container(slot.sandbox_id, name)
         except docker.errors.APIError as exc:
             if getattr(exc, "status_code", None) == 409:
                 raise NameTaken from exc

@@ -14,7 +14,7 @@ would spread it thin and leave the next burst's tenants to start cold. Arrivals 
 `idle_seconds` are forgotten: with no new tenant for that long the pool is back at its floor
 (the same time an idle tenant's sandbox is kept: a spare beyond the floor is an idle sandbox).
 
-Pure bookkeeping with an injected clock: no tasks, no I/O (broker/runtime/pool.py acts on it).
+Pure bookkeeping with an injected clock: no tasks, no I/O (broker/runtime/warm_pool.py acts on it).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""broker/runtime/pool_sizing.py: how many warm sandboxes the rule asks for, on a fake clock
+"""broker/runtime/warm_pool_sizer.py: how many warm sandboxes the rule asks for, on a fake clock
 (the rule is ours; the clock is not a part we ship)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.runtime.pool_sizing import MAX_WARM_UP_SECONDS, PoolSizer
+from broker.runtime.warm_pool_sizer import MAX_WARM_UP_SECONDS, PoolSizer
 from broker.settings import Settings, SettingsError
 
 
