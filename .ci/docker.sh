@@ -102,7 +102,7 @@ start_rootless() {
 
 build_images() {
   step "building the images in the rootful daemon (base: debootstrap, cached)"
-  (cd "$ROOT" && DOCKER_HOST=$ROOTFUL_HOST "$PY" -m broker.images server broker)
+  (cd "$ROOT" && DOCKER_HOST=$ROOTFUL_HOST "$PY" -m broker.cli.build_images server broker)
 }
 
 copy_images_to_rootless() {

@@ -35,9 +35,9 @@ import httpx2
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench._stats import pct  # noqa: E402
+from bench.workload import call_body, call_headers  # noqa: E402
 from broker.testing import make_broker  # noqa: E402
 
-PROTOCOL = "2026-07-28"
 LIMITS = "[limits]\nrate_per_minute = 1000000\nburst = 1000000\n[approvals]\nmax_pending = 100000\n"
 FLOOR_MS, FACTOR = 50.0, 10.0
 
@@ -47,27 +47,7 @@ def _client(url: str, token: str) -> httpx2.Client:
 
 
 def _call(http: httpx2.Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {
-            "name": tool,
-            "arguments": arguments,
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-                "io.modelcontextprotocol/clientCapabilities": {},
-            },
-        },
-    }
-    headers = {
-        "accept": "application/json, text/event-stream",
-        "content-type": "application/json",
-        "mcp-protocol-version": PROTOCOL,
-        "mcp-method": "tools/call",
-        "mcp-name": tool,
-    }
-    reply = http.post("/mcp", json=body, headers=headers)
+    reply = http.post("/mcp", json=call_body(tool, arguments), headers=call_headers(tool))
     if reply.status_code != 200:
         raise RuntimeError(f"{tool} gave HTTP {reply.status_code}")
     result: dict[str, Any] = reply.json()["result"]["structuredContent"]

@@ -39,10 +39,10 @@ import httpx2
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench._stats import pct  # noqa: E402
+from bench.workload import call_body, call_headers  # noqa: E402
 from broker.testing import Broker, make_broker  # noqa: E402
 
 TENANT = "bench"
-PROTOCOL = "2026-07-28"
 TARGET_ADDED_MS = 3.0
 STEPS = ("propose", "approve", "consume", "round trip")
 
@@ -97,27 +97,8 @@ def _auth(token: str) -> dict[str, str]:
 
 
 def _save(http: httpx2.Client, name: str, content: str) -> dict[str, Any]:
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {
-            "name": "save_report",
-            "arguments": {"filename": name, "content": content},
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-                "io.modelcontextprotocol/clientCapabilities": {},
-            },
-        },
-    }
-    headers = {
-        "accept": "application/json, text/event-stream",
-        "content-type": "application/json",
-        "mcp-protocol-version": PROTOCOL,
-        "mcp-method": "tools/call",
-        "mcp-name": "save_report",
-    }
-    reply = http.post("/mcp", json=body, headers=headers)
+    body = call_body("save_report", {"filename": name, "content": content})
+    reply = http.post("/mcp", json=body, headers=call_headers("save_report"))
     if reply.status_code != 200:
         raise RuntimeError(f"save_report gave HTTP {reply.status_code}")
     result: dict[str, Any] = reply.json()["result"]["structuredContent"]

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx2
 
 from bench.processes import Proc, cpu_seconds
-from bench.workload import CALLS, LEGACY_PROTOCOL, OK_MARKERS, PROTOCOL
+from bench.workload import CALLS, LEGACY_PROTOCOL, OK_MARKERS, PROTOCOL, call_body
 
 # -- targets ---------------------------------------------------------------------------------
 
@@ -55,14 +55,10 @@ class Target:
         """JSON-RPC templates with `%d` for the request id."""
         out = []
         for tool, arguments in CALLS:
-            params: dict[str, Any] = {"name": tool, "arguments": arguments}
-            if not self.legacy:
-                params["_meta"] = {
-                    "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-                    "io.modelcontextprotocol/clientCapabilities": {},
-                }
-            body = json.dumps({"jsonrpc": "2.0", "id": 999_999_999, "method": "tools/call", "params": params})
-            out.append(body.replace("999999999", "%d").encode())
+            body = call_body(tool, arguments, 999_999_999)
+            if self.legacy:  # the session-era protocol: the version was agreed at initialize
+                del body["params"]["_meta"]
+            out.append(json.dumps(body).replace("999999999", "%d").encode())
         return out
 
 

@@ -48,6 +48,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from bench._stats import nearest_index  # noqa: E402
+from bench.workload import call_body, call_headers  # noqa: E402
 from broker.master_key import tenant_secret  # noqa: E402
 from broker.runtime.docker import DockerBackend  # noqa: E402
 from broker.runtime.readiness import wait_ready  # noqa: E402
@@ -55,9 +56,6 @@ from broker.settings import DockerSettings  # noqa: E402
 from broker.types import DROPBOX_MODE, SandboxSpec, TenantId  # noqa: E402
 
 QUERY = {"query": "bench"}
-_PROTOCOL = "2026-07-28"
-_META_VERSION = "io.modelcontextprotocol/protocolVersion"
-_META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 
 
 class Tenants:
@@ -213,22 +211,8 @@ def memory_floor(host: str, image: str, imports: str, labels: dict[str, str], id
         client.close()
 
 
-_CALL_BODY = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "tools/call",
-    "params": {
-        "name": "search_documents",
-        "arguments": QUERY,
-        "_meta": {_META_VERSION: _PROTOCOL, _META_CAPABILITIES: {}},
-    },
-}
-_CALL_HEADERS = {
-    "accept": "application/json, text/event-stream",
-    "mcp-protocol-version": _PROTOCOL,
-    "mcp-method": "tools/call",
-    "mcp-name": "search_documents",
-}
+_CALL_BODY = call_body("search_documents", QUERY)
+_CALL_HEADERS = call_headers("search_documents")
 
 
 @contextlib.contextmanager

@@ -41,16 +41,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx2
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.workload import call_body, call_headers  # noqa: E402
 from broker.testing.replicas import Replica, Replicas, RoundRobin, make_replicas  # noqa: E402
 
 TENANT = "bench"
-PROTOCOL = "2026-07-28"
 CALLS = (
     ("search_documents", {"query": "budget", "max_results": 3}),
     ("read_document", {"filename": "doc2.md"}),
@@ -68,30 +67,9 @@ class CallFailed(Exception):
     pass
 
 
-def body(i: int) -> tuple[dict[str, Any], dict[str, str]]:
-    tool, arguments = CALLS[i % len(CALLS)]
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
-    payload = {
-        "jsonrpc": "2.0",
-        "id": i,
-        "method": "tools/call",
-        "params": {"name": tool, "arguments": arguments, "_meta": meta},
-    }
-    headers = {
-        "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": PROTOCOL,
-        "mcp-method": "tools/call",
-        "mcp-name": tool,
-    }
-    return payload, headers
-
-
 def call(lb: RoundRobin, token: str, i: int) -> None:
-    payload, headers = body(i)
-    response = lb.post(token, "/mcp", json=payload, headers=headers)
+    tool, arguments = CALLS[i % len(CALLS)]
+    response = lb.post(token, "/mcp", json=call_body(tool, arguments, i), headers=call_headers(tool))
     if response.status_code != 200:
         raise CallFailed(f"HTTP {response.status_code}")
     reply = response.json()

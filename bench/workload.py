@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from broker.protocol.versions import META_CAPABILITIES, META_PROTOCOL, MODERN
+
 REPO = Path(__file__).resolve().parents[1]
 TENANT = "bench"
-PROTOCOL = "2026-07-28"
+PROTOCOL = MODERN
 LEGACY_PROTOCOL = "2025-11-25"
 MCP_PROXY_SPEC = "mcp-proxy==0.13.0"  # pinned: a peer whose numbers move is no yardstick
 DEFAULT_PROXY_VENV = (
@@ -25,6 +27,24 @@ CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("read_document", {"filename": "doc2.md"}),
 )
 OK_MARKERS = (b'"status":"ok"', b'\\"status\\":\\"ok\\"')
+
+
+def call_body(tool: str, arguments: dict[str, Any], request_id: int = 1) -> dict[str, Any]:
+    """One tools/call as a 2026-07-28 client sends it: version and capabilities in its `_meta`."""
+    meta = {META_PROTOCOL: PROTOCOL, META_CAPABILITIES: {}}
+    params = {"name": tool, "arguments": arguments, "_meta": meta}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def call_headers(tool: str) -> dict[str, str]:
+    """The headers sent with it: the version, and the method and tool repeated for the edge."""
+    return {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": PROTOCOL,
+        "mcp-method": "tools/call",
+        "mcp-name": tool,
+    }
 
 
 def documents() -> dict[str, str]:

@@ -28,7 +28,6 @@ from broker.approvals.flow import ApprovalFlow
 from broker.approvals.keeper_client import KeeperReports
 from broker.approvals.reports import Reports, ReportStore, sweep_dropboxes
 from broker.approvals.sealing import StateSealer
-from broker.approvals.sqlite_store import SqliteApprovalStore
 from broker.approvals.store import ApprovalStore
 from broker.audit import fields as audit_fields
 from broker.audit.log import AuditLog
@@ -52,7 +51,6 @@ from broker.origin import refusal as origin_refusal
 from broker.origin import surface as origin_surface
 from broker.policy import LivePolicy, Policies, PolicyEngine, TenantLimiter
 from broker.runtime.base import SandboxBackend
-from broker.runtime.host_replicas import Replicas
 from broker.runtime.lifecycle import Runtime
 from broker.settings import RuntimeKind, Settings, origin_of
 from broker.tenants import Tenants
@@ -70,49 +68,6 @@ from broker.web.webhooks import Webhooks
 log = logging.getLogger("docbroker")
 
 NO_STORE = {"cache-control": "no-store"}  # answers that are true now, for one caller
-
-
-async def make_backend(settings: Settings) -> SandboxBackend:
-    """The sandbox backend the settings name; Docker is connected (and checked) here."""
-    replicas = Replicas(settings.replicas_dir, settings.replica_id)
-    if settings.runtime.kind is RuntimeKind.LOCAL:
-        from broker.runtime.local import LocalProcessBackend
-
-        command = settings.runtime.local_command
-        return LocalProcessBackend(command, run_dir=settings.run_dir, replicas=replicas)
-    if settings.runtime.kind is RuntimeKind.KUBERNETES:
-        from broker.runtime.kubernetes import KubernetesBackend
-
-        return await KubernetesBackend.connect(
-            settings.runtime.kubernetes,
-            load_master_key(settings.master_key_file),
-            instance=settings.runtime.instance,
-            replica_id=settings.replica_id,
-            start_timeout=settings.runtime.start_timeout_seconds,
-        )
-    from broker.runtime.docker import DockerBackend
-    from broker.runtime.imagetrust import ImageTrust
-
-    return await DockerBackend.connect(
-        settings.runtime.docker,
-        instance=settings.runtime.instance,
-        pool_dir=settings.pool_dir,
-        replicas=replicas,
-        # DESIGN §13: with release keys, no sandbox starts from an image they do not vouch for.
-        trust=ImageTrust.from_settings(settings.supply),
-        pool_idle_seconds=settings.runtime.idle_timeout_seconds,
-    )
-
-
-async def open_store(settings: Settings) -> ApprovalStore:
-    """The approvals store the settings name: PostgreSQL when DOCBROKER_DATABASE_URL is set
-    (shared by replicas; its schema must be exactly this broker's), else SQLite in the data
-    dir. Raises StoreError (StoreUnavailable, SchemaMismatch) with a one-line message."""
-    if settings.database.url is not None:
-        from broker.approvals.postgres_store import PostgresApprovalStore
-
-        return await PostgresApprovalStore.open(settings.database)
-    return SqliteApprovalStore(settings.approvals_db)
 
 
 @dataclass

@@ -357,26 +357,3 @@ def docker_client(base_url: str | None) -> Any:
     except docker.errors.DockerException as exc:
         raise ImageError("the Docker daemon does not answer (is it running? is DOCKER_HOST right?)") from exc
     return client
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m broker.images [server] [broker] [--base IMAGE]`: used by .ci/docker.sh."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m broker.images")
-    parser.add_argument("which", nargs="*", default=["server"], choices=[*IMAGE_TAGS, "wheelhouse"])
-    parser.add_argument("--base", default=None, help=f"base image (default: build {DEFAULT_BASE} locally)")
-    args = parser.parse_args(argv)
-    try:
-        if args.which == ["wheelhouse"]:
-            build_wheelhouse(with_broker=True, progress=print)
-        else:
-            build_images(args.which, args.base, lambda line: print(line, flush=True))
-    except ImageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

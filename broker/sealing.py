@@ -18,11 +18,8 @@ forged, too long) is one opaque None, as itsdangerous collapses every bad signat
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -31,9 +28,9 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from broker.base64url import b64url_decode, b64url_encode
+
 NONCE_BYTES = 12
-# What `seal` writes after the prefix: unpadded URL-safe base64, nothing else.
-_SEALED_BODY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class Sealer:
@@ -45,7 +42,7 @@ class Sealer:
     def seal(self, plain: bytes, aad: bytes) -> str:
         nonce = os.urandom(NONCE_BYTES)
         sealed = nonce + self._aead.encrypt(nonce, plain, aad)
-        return self._prefix + base64.urlsafe_b64encode(sealed).decode("ascii").rstrip("=")
+        return self._prefix + b64url_encode(sealed)
 
     def open(self, sealed: object, aad: bytes) -> bytes | None:
         """The bytes `seal` was given with this `aad` under this key; None for anything else."""
@@ -53,7 +50,7 @@ class Sealer:
             return None
         if not sealed.startswith(self._prefix):
             return None
-        raw = canonical_bytes(sealed.removeprefix(self._prefix))
+        raw = b64url_decode(sealed.removeprefix(self._prefix))  # one spelling only
         if raw is None:
             return None
         try:
@@ -104,22 +101,3 @@ class RecordSealer(Generic[R]):
         if isinstance(expires, bool) or not isinstance(expires, (int, float)) or expires <= self._clock():
             return None
         return record
-
-
-def canonical_bytes(body: str) -> bytes | None:
-    """The bytes `body` spells, only if it is their one spelling `seal` writes.
-
-    Python's decoder is lenient: it skips characters outside the alphabet (`!!!!`, `....`),
-    takes `+/` for `-_`, accepts padding and ignores the unused low bits of the last
-    character, so one sealed value would open under many strings. A sealed id is a name to
-    clients, proxies and logs alike; it must have exactly one, as an altered one must be
-    nothing (README: "altered ... gets 404")."""
-    if not _SEALED_BODY.fullmatch(body):
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-    except (binascii.Error, ValueError):
-        return None
-    if base64.urlsafe_b64encode(raw).rstrip(b"=") != body.encode("ascii"):
-        return None  # another last character with the same significant bits
-    return raw

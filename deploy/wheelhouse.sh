@@ -10,4 +10,4 @@
 #                                    from the lock: run it with the venv's python)
 set -eu
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python3}" -m broker.images wheelhouse
+exec "${PYTHON:-python3}" -m broker.cli.build_images wheelhouse

@@ -1,4 +1,4 @@
-"""`docbroker audit verify`: check logs (rotated sets, several replicas) against keys and witnesses.
+"""Check logs (`docbroker audit verify`) (rotated sets, several replicas) against keys and witnesses.
 
 Per file, in order, the first thing wrong wins:
 
@@ -25,9 +25,7 @@ Messages are fixed texts with numbers: never a value from a line.
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,8 +37,6 @@ from broker.audit.sink import MAX_LINE_BYTES
 from broker.audit.verify import _blame, _Lines, _links, _parse, _Record
 from broker.audit.witness_reader import Cursor, Witness, WitnessVerdict, check_unmatched, open_witness
 from broker.files import UnsafeFileError, open_regular_stream, printable
-
-EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
 
 @dataclass
@@ -131,7 +127,7 @@ def verify_logs(
             try:
                 group, first_seq = _first_line(path)
             except (OSError, UnsafeFileError) as exc:
-                verdicts[str(path)].fail(None, _cannot_read(exc))
+                verdicts[str(path)].fail(None, cannot_read(exc))
                 continue
             groups.setdefault(group, []).append((first_seq, path))
         for members in groups.values():
@@ -143,7 +139,7 @@ def verify_logs(
                     with open_regular_stream(path) as stream:
                         _verify_file(stream, last, lineage, keys, replica, held)
                 except (OSError, UnsafeFileError) as exc:
-                    last.fail(None, _cannot_read(exc))
+                    last.fail(None, cannot_read(exc))
                     lineage.continuous = False
             if last is not None:
                 _check_cut(last, lineage, held)
@@ -154,7 +150,7 @@ def verify_logs(
     return Report(files=[verdicts[str(p)] for p in paths], witnesses=[w.verdict for w in held])
 
 
-def _cannot_read(exc: OSError | UnsafeFileError) -> str:
+def cannot_read(exc: OSError | UnsafeFileError) -> str:
     return f"cannot read: {exc.reason if isinstance(exc, UnsafeFileError) else exc.strerror or 'error'}"
 
 
@@ -344,47 +340,3 @@ def _check_cut(last: FileVerdict, lineage: _Lineage, witnesses: list[Witness]) -
         last.fail(
             None, f"log cut back: the witness holds a checkpoint over {beyond} lines, the log has {size}"
         )
-
-
-def load_keys(key_specs: list[str], command: str) -> Keyring | None:
-    """The public keys given on a command line; None (the reason said on stderr) if one is bad."""
-    from broker.audit.checkpoint import KeyFileError, load_public_key
-
-    try:
-        return Keyring([load_public_key(spec) for spec in key_specs])
-    except KeyFileError as exc:
-        sys.stderr.write(f"docbroker audit {command}: {exc}\n")
-        return None
-
-
-def main(
-    files: list[str], key_specs: list[str], witness_files: list[str], replica: str | None, as_json: bool
-) -> int:
-    """`docbroker audit verify`: one verdict line per file (or one JSON document); exit 0/1/2."""
-    keys = load_keys(key_specs, "verify")
-    if keys is None:
-        return EXIT_USAGE
-    try:
-        report = verify_logs([Path(f) for f in files], keys, [Path(w) for w in witness_files], replica)
-    except (OSError, UnsafeFileError) as exc:
-        sys.stderr.write(f"docbroker audit verify: a witness file: {_cannot_read(exc)}\n")
-        return EXIT_USAGE
-    if as_json:
-        document = {
-            "ok": report.ok,
-            "signatures_checked": bool(keys),
-            "files": [asdict(f) for f in report.files],
-            "witnesses": [asdict(w) for w in report.witnesses],
-        }
-        sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
-    else:
-        for verdict in report.files:
-            line = verdict.summary()
-            if not verdict.ok and verdict.problem and verdict.problem.startswith("cannot read"):
-                line = f"audit log: {verdict.problem} ({printable(verdict.path)})"
-            sys.stdout.write(line + "\n")
-        for witness in report.witnesses:
-            sys.stdout.write(witness.summary() + "\n")
-        if not keys:
-            sys.stdout.write("signatures NOT checked: give the replicas' public keys with --key\n")
-    return EXIT_OK if report.ok else EXIT_BROKEN

@@ -169,8 +169,16 @@ class RangeHasher:
         return [r for r in self._roots if r is not None]
 
 
-def hash_ranges(hashes: Sequence[bytes], ranges: Iterable[Range]) -> list[bytes]:
-    return [root_of(hashes[s:e]) for s, e in ranges]
+def hash_ranges(hashes: Iterable[bytes], ranges: Sequence[Range]) -> list[bytes]:
+    """The MTH of each range, in the ranges' order, from the leaf hashes streamed in order: the
+    leaves past the last range are never read (a proof over a log of many gigabytes)."""
+    hasher = RangeHasher(ranges)
+    end = max((e for _, e in ranges), default=0)
+    for h in hashes:
+        if hasher.count >= end:
+            break
+        hasher.add(h)
+    return hasher.roots()
 
 
 def verify_inclusion(index: int, size: int, leaf: bytes, path: Sequence[bytes], root: bytes) -> bool:

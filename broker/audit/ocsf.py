@@ -21,7 +21,6 @@ named on stderr by file and line, counted and skipped; the feed goes on (query.B
 
 from __future__ import annotations
 
-import argparse
 import functools
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -32,7 +31,7 @@ import pydantic
 from ocsf_emitter import OCSF_SCHEMA_VERSION, OcsfClass, class_identity, models, type_uid_for
 
 from broker.audit import names
-from broker.audit.query import EVIDENCE_PREFIX, BadLine, run_scan
+from broker.audit.query import EVIDENCE_PREFIX, BadLine
 from broker.audit.schema import ALL_FIELDS, INVALID, AuditEvent
 
 # OCSF API Activity's activity_id, status_id and severity_id values (schema 1.5.0).
@@ -206,7 +205,7 @@ class Exporter:
         self._checked: set[tuple[object, ...]] = set()
 
     def line(self, record: dict[str, Any]) -> bytes:
-        """Raises BadLine for a line that cannot be exported (reported and skipped by run_scan)."""
+        """Raises BadLine for a line that cannot be exported (reported and skipped by the command's scan)."""
         fields = _names_only(record)
         line = orjson.dumps(_mapped(fields))
         shape = (tuple(fields), *(fields.get(k) for k in ("event", "method", "tool", "outcome")))
@@ -331,14 +330,3 @@ def _epoch_second(text: str) -> int:
     except ValueError:
         raise BadLine("ts is not a real time") from None
     return int(moment.timestamp())
-
-
-def main_export(args: argparse.Namespace) -> int:
-    """`docbroker audit export --format ocsf`."""
-    exporter = Exporter()
-
-    def render(_: bytes, record: dict[str, Any] | None) -> bytes:
-        assert record is not None  # run_scan parses every line for a renderer that asks for records
-        return exporter.line(record)
-
-    return run_scan(args, "export", render)

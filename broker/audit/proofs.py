@@ -18,18 +18,16 @@ hashes), so a proof that is `/dev/zero` on stdin is refused, not buffered.
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from broker.audit.checkpoint import CHECKPOINT_LABEL, Keyring
-from broker.audit.evidence import EXIT_BROKEN, EXIT_OK, EXIT_USAGE, group_files, load_keys
+from broker.audit.evidence import group_files
 from broker.audit.merkle import (
-    RangeHasher,
     consistency_ranges,
+    hash_ranges,
     inclusion_ranges,
     leaf_hash,
     verify_consistency,
@@ -104,14 +102,9 @@ def _scan(
     return picked, found
 
 
-def _hash_ranges(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
-    hasher = RangeHasher(ranges)
-    end = max((e for _, e in ranges), default=0)
-    for _, _, raw in _lines(paths):
-        if hasher.count >= end:
-            break
-        hasher.add(leaf_hash(raw[:-1]))
-    return [node.hex() for node in hasher.roots()]
+def _proof_nodes(paths: list[Path], ranges: list[tuple[int, int]]) -> list[str]:
+    leaves = (leaf_hash(raw[:-1]) for _, _, raw in _lines(paths))
+    return [node.hex() for node in hash_ranges(leaves, ranges)]
 
 
 def prove_inclusion(paths: list[Path], seq: int, checkpoint: int | None = None) -> dict[str, Any]:
@@ -131,7 +124,7 @@ def prove_inclusion(paths: list[Path], seq: int, checkpoint: int | None = None) 
         "line": line.decode("ascii"),
         "index": index,
         **chosen.public(),
-        "path": _hash_ranges(files, inclusion_ranges(index, size)),
+        "path": _proof_nodes(files, inclusion_ranges(index, size)),
     }
 
 
@@ -156,7 +149,7 @@ def prove_consistency(paths: list[Path], old: int, new: int | None = None) -> di
         "v": FORMAT,
         "old": first.public(),
         "new": second.public(),
-        "path": _hash_ranges(files, ranges),
+        "path": _proof_nodes(files, ranges),
     }
 
 
@@ -227,51 +220,12 @@ def _signed(holder: Any, keys: Keyring) -> tuple[dict[str, Any] | None, str]:
     return body, ""
 
 
-def main_prove(
-    files: list[str], seq: int | None, checkpoint: int | None, old: int | None, new: int | None
-) -> int:
-    paths = [Path(f) for f in files]
-    try:
-        if seq is not None:
-            proof = prove_inclusion(paths, seq, checkpoint)
-        elif old is not None:
-            proof = prove_consistency(paths, old, new)
-        else:
-            sys.stderr.write("docbroker audit prove: give --seq N (inclusion) or --from N (consistency)\n")
-            return EXIT_USAGE
-    except ProofError as exc:
-        sys.stderr.write(f"docbroker audit prove: {exc}\n")
-        return EXIT_BROKEN
-    except UnsafeFileError as exc:
-        sys.stderr.write(f"docbroker audit prove: cannot read a log file: {exc}\n")
-        return EXIT_BROKEN
-    except OSError as exc:
-        sys.stderr.write(f"docbroker audit prove: cannot read a log file: {exc.strerror or 'error'}\n")
-        return EXIT_BROKEN
-    sys.stdout.write(json.dumps(proof, sort_keys=True) + "\n")
-    return EXIT_OK
-
-
-def main_verify_proof(proof_file: str, key_specs: list[str]) -> int:
-    keys = load_keys(key_specs, "verify-proof")
-    if keys is None:
-        return EXIT_USAGE
-    try:
-        proof = _read_proof(proof_file)
-    except ProofError as exc:
-        sys.stderr.write(f"docbroker audit verify-proof: cannot read the proof: {exc}\n")
-        return EXIT_USAGE
-    ok, verdict = verify_proof(proof, keys)
-    sys.stdout.write(f"proof {'OK' if ok else 'BROKEN'}: {verdict}\n")
-    return EXIT_OK if ok else EXIT_BROKEN
-
-
-def _read_proof(proof_file: str) -> Any:
+def read_proof(proof_file: str, stdin: BinaryIO) -> Any:
     """The proof document from a regular file or stdin (`-`), read to at most MAX_PROOF_BYTES.
     Raises ProofError (a fixed text) when it cannot be read or is no JSON document."""
     try:
         if proof_file == "-":
-            data = sys.stdin.buffer.read(MAX_PROOF_BYTES + 1)
+            data = stdin.read(MAX_PROOF_BYTES + 1)
         else:
             with open_regular_stream(proof_file) as stream:
                 data = stream.read(MAX_PROOF_BYTES + 1)

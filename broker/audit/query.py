@@ -21,12 +21,10 @@ the new one from its start.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +36,6 @@ import orjson
 
 from broker.audit.schema import CALLER_FIELDS, INVALID, AuditEvent
 from broker.audit.sink import MAX_LINE_BYTES
-from broker.audit.table import table_header, table_row
 from broker.files import UnsafeFileError, open_regular_stream, printable
 from broker.types import Outcome
 
@@ -376,102 +373,3 @@ def _replaced(path: Path, stream: IO[bytes]) -> bool:
     if now.st_size < stream.tell():  # truncated in place: start again at its beginning
         stream.seek(0)
     return False
-
-
-# --- the command ----------------------------------------------------------------------------------
-
-
-def filters_from_args(args: argparse.Namespace) -> Filters:
-    return build_filters(
-        tenants=args.tenant,
-        subjects=args.subject,
-        events=args.event,
-        outcomes=args.outcome,
-        reasons=args.reason,
-        since=args.since,
-        until=args.until,
-        evidence=args.evidence,
-    )
-
-
-Render = Callable[[bytes, dict[str, Any] | None], bytes]
-_MAX_REPORTED: Final = 100  # bad lines named one by one on stderr; past that they are only counted
-
-
-def run_scan(
-    args: argparse.Namespace, command: str, render: Render, *, raw: bool = False, header: bytes | None = None
-) -> int:
-    """Shared driver: filters → scan → render each match to stdout. Exit 0, 1 (unreadable file), 2.
-
-    `render` gets the parsed record, or None with `raw` (then it may use only the raw line). A
-    line it raises BadLine for is named on stderr by file and line number, counted, and skipped."""
-    try:
-        filters = filters_from_args(args)
-    except FilterError as exc:
-        sys.stderr.write(f"docbroker audit {command}: {exc}\n")
-        return 2
-    scanner = Scanner(filters, raw=raw)
-    out = sys.stdout.buffer
-    try:
-        paths = log_order([Path(f) for f in args.files])  # an unreadable file fails before any output
-        if header is not None:
-            out.write(header)
-        for line, record in scanner.scan(paths, follow=args.follow):
-            try:
-                out.write(render(line, record))
-            except BadLine as exc:
-                _report(command, scanner, exc)
-                continue
-            if args.follow:
-                out.flush()
-        out.flush()
-    except OSError as exc:
-        if isinstance(exc, BrokenPipeError):  # `| head`: the reader has what it wanted
-            _silence_stdout()
-            return 0
-        sys.stderr.write(
-            f"docbroker audit {command}: cannot read {exc.filename}: {exc.strerror or 'error'}\n"
-        )
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        stats = scanner.stats
-        if stats.unreadable:
-            sys.stderr.write(
-                f"docbroker audit {command}: skipped {stats.unreadable} lines that are not audit events "
-                "(run `docbroker audit verify`)\n"
-            )
-    return 0
-
-
-def _report(command: str, scanner: Scanner, exc: BadLine) -> None:
-    stats = scanner.stats
-    stats.unreadable += 1
-    stats.matched -= 1
-    stats.reported += 1
-    if stats.reported <= _MAX_REPORTED:
-        name, number = scanner.position
-        sys.stderr.write(f"docbroker audit {command}: {name} line {number}: {exc}; skipped\n")
-    elif stats.reported == _MAX_REPORTED + 1:
-        sys.stderr.write(f"docbroker audit {command}: more bad lines: from here on they are only counted\n")
-    sys.stderr.flush()
-
-
-def _silence_stdout() -> None:
-    # Python flushes stdout at exit and would raise BrokenPipeError again there.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-
-
-def main_query(args: argparse.Namespace) -> int:
-    """`docbroker audit query`."""
-    if args.json:
-        return run_scan(args, "query", lambda line, _: line + b"\n", raw=True)
-    return run_scan(args, "query", _render_row, header=(table_header() + "\n").encode("ascii"))
-
-
-def _render_row(_: bytes, record: dict[str, Any] | None) -> bytes:
-    assert record is not None  # run_scan parses every line for a renderer that asks for records
-    return (table_row(record) + "\n").encode("utf-8", "replace")

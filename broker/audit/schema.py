@@ -116,29 +116,26 @@ def _one_of(choices: Iterable[str]) -> Validator:
 _COLLECTIONS = (list, tuple, set, frozenset)
 
 
-def _names(value: object) -> object:
-    # A str is iterable too: refuse it, or "query" would become ["e", "q", "r", "u", "y"].
-    if not isinstance(value, _COLLECTIONS) or len(value) > MAX_LIST_ITEMS:
-        return INVALID
-    names = set()
-    for item in value:
-        name = _plain(item)
-        if name is None or not _NAME.fullmatch(name):
+def _set_of(regex: re.Pattern[str], *, at_least: int) -> Validator:
+    """A list of such strings, at most MAX_LIST_ITEMS: written sorted, each once."""
+
+    def check(value: object) -> object:
+        # A str is iterable too: refuse it, or "query" would become ["e", "q", "r", "u", "y"].
+        if not isinstance(value, _COLLECTIONS) or not at_least <= len(value) <= MAX_LIST_ITEMS:
             return INVALID
-        names.add(name)
-    return sorted(names)
+        found = set()
+        for item in value:
+            text = _plain(item)
+            if text is None or not regex.fullmatch(text):
+                return INVALID
+            found.add(text)
+        return sorted(found)
+
+    return check
 
 
-def _ids(value: object) -> object:
-    if not isinstance(value, _COLLECTIONS) or not 1 <= len(value) <= MAX_LIST_ITEMS:
-        return INVALID
-    ids = set()
-    for item in value:
-        text = _plain(item)
-        if text is None or not _ID.fullmatch(text):
-            return INVALID
-        ids.add(text)
-    return sorted(ids)
+_names = _set_of(_NAME, at_least=0)
+_ids = _set_of(_ID, at_least=1)
 
 
 def _subject(value: object) -> object:

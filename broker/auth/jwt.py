@@ -43,9 +43,10 @@ import jwt
 
 from broker.auth.cache import DEFAULT_MAX_ENTRIES, Verified, VerifiedTokens, token_digest
 from broker.auth.claims_map import as_values, claim_at, group_names, person_id
-from broker.auth.encoding import b64url_decode, json_object
+from broker.auth.encoding import json_object
 from broker.auth.errors import AuthError, AuthReason, KeysUnavailable, insufficient_scope
 from broker.auth.keys import KeySource, VerificationKey, allowed_algorithms
+from broker.base64url import b64url_decode
 from broker.settings import MAX_LEEWAY_SECONDS, PREFIX, AuthSettings, SettingsError
 from broker.types import OAuthScope, Principal, TenantId
 from server.contracts import TENANT_RE

@@ -2,8 +2,8 @@
 
 One `_add_*` function per subcommand, each adding its parser and setting `func`; `register`
 adds them all. Heavy imports stay inside the command functions (start-up time of the CLI).
-The commands' own modules (broker/audit/) keep their documented exit codes: 0 intact or found,
-1 broken, 2 usage.
+The commands' drivers (audit_evidence.py, audit_scan.py) keep their documented exit codes: 0
+intact or found, 1 broken, 2 usage.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def register(sub: Subparsers) -> None:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    from broker.audit.evidence import main as main_verify
+    from broker.cli.audit_evidence import main_verify
 
     return main_verify(args.files, args.key, args.witness, args.replica, args.json)
 
@@ -52,7 +52,7 @@ def _add_audit_verify(audit: AuditCommands) -> None:
 
 
 def cmd_audit_prove(args: argparse.Namespace) -> int:
-    from broker.audit.proofs import main_prove
+    from broker.cli.audit_evidence import main_prove
 
     return main_prove(args.files, args.seq, args.checkpoint, args.old, args.new)
 
@@ -75,7 +75,7 @@ def _add_audit_prove(audit: AuditCommands) -> None:
 
 
 def cmd_audit_verify_proof(args: argparse.Namespace) -> int:
-    from broker.audit.proofs import main_verify_proof
+    from broker.cli.audit_evidence import main_verify_proof
 
     return main_verify_proof(args.proof, args.key)
 
@@ -156,7 +156,7 @@ def _add_audit_key(audit: AuditCommands) -> None:
     keygen.set_defaults(func=cmd_audit_keygen)
 
 
-# `audit query` and `audit export`: the same filters over the same streaming scan (broker/audit/query.py).
+# `audit query` and `audit export`: the same filters over the same streaming scan (broker/cli/audit_scan.py).
 
 
 def _add_audit_filters(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +174,7 @@ def _add_audit_filters(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_audit_query(args: argparse.Namespace) -> int:
-    from broker.audit.query import main_query
+    from broker.cli.audit_scan import main_query
 
     return main_query(args)
 
@@ -187,7 +187,7 @@ def _add_audit_query(audit: AuditCommands) -> None:
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
-    from broker.audit.ocsf import main_export
+    from broker.cli.audit_scan import main_export
 
     return main_export(args)
 

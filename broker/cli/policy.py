@@ -3,12 +3,13 @@
 The folder is the one `serve` loads — DOCBROKER_POLICIES_DIR, read as `serve` reads it — unless
 `--dir` names another: an operator checking their deployment's set with its environment is
 told about that set, not about `./policies`. The checks themselves live with the policy
-(broker/policy/tool.py).
+(broker/policy/checks.py); this module parses and prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,20 +28,48 @@ def _folder(args: argparse.Namespace) -> Path:
         raise UsageError(f"configuration error: {exc}") from None
 
 
-def _cmd_validate(args: argparse.Namespace) -> int:
-    from broker.policy.tool import validate
+def _invalid(exc: Exception) -> int:
+    sys.stdout.write(f"invalid: {exc}\n")
+    return 1
 
-    return validate(_folder(args), [Path(f) for f in args.files], sys.stdout)
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    """Load and validate the set; one line either way."""
+    from broker.policy import PolicyError
+    from broker.policy.checks import load_set
+
+    try:
+        engine = load_set(_folder(args), [Path(f) for f in args.files])
+    except PolicyError as exc:
+        return _invalid(exc)
+    sys.stdout.write(f"ok: {len(engine.policy_ids)} policies, set {engine.hash}\n")
+    return 0
 
 
 def _cmd_test(args: argparse.Namespace) -> int:
-    from broker.policy.tool import run_table
+    """One line per failing case, then a summary."""
+    from broker.policy import PolicyError
+    from broker.policy.checks import run_table
 
-    return run_table(_folder(args), Path(args.table), sys.stdout)
+    table_file = Path(args.table)
+    try:
+        run = run_table(_folder(args), table_file)
+    except PolicyError as exc:
+        return _invalid(exc)
+    for case, decision in run.failed:
+        got = "allow" if decision.allowed else "deny"
+        ids = list(decision.policy_ids)
+        sys.stdout.write(f"FAIL {case.name}: got {got} by {ids}, approvers {decision.approvers}\n")
+    failed = len(run.failed)
+    passed = run.cases - failed
+    sys.stdout.write(f"{passed} passed, {failed} failed ({table_file.name}, set {run.set_hash})\n")
+    return 1 if failed else 0
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from broker.policy.tool import explain
+    """One request's decision and the policies that made it, as JSON."""
+    from broker.policy import PolicyError
+    from broker.policy.checks import explain
 
     request: dict[str, Any] = {
         "tenant": args.tenant,
@@ -56,7 +85,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         value = getattr(args, key)
         if value is not None:
             request[key] = value
-    return explain(_folder(args), [Path(f) for f in args.with_files], request, sys.stdout)
+    try:
+        verdict = explain(_folder(args), [Path(f) for f in args.with_files], request)
+    except PolicyError as exc:
+        return _invalid(exc)
+    sys.stdout.write(json.dumps(verdict, indent=2) + "\n")
+    return 0
 
 
 def register(sub: Subparsers) -> None:

@@ -70,8 +70,8 @@ def _tenant(name: str) -> str:
 
 
 def _with_backend(settings: Settings, work: Callable[[SandboxBackend], Awaitable[_T]]) -> _T:
-    from broker.app import make_backend
     from broker.master_key import MasterKeyError
+    from broker.runtime.backends import make_backend
     from broker.runtime.base import RuntimeErrorBase
 
     async def run() -> _T:

@@ -43,12 +43,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(settings: Settings) -> int:
     import uvicorn
 
-    from broker.app import build_app, make_backend, open_store
+    from broker.app import build_app
     from broker.approvals.store import SchemaMismatch, StoreError
+    from broker.approvals.stores import open_store
     from broker.audit import AuditLog, AuditSinkError
     from broker.http_edge import edge_protocol
     from broker.master_key import MasterKeyError
     from broker.policy import PolicyError
+    from broker.runtime.backends import make_backend
     from broker.runtime.base import RuntimeErrorBase
     from broker.runtime.host_replicas import ReplicaTaken
     from broker.schema_wait import wait_for_schema

@@ -253,9 +253,55 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
-    from broker.runtime.kubernetes.manifest import run_manifest
+    """Namespace and instance from DOCBROKER_KUBE_NAMESPACE / DOCBROKER_INSTANCE."""
+    from broker.master_key import MasterKeyError, load_master_key
+    from broker.runtime.kubernetes.manifest import tenant_objects, to_yaml
+    from broker.settings import (
+        INSTANCE_RE,
+        KUBE_QUANTITY_RE,
+        SettingsError,
+        kubernetes_from_env,
+        master_key_file_from_env,
+    )
+    from server.contracts import TENANT_RE
 
-    return run_manifest(args, out=sys.stdout)
+    tenant = args.manifest_of
+    if not TENANT_RE.fullmatch(tenant):
+        raise SystemExit("docbroker tenant manifest: not a tenant id (a DNS label)")
+    for flag, value in (("--sources-size", args.sources_size), ("--reports-size", args.reports_size)):
+        if not KUBE_QUANTITY_RE.fullmatch(value):
+            raise SystemExit(f"docbroker tenant manifest: {flag} must be a quantity such as 1Gi")
+    for flag, value in (
+        ("--storage-class", args.storage_class),
+        ("--sources-storage-class", args.sources_storage_class),
+        ("--reports-storage-class", args.reports_storage_class),
+    ):
+        if value is not None and not INSTANCE_RE.fullmatch(value):
+            raise SystemExit(f"docbroker tenant manifest: {flag} must be a DNS label")
+    try:
+        kube, instance = kubernetes_from_env(by_digest=False)  # PVCs and a Secret: no image
+    except SettingsError as exc:
+        raise SystemExit(f"docbroker tenant manifest: {exc}") from None
+    master_key = None
+    if args.secret:
+        try:
+            master_key = load_master_key(master_key_file_from_env())
+        except MasterKeyError as exc:
+            raise SystemExit(f"docbroker tenant manifest: {exc}") from None
+    objects = tenant_objects(
+        tenant,
+        namespace=kube.namespace,
+        instance=instance,
+        sources_size=args.sources_size,
+        reports_size=args.reports_size,
+        storage_class=args.storage_class,
+        sources_storage_class=args.sources_storage_class,
+        reports_storage_class=args.reports_storage_class,
+        sources_access_mode=args.sources_access_mode or kube.sources_access_mode,
+        master_key=master_key,
+    )
+    sys.stdout.write(to_yaml(objects))
+    return 0
 
 
 def cmd_sources_push(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@
 - cedar.py: the policy set (schema, validation, hash) and its decisions (`PolicyEngine`)
 - live.py: the set in force, reloaded when its files change or on SIGHUP (`LivePolicy`)
 - table.py: tables of requests and expected decisions (`docbroker policy test`)
-- tool.py: `docbroker policy validate|test|explain`
+- checks.py: `docbroker policy validate|test|explain`: the set loaded as `serve` loads it, then checked
 """
 
 from broker.policy.cedar import Call, Decider, Decision, PolicyEngine

@@ -40,8 +40,6 @@ audit_unavailable | approvals_unavailable (the approvals database cannot be reac
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 import math
@@ -61,6 +59,7 @@ from broker.audit.schema import AuditEvent
 from broker.auth import AuthError
 from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
+from broker.base64url import b64url_decode, b64url_encode
 from broker.policy import APPROVE, VIEW_APPROVALS, Call, Decider, Decision, Policies, TenantLimiter
 from broker.types import ApprovalState, OAuthScope, Outcome, Principal, TenantId
 from broker.web.sessions import WebSession
@@ -433,15 +432,18 @@ def _limit(raw: str | None) -> int | None:
 
 def _write_cursor(position: Position, state_name: str) -> str:
     raw = json.dumps([1, state_name, position.created_at, position.id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return b64url_encode(raw.encode())
 
 
 def _read_cursor(text: str, state_name: str) -> Position | None:
     if not _CURSOR_RE.fullmatch(text):
         return None
+    raw = b64url_decode(text)  # one spelling per cursor, as for every value a client hands back
+    if raw is None:
+        return None
     try:
-        value = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (binascii.Error, ValueError):
+        value = json.loads(raw)
+    except ValueError:
         return None
     if not isinstance(value, list) or len(value) != 4:
         return None

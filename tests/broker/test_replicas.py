@@ -2,7 +2,7 @@
 4 and 5): each replica writes its own chain, named by its id, with the id on every line; every
 request gets exactly one terminal event, on the replica that served it; `audit verify` over both
 replicas' files reports each; a second broker on one chain refuses to start, in one line; a
-tenant's limits hold across replicas within the bound the README states.
+tenant's limits hold across replicas within the bound docs/operations.md, "Replicas" states.
 
 Real brokers (broker/testing/replicas.py): two `python -m broker serve` processes sharing a data
 dir, master key and identity provider, requests spread by a round-robin client.
@@ -285,7 +285,7 @@ def test_a_tenants_limit_holds_across_two_replicas_within_the_stated_bound(
         elapsed = time.monotonic() - started
         spread.close()
         pinned.close()
-    # README: at most burst + rate x time (+ N - 1 of rounding) across N replicas.
+    # docs/operations.md, "Replicas": at most burst + rate x time (+ N - 1 of rounding) across N replicas.
     share_burst, share_rate = math.ceil(BURST / 2), math.ceil(RATE / 2) / 60
     refill = math.floor(elapsed * share_rate) + 1  # a token may come due during the run, per replica
     assert 2 * share_burst <= got <= 2 * (share_burst + refill), (got, elapsed)

@@ -1,7 +1,7 @@
 """The broker image carries no test harness (issue 24, item 26; the wheel's side is
 tests/broker/test_packaging.py): `broker.testing` mints tokens with a key of its own and
 starts subprocesses, and has no business on a production import path. The images are the
-ones `.ci/docker.sh` builds from this checkout (`python -m broker.images server broker`)."""
+ones `.ci/docker.sh` builds from this checkout (`python -m broker.cli.build_images server broker`)."""
 
 from __future__ import annotations
 

@@ -13,9 +13,7 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,87 +37,19 @@ from broker.audit.processors import canonical
 from broker.audit.sink import FileSink, rotated_files
 from broker.audit.witness import FileCopy
 from broker.settings import AuditSettings, SettingsError
-from tests.broker.audit.audit_helpers import plain, request_fields
+from tests.broker.audit.audit_helpers import Replica, docbroker, plain, request_fields, write_log
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@dataclass
-class Replica:
-    """One replica's files: its log, witness copy, signing key and the public key a team holds."""
-
-    dir: Path
-    name: str
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "audit.jsonl"
-
-    @property
-    def witness(self) -> Path:
-        return self.dir / "witness.jsonl"
-
-    @property
-    def key_file(self) -> Path:
-        return self.dir / "audit-signing.key"
-
-    @property
-    def signer(self) -> Signer:
-        return load_signing_key(self.key_file)
-
-    @property
-    def public(self) -> Path:
-        path = self.dir / "public.pem"
-        if not path.exists():
-            path.write_text(public_pem(self.signer.private.public_key()))
-        return path
-
-    def settings(self, every: int = 5) -> AuditSettings:
-        return AuditSettings(
-            path=self.log,
-            key_file=self.key_file,
-            witness_file=self.witness,
-            replica=self.name,
-            checkpoint_every=every,
-        )
-
-    def lines(self, path: Path | None = None) -> list[bytes]:
-        return (path or self.log).read_bytes().splitlines(keepends=True)
-
-
-async def write_log(tmp_path: Path, name: str = "r1", events: int = 22, every: int = 5) -> Replica:
-    replica = Replica(tmp_path / name, name)
-    async with await AuditLog.open(replica.settings(every)) as log:
-        for i in range(events):
-            await log.emit("mcp.request", **request_fields(i))
-    return replica
-
-
 def verify(*args: str | Path) -> tuple[int, dict[str, Any]]:
-    result = subprocess.run(
-        [sys.executable, "-m", "broker", "audit", "verify", "--json", *map(str, args)],
-        cwd=ROOT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert "Traceback" not in result.stderr, result.stderr
+    result = docbroker("audit", "verify", "--json", *args)
     return result.returncode, json.loads(result.stdout) if result.stdout else {}
 
 
 def verify_text(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broker", "audit", "verify", *map(str, args)],
-        cwd=ROOT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return docbroker("audit", "verify", *args)
 
 
 def problem(document: dict[str, Any], index: int = 0) -> str:

@@ -18,6 +18,7 @@ import pytest
 from test_audit_integration import fill, small_tmpfs
 
 from broker.testing import ROOT, Broker, make_broker
+from tests.broker.audit.audit_helpers import docbroker as run_docbroker
 from tests.broker.support import call_modern, modern_body, modern_headers, open_http, post_modern
 
 pytestmark = pytest.mark.anyio
@@ -26,18 +27,7 @@ pytestmark = pytest.mark.anyio
 def docbroker(
     broker: Broker, *args: str | Path, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "broker", *map(str, args)],
-        cwd=ROOT,
-        env=broker.env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+    return run_docbroker(*args, env=broker.env, stdin=stdin)
 
 
 def public_key(broker: Broker, tmp_path: Path) -> Path:

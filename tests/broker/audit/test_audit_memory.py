@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_audit_evidence import write_log
 from test_audit_proofs import check
 
 from broker.testing.audit_cli import grow_witness, run_audit
+from tests.broker.audit.audit_helpers import write_log
 
 pytestmark = pytest.mark.anyio
 CHECKPOINTS = 200_000

@@ -8,32 +8,20 @@ Merkle code under them is checked against the published RFC 6962 vectors in test
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_audit_evidence import ROOT, Replica, records, rewrite_consistently, write_log
+from test_audit_evidence import records, rewrite_consistently
 
 from broker.audit.checkpoint import create_signing_key, load_signing_key, public_pem
+from tests.broker.audit.audit_helpers import Replica, docbroker, write_log
 
 pytestmark = pytest.mark.anyio
 
 
 def cli(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "broker", "audit", *map(str, args)],
-        cwd=ROOT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT)},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+    return docbroker("audit", *args, stdin=stdin)
 
 
 def prove(replica: Replica, *args: str | Path) -> dict:

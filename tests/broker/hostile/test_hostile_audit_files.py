@@ -17,17 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from broker.audit import AuditLog
-from broker.audit.checkpoint import load_signing_key, public_pem
 from broker.audit.processors import canonical
-from broker.settings import AuditSettings
 from broker.testing.audit_cli import AuditRun, run_audit
-from tests.broker.audit.audit_helpers import request_fields
+from tests.broker.audit.audit_helpers import Replica, write_log
 
 TIMEOUT = 30.0  # each run takes about a second; a hang is what this catches
 MEMORY_MIB = 100  # issue 24's target for the audit tools, whatever the input
@@ -35,47 +31,9 @@ HUGE = 200 * 1024 * 1024  # the planted line
 NESTED = b"[" * 100_000
 
 
-@dataclass
-class Log:
-    """One replica's real files, written by the real writer."""
-
-    dir: Path
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "audit.jsonl"
-
-    @property
-    def witness(self) -> Path:
-        return self.dir / "witness.jsonl"
-
-    @property
-    def public(self) -> Path:
-        return self.dir / "public.pem"
-
-    def lines(self) -> list[bytes]:
-        return self.log.read_bytes().splitlines(keepends=True)
-
-
-async def _write(folder: Path) -> Log:
-    log = Log(folder)
-    settings = AuditSettings(
-        path=log.log,
-        key_file=folder / "audit-signing.key",
-        witness_file=log.witness,
-        replica="r1",
-        checkpoint_every=5,
-    )
-    async with await AuditLog.open(settings) as audit:
-        for i in range(22):
-            await audit.emit("mcp.request", **request_fields(i))
-    log.public.write_text(public_pem(load_signing_key(folder / "audit-signing.key").private.public_key()))
-    return log
-
-
 @pytest.fixture
-def real(tmp_path: Path) -> Log:
-    return asyncio.run(_write(tmp_path / "r1"))
+def real(tmp_path: Path) -> Replica:
+    return asyncio.run(write_log(tmp_path, "r1"))  # 22 events, a signed checkpoint every 5
 
 
 def assert_clean(run: AuditRun) -> None:
@@ -100,7 +58,7 @@ def plant(kind: str, path: Path) -> Path:
     return path
 
 
-def tool_args(tool: str, real: Log, planted: Path) -> tuple[str | Path, ...]:
+def tool_args(tool: str, real: Replica, planted: Path) -> tuple[str | Path, ...]:
     """Each tool, given the planted file where it takes a file."""
     return {
         "verify": ("verify", real.log, planted),
@@ -117,7 +75,7 @@ EXIT = {"verify": 1, "query": 1, "export": 1, "prove": 1, "verify-proof": 2, "wi
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero-link"])
 @pytest.mark.parametrize("tool", list(EXIT))
-def test_a_fifo_or_a_link_to_dev_zero_is_refused_in_one_line(real: Log, tool: str, kind: str) -> None:
+def test_a_fifo_or_a_link_to_dev_zero_is_refused_in_one_line(real: Replica, tool: str, kind: str) -> None:
     # Named like a rotated file, so `audit.jsonl*` picks it up beside the real log.
     planted = plant(kind, real.dir / "audit.jsonl.000002")
     run = run_audit(*tool_args(tool, real, planted), timeout=TIMEOUT)
@@ -128,7 +86,7 @@ def test_a_fifo_or_a_link_to_dev_zero_is_refused_in_one_line(real: Log, tool: st
         one_line_with(run, "audit log OK")
 
 
-def test_a_200_mb_line_is_one_bad_line_held_in_bounded_memory(real: Log) -> None:
+def test_a_200_mb_line_is_one_bad_line_held_in_bounded_memory(real: Replica) -> None:
     lines = real.lines()
     with real.log.open("wb") as out:
         out.writelines(lines[:2])
@@ -151,7 +109,7 @@ def test_a_200_mb_line_is_one_bad_line_held_in_bounded_memory(real: Log) -> None
     assert run.code == 1 and "line 3 of audit.jsonl (line too long)" in one_line_with(run, "does not verify")
 
 
-def test_a_200_mb_proof_or_witness_line_is_refused_in_bounded_memory(real: Log) -> None:
+def test_a_200_mb_proof_or_witness_line_is_refused_in_bounded_memory(real: Replica) -> None:
     huge = real.dir / "proof.json"
     with huge.open("wb") as out:
         out.write(b'{"line":"' + b"x" * HUGE + b'"}\n')
@@ -169,7 +127,7 @@ def test_a_200_mb_proof_or_witness_line_is_refused_in_bounded_memory(real: Log) 
     assert one_line_with(run, "witness BROKEN").startswith("witness BROKEN: line 2: line too long")
 
 
-def test_100k_nested_brackets_are_one_bad_line_named_by_its_number(real: Log) -> None:
+def test_100k_nested_brackets_are_one_bad_line_named_by_its_number(real: Replica) -> None:
     lines = real.lines()
     real.log.write_bytes(b"".join(lines[:2]) + NESTED + b"\n" + b"".join(lines[3:]))
     run = run_audit("verify", real.log, "--key", real.public, timeout=TIMEOUT)
@@ -194,7 +152,7 @@ def test_100k_nested_brackets_are_one_bad_line_named_by_its_number(real: Log) ->
     assert one_line_with(run, "witness BROKEN").startswith("witness BROKEN: line 2: not a JSON line")
 
 
-def test_terminal_escapes_in_planted_names_never_reach_the_terminal(real: Log) -> None:
+def test_terminal_escapes_in_planted_names_never_reach_the_terminal(real: Replica) -> None:
     name = "audit.jsonl.\x1b]0;owned\x07\x1b[2J"
     planted = real.dir / name
     planted.write_bytes(b'{"event":"\x1b[31mred"}\n')  # a regular file: verified, and broken
@@ -211,7 +169,7 @@ def test_terminal_escapes_in_planted_names_never_reach_the_terminal(real: Log) -
         assert run.code == 1 and "\\x1b" in one_line_with(run, "not a regular file (refused)")
 
 
-def test_a_byte_glued_to_each_witness_record_does_not_hide_a_cut_tail(real: Log) -> None:
+def test_a_byte_glued_to_each_witness_record_does_not_hide_a_cut_tail(real: Replica) -> None:
     lines = real.lines()
     cut = [i for i, line in enumerate(lines) if b'"event":"audit.checkpoint"' in line][2]
     real.log.write_bytes(b"".join(lines[:cut]))  # cut back behind a shipped checkpoint
@@ -233,7 +191,7 @@ def test_a_byte_glued_to_each_witness_record_does_not_hide_a_cut_tail(real: Log)
     }
 
 
-def test_a_checkpoint_frontier_that_does_not_fit_its_size_is_one_bad_line(real: Log) -> None:
+def test_a_checkpoint_frontier_that_does_not_fit_its_size_is_one_bad_line(real: Replica) -> None:
     # The frontier is not signed: a genuine checkpoint, its frontier cut, in a file given
     # without its start (the tree is anchored on that checkpoint).
     lines = real.lines()

@@ -180,6 +180,7 @@ def test_cursors_are_checked_and_never_reach_another_tenant(api_broker: Broker) 
         before = last_seq(api_broker)
         bad = {
             "garbage": {"cursor": "not a cursor!"},
+            "second spelling": {"cursor": second_spelling(decoded), "state": "all"},
             "not base64 json": {"cursor": "AAAA"},
             "other state": {"cursor": cursor, "state": "pending"},
             "huge": {"cursor": "A" * 5000},
@@ -195,6 +196,17 @@ def test_cursors_are_checked_and_never_reach_another_tenant(api_broker: Broker) 
     events = [e for e in events_since(api_broker, before) if e.get("method") == "approvals"]
     assert [e["status"] for e in events] == [400] * len(bad)
     assert {e["reason"] for e in events} == {"bad_cursor", "bad_limit", "unknown_state"}
+
+
+def second_spelling(cursor: list[Any]) -> str:
+    """A valid cursor in a base64url spelling the broker never writes: unused low bits set."""
+    raw = json.dumps(cursor).encode()
+    raw += b" " * (-(len(raw) - 1) % 3)  # one byte past whole groups: 4 unused bits at the end
+    text = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    other = text[:-1] + alphabet[alphabet.index(text[-1]) | 1]
+    assert base64.urlsafe_b64decode(other + "==") == raw  # Python's lenient decoder reads it
+    return other
 
 
 # -- item 4: listing one tenant's approvals does not slow another's calls --------------------------
