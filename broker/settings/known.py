@@ -36,11 +36,11 @@ HARNESS_PREFIX = "DOCBROKER_TEST_"
 
 def refuse_unknown(env: Mapping[str, str], known: Callable[[], list[SettingRead]]) -> None:
     """One line naming the first variable nobody reads, and the closest known setting."""
-    unread = sorted(name for name in env if name.startswith(PREFIX) and not name.startswith(HARNESS_PREFIX))
-    if not unread:
+    given = sorted(name for name in env if name.startswith(PREFIX) and not name.startswith(HARNESS_PREFIX))
+    if not given:
         return
     names = {read.name for read in known()} | set(OTHER_VARIABLES)
-    for name in unread:
+    for name in given:
         if name in names:
             continue
         # Without the prefix every name shares: else any two names look alike.
