@@ -91,13 +91,13 @@ def build_app(
 ) -> BrokerApp:
     """The app, wired. The audit log, the backend and the store are opened by the caller first."""
     master_key = load_master_key(settings.master_key_file)
-    ops = OpsTokens.load(settings.ops_token_file)
+    ops = OpsTokens.load(settings.server.ops_token_file)
     policies = Policies.load(settings.policies_dir)
     first = PolicyEngine.load(settings.policies_dir, policies)  # validated, or start-up refused
     tenants = Tenants(settings, master_key)
     preauth = PreAuthLimiter(settings.preauth)
     auth = AuthService(
-        settings.auth, known_tenant=policies.known, public_url=settings.public_url, preauth=preauth
+        settings.auth, known_tenant=policies.known, public_url=settings.server.public_url, preauth=preauth
     )
 
     upstreams = Upstreams(
@@ -126,7 +126,7 @@ def build_app(
         settings.policies_dir, first, on_reload=lambda result: metrics.policy_reloads.labels(result).inc()
     )
     # one budget per tenant, for /mcp and REST alike: this replica's share of it
-    limiter = TenantLimiter(policies, replicas=settings.replicas)
+    limiter = TenantLimiter(policies, replicas=settings.server.replicas)
 
     report_stores: dict[str, Reports] = {}  # one per tenant: its saves and sweeps take turns
 
@@ -171,12 +171,12 @@ def build_app(
         reports_for=reports_for,
         claims=claims,
         settings=settings.approvals,
-        public_url=settings.public_url,
+        public_url=settings.server.public_url,
         audit=audit.emit,
         engine=engine,
     )
-    sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.session_ttl_seconds)
-    tracing = Tracing.from_settings(settings.tracing, metrics.sandbox_spans_dropped.inc)
+    sessions = SessionSealer(session_key(master_key), ttl_seconds=settings.limits.session_ttl_seconds)
+    tracing = Tracing.from_settings(settings.tracing.enabled, metrics.sandbox_spans_dropped.inc)
     gateway = _gateway(settings, auth, policies, engine, limiter, runtime, upstreams, sessions, approvals,
                        reports_for, audit, metrics, tracing)  # fmt: skip
     signin = _signin(settings, store, policies, audit, preauth, signin_key(master_key))
@@ -249,7 +249,7 @@ def build_app(
         )
         recovery = asyncio.create_task(recover_forever(store, claims, audit.emit, audit.check))
         counts = asyncio.create_task(denial_counts_every_interval())
-        reloads = asyncio.create_task(engine.watch(settings.policy_reload_seconds))
+        reloads = asyncio.create_task(engine.watch(settings.policy.reload_seconds))
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGHUP, engine.reload_soon)
         if webhooks is not None:
@@ -286,7 +286,10 @@ def build_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.components = parts
-    origins = Origins(settings.allowed_origins or (origin_of(settings.public_url) or settings.public_url,))
+    origins = Origins(
+        settings.server.allowed_origins
+        or (origin_of(settings.server.public_url) or settings.server.public_url,)
+    )
     proxies = TrustedProxies(settings.preauth.trusted_proxies)
     return BrokerApp(app, gateway, origins=origins, preauth=preauth, proxies=proxies, audit=audit)
 
@@ -304,8 +307,8 @@ def _signin(
         return None
     provider = OidcProvider(
         settings.oidc,
-        redirect_uri=f"{settings.public_url}/approvals/callback",
-        post_logout_uri=f"{settings.public_url}/approvals",
+        redirect_uri=f"{settings.server.public_url}/approvals/callback",
+        post_logout_uri=f"{settings.server.public_url}/approvals",
     )
     sessions = web_sessions_for(store)
     return SignIn(
@@ -350,7 +353,7 @@ def _gateway(
         approvals=approvals,
         reports_for=reports_for,
         audit=audit,
-        max_response_bytes=settings.max_response_bytes,
+        max_response_bytes=settings.limits.max_response_bytes,
     )
     gate = Gate(
         auth=auth,
@@ -362,7 +365,7 @@ def _gateway(
         audit=audit,
         pinned_without=pinning.pinned_without,
         session_alive=relay.session_alive,
-        max_body_bytes=settings.max_body_bytes,
+        max_body_bytes=settings.limits.max_body_bytes,
     )
     return McpGateway(
         gate=gate, relay=relay, approvals=approvals, limiter=limiter, audit=audit, metrics=metrics,

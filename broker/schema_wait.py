@@ -89,11 +89,11 @@ async def wait_for_schema(settings: Settings, reason: str) -> bool:
     SIGTERM/SIGINT (False: the caller exits without starting). `reason` is the one line the
     schema check gave (what to run); it is logged once, and again when the version changes."""
     found = _Found(None)
-    app = waiting_app(found, OpsTokens.load(settings.ops_token_file))
+    app = waiting_app(found, OpsTokens.load(settings.server.ops_token_file))
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
+        host=settings.server.host,
+        port=settings.server.port,
         log_level="warning",
         access_log=False,
         proxy_headers=False,

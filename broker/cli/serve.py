@@ -85,8 +85,8 @@ async def _serve(settings: Settings) -> int:
             raise SystemExit(f"docbroker: cannot start: {exc}") from None
         config = uvicorn.Config(
             app,
-            host=settings.host,
-            port=settings.port,
+            host=settings.server.host,
+            port=settings.server.port,
             log_level="warning",
             access_log=False,  # the audit log is the access log; uvicorn's would carry paths and peers
             # httptools, each answer in one write; each request read within a deadline and a head cap

@@ -99,7 +99,7 @@ def test_sqlite_is_refused_with_replicas_or_in_a_broker_pod(env: dict[str, str],
 
 
 def test_sqlite_stays_for_one_broker_and_for_a_host_broker_on_a_kubeconfig() -> None:
-    assert Settings.from_env(BASE).replicas == 1
+    assert Settings.from_env(BASE).server.replicas == 1
     # A broker process on a host with a kubeconfig (development, the lab's host broker) keeps
     # its data dir across restarts like any host broker.
     on_host = Settings.from_env(BASE | KUBE | {"DOCBROKER_KUBECONFIG": "/etc/docbroker/kubeconfig"})

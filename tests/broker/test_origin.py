@@ -133,9 +133,9 @@ SETTINGS_BASE = {
 
 
 def test_the_default_allow_list_is_the_public_urls_origin() -> None:
-    assert Settings.from_env(SETTINGS_BASE).allowed_origins == ("http://127.0.0.1:8080",)
+    assert Settings.from_env(SETTINGS_BASE).server.allowed_origins == ("http://127.0.0.1:8080",)
     env = SETTINGS_BASE | {"DOCBROKER_PUBLIC_URL": "https://Broker.Example:443/docbroker/"}
-    assert Settings.from_env(env).allowed_origins == ("https://broker.example",)
+    assert Settings.from_env(env).server.allowed_origins == ("https://broker.example",)
 
 
 @pytest.mark.parametrize(

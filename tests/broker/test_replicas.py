@@ -165,9 +165,9 @@ def test_replica_id_names_the_audit_files_only_when_given(tmp_path: Path) -> Non
         with pytest.raises(SettingsError, match="DOCBROKER_REPLICA_ID") as err:
             Settings.from_env(base | {"DOCBROKER_REPLICA_ID": bad})
         assert bad not in str(err.value)
-    assert Settings.from_env(base).replicas == 1
+    assert Settings.from_env(base).server.replicas == 1
     shared = {"DOCBROKER_DATABASE_URL": "postgresql://docbroker@/docbroker"}  # replicas need one
-    assert Settings.from_env(base | shared | {"DOCBROKER_REPLICAS": "3"}).replicas == 3
+    assert Settings.from_env(base | shared | {"DOCBROKER_REPLICAS": "3"}).server.replicas == 3
     for bad in ("0", "two", "-1"):
         with pytest.raises(SettingsError, match="DOCBROKER_REPLICAS") as err:
             Settings.from_env(base | shared | {"DOCBROKER_REPLICAS": bad})

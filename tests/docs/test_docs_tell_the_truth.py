@@ -20,16 +20,12 @@ from pathlib import Path
 
 from broker.cli import main
 from broker.cli.reference import settings_table
+from broker.settings.known import HARNESS_PREFIX, OTHER_VARIABLES
 from broker.testing import ROOT
 from tests.docs.markdown import Snippet, anchors, headings, links, pages, snippets
 
-# `DOCBROKER_*` names that are not the broker's settings, and where each is read.
-OTHER_VARIABLES = {
-    "DOCBROKER_TOKEN": "broker/cli/client_config.py",  # client-config's placeholder for the client
-    "DOCBROKER_RELIABILITY_OUT": "tests/reliability",  # where a reliability run writes its summary
-}
-# The test harness's own (`./dev test`, .ci/): each must be read in one of these places.
-HARNESS_PREFIX = "DOCBROKER_TEST_"
+# `DOCBROKER_*` names that are not the broker's settings, and where each is read
+# (OTHER_VARIABLES); the test harness's own (`./dev test`, .ci/), each read in one of these places.
 HARNESS_PLACES = ("tests", "broker/testing", ".ci", "dev", "k8s/overlays/lab", "bench")
 
 SEPARATORS = {"|", "||", "&&", ";", "&", "(", "$(", "then", "do", "exec", "time", "sudo", "xargs"}
@@ -177,7 +173,7 @@ def test_every_variable_the_docs_name_is_read() -> None:
             elif name in known:
                 continue
             elif name in OTHER_VARIABLES:
-                if not read_in(name, (OTHER_VARIABLES[name],)):
+                if not read_in(name, tuple(p.strip() for p in OTHER_VARIABLES[name].split(","))):
                     wrong.append(f"{where}: {name} is not read in {OTHER_VARIABLES[name]}")
             elif name.startswith(HARNESS_PREFIX):
                 if not read_in(name, HARNESS_PLACES):

@@ -108,7 +108,7 @@ def test_the_store_url_keys_and_tenants_are_serves(broker: Broker, tmp_path: Pat
     listed = cli(broker.env, "approvals", "list", "--json", "--token-file", str(approver))  # no --url
     assert listed.returncode == 0, listed.stderr
     config = cli(broker.env, "client-config", "--tenant", "acme", "--client", "python")
-    assert config.returncode == 0 and f"{settings.public_url}/mcp" in config.stdout
+    assert config.returncode == 0 and f"{settings.server.public_url}/mcp" in config.stdout
 
     hex_key = cli(broker.env, "audit", "key", "--format", "hex")
     assert hex_key.returncode == 0, hex_key.stderr
@@ -146,7 +146,7 @@ def test_every_part_a_command_reads_alone_is_serves(tmp_path: Path) -> None:
     store = store_from_env(env)
     assert (store.data_dir, store.database) == (settings.data_dir, settings.database)
     assert policies_dir_from_env(env) == settings.policies_dir
-    assert public_url_from_env(env) == settings.public_url == "https://docs.example.com"
+    assert public_url_from_env(env) == settings.server.public_url == "https://docs.example.com"
     assert master_key_file_from_env(env) == settings.master_key_file
     assert docker_host_from_env(env) == settings.runtime.docker.base_url
     assert docker_image_from_env(env) == settings.runtime.docker.image
