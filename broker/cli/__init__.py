@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.register(sub)
+    parser.set_defaults(top_parser=parser)  # for `docbroker reference`, which documents it all
     for command in commands(parser):
         command.set_defaults(prog=command.prog)  # names the command in its error lines
     return parser

@@ -111,11 +111,9 @@ def policy_table() -> list[str]:
     return rows
 
 
-def command_table() -> list[str]:
-    from broker.cli import build_parser
-
+def command_table(parser: argparse.ArgumentParser) -> list[str]:
     rows = ["| command | what it does | options |", "|---|---|---|"]
-    for path, help_text, options in _commands(build_parser(), []):
+    for path, help_text, options in _commands(parser, []):
         rows.append(f"| `{path}` | {_cell(help_text)} | {_cell(' '.join(f'`{o}`' for o in options))} |")
     return rows
 
@@ -139,7 +137,8 @@ def _commands(parser: argparse.ArgumentParser, path: list[str]) -> list[tuple[st
     return found
 
 
-def generated() -> str:
+def generated(parser: argparse.ArgumentParser) -> str:
+    """The generated part of docs/operations.md; `parser` is the whole `docbroker` parser."""
     parts = [
         BEGIN,
         "",
@@ -153,7 +152,7 @@ def generated() -> str:
         "",
         "### Commands",
         "",
-        *command_table(),
+        *command_table(parser),
         "",
         END,
     ]
@@ -169,7 +168,9 @@ def replace_generated(text: str, part: str) -> str:
 
 
 def cmd_reference(args: argparse.Namespace) -> int:
-    part = generated()
+    # The whole parser is handed down by build_parser (`top_parser`): importing it from
+    # broker.cli here would be an import circle (broker.cli registers this module).
+    part = generated(args.top_parser)
     if args.write is None:
         sys.stdout.write(part)
         return 0
