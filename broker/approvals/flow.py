@@ -1,3 +1,4 @@
+# Over 450 lines: one class, the approval gate's state machine (in-band and out-of-band).
 """The approval gate in front of `save_report` (DESIGN §4).
 
 A `save_report` call never reaches the sandbox without a human's approval of this exact

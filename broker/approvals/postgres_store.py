@@ -1,3 +1,4 @@
+# Over 450 lines: one class, every ApprovalStore method in PostgreSQL's dialect, each one transaction.
 """The shared `ApprovalStore`: PostgreSQL, for replicas that serve any request (DESIGN §9).
 
 psycopg 3, async, with a psycopg_pool pool: nothing here blocks the event loop, and no

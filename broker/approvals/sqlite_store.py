@@ -1,3 +1,4 @@
+# Over 450 lines: one class, every ApprovalStore method in SQLite.
 """The embedded `ApprovalStore`: SQLite in the broker's data dir, survives a restart.
 
 SQLite calls block. They run on one worker thread, never on the event loop, so a slow

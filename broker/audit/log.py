@@ -1,3 +1,4 @@
+# Over 450 lines: one class, the audit log: chain, sink, checkpoints and gap records ordered by one lock.
 """The audit log: one name-only event per request, and no request at all when it cannot be written.
 
     audit = await AuditLog.open(settings.audit)          # lifespan start-up

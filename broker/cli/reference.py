@@ -32,6 +32,7 @@ POLICY_KEYS: dict[str, str] = {
     "approvals.max_pending": "open approvals the tenant may have at once",
 }
 
+
 def register(sub: Subparsers) -> None:
     reference = sub.add_parser(
         "reference",

@@ -1,3 +1,4 @@
+# Over 450 lines: the sandbox leg of one request, streamed or buffered, with its failure rules.
 """The relay: the sandbox leg of a request the gate let through.
 
 It leases the tenant's sandbox, checks its circuit breaker and its pinned contract (tool

@@ -1,3 +1,4 @@
+# Over 450 lines: the policy engine, its decision cache and per-caller slices, exact together.
 """The policy set: Cedar policies validated against the schema, and the decisions they give.
 
 Loaded once at start-up from the policies folder:

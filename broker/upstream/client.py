@@ -1,3 +1,4 @@
+# Over 450 lines: the connections to sandboxes and their HTTP/1.1 exchange, which share one set of limits.
 """Connections to the sandboxes: pooled keep-alive HTTP/1.1.
 
 This hop is on every call's path, so the client is a small one of our own on asyncio's

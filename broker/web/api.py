@@ -1,3 +1,4 @@
+# Over 450 lines: the approvals REST routes, one handler each, over one access check.
 """REST for out-of-band approvals: list, show, approve, deny (DESIGN §4).
 
 Only principals with `reports:approve` may use it, and only for their own tenant: another

@@ -1,3 +1,4 @@
+# Over 450 lines: one class, the Docker backend: the containers' lifecycle on one daemon.
 """The Docker backend's lifecycle: connect and check the daemon, create (cold, or bind a warm
 slot), adopt another replica's container, discover, remove. The security options are in
 hardening.py, the warm slots in warm_slots.py (which reach the daemon only through this

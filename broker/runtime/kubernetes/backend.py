@@ -1,3 +1,4 @@
+# Over 450 lines: one class, the Kubernetes backend: the tenant Pods' lifecycle through the API.
 """Kubernetes backend: one Pod per tenant in the tenants namespace, MCP over the pod network.
 
     backend = await KubernetesBackend.connect(settings.runtime.kubernetes, master_key, ...)
