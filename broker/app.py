@@ -40,9 +40,9 @@ from broker.gateway.breaker import CircuitBreakers
 from broker.gateway.contract import ContractPins
 from broker.gateway.gate import Gate
 from broker.gateway.handler import McpGateway
+from broker.gateway.legacy_sessions import SessionSealer
 from broker.gateway.pinning import Pinning
 from broker.gateway.relay import Relay
-from broker.gateway.sessions import SessionSealer
 from broker.master_key import keeper_key, load_master_key, sealing_key, session_key, signin_key
 from broker.metrics import Metrics
 from broker.origin import REASON as ORIGIN_REFUSED
@@ -59,8 +59,8 @@ from broker.types import Endpoint, Outcome, TenantId
 from broker.upstream import Upstreams
 from broker.web import page
 from broker.web.api import ApprovalsApi
+from broker.web.approver_sessions import web_sessions_for
 from broker.web.oidc import OidcProvider
-from broker.web.sessions import web_sessions_for
 from broker.web.signin import SignIn
 from broker.web.signin import routes as signin_routes
 from broker.web.webhooks import Webhooks

@@ -49,7 +49,7 @@ def sealing_key(master_key: bytes) -> bytes:
 
 
 def session_key(master_key: bytes) -> bytes:
-    """Seals legacy session ids (broker/gateway/sessions.py): any replica can open them."""
+    """Seals legacy session ids (broker/gateway/legacy_sessions.py): any replica can open them."""
     return hmac.new(master_key, _SESSION_LABEL, hashlib.sha256).digest()
 
 

@@ -8,7 +8,7 @@
     records.open(records.seal(Pending(..., expires=t)))   # the record until `expires`, or None
 
 What the broker would otherwise keep in a table — in-band approval state (approvals/sealing.py),
-legacy session ids (gateway/sessions.py), a sign-in under way (web/signin.py) — travels with
+legacy session ids (gateway/legacy_sessions.py), a sign-in under way (web/signin.py) — travels with
 the client instead, opaque and tamper-evident: there is no table to fill or to lose in a
 restart, and any replica holding the master key opens it. Each use has a key of its own
 derived from the master key (master_key.py), its own prefix, and associated data binding the

@@ -168,7 +168,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         3,
         "web_sessions",
-        # Approvers' sign-in sessions and sign-ins under way (broker/web/sessions.py): ids are
+        # Approvers' sign-in sessions and sign-ins under way (broker/web/approver_sessions.py): ids are
         # SHA-256 digests of the cookies, never the cookies. Same SQL in both dialects.
         sqlite=_WEB_SESSIONS,
         postgres=_WEB_SESSIONS,

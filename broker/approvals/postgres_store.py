@@ -211,7 +211,7 @@ class PostgresApprovalStore:
 
     def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """A pooled connection for one operation (failures → StoreUnavailable): for the
-        approvers' sign-in sessions, shared by replicas in this database (broker/web/sessions.py)."""
+        approvers' sign-in sessions, shared by replicas in this database (broker/web/approver_sessions.py)."""
         return self._conn()
 
     async def _one(self, sql: str, params: Any) -> tuple[Any, ...] | None:

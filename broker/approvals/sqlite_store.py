@@ -93,7 +93,7 @@ class SqliteApprovalStore:
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn(connection)` on the store's one worker, whole: for the approvers' sign-in
-        sessions, which live in this file too (broker/web/sessions.py)."""
+        sessions, which live in this file too (broker/web/approver_sessions.py)."""
         return await self._run(fn, self._db)
 
     async def close(self) -> None:

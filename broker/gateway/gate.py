@@ -23,9 +23,9 @@ from broker.auth.preauth import client_address
 from broker.auth.service import AuthService
 from broker.errors import Denial, Denied
 from broker.gateway import forwarding
+from broker.gateway.legacy_sessions import SessionSealer
 from broker.gateway.record import CallRecord
 from broker.gateway.responder import AuditLike
-from broker.gateway.sessions import SessionSealer
 from broker.http_edge import READ_DEADLINE
 from broker.policy import Call, Decider, Policies, TenantLimiter
 from broker.protocol import answers, inbound

@@ -6,7 +6,7 @@ A raw ASGI app (it sits on the hot path of every call). For each request:
    checks the audit log and decides a save's approval; it returns what goes on, or the
    broker's own answer;
 2. the relay (relay.py) takes what passed to the tenant's sandbox and back, checking what
-   it says (consume.py) before anything reaches the client;
+   it says (replies.py) before anything reaches the client;
 3. the responder (responder.py) sends the one answer, only once its terminal audit event is
    written; a refusal (`AuthError`, `Denied`) is answered here from its table row.
 

@@ -69,7 +69,7 @@ async def request(client: Upstream, method: str, params: dict[str, Any]) -> Any:
 
 async def session_alive(client: Upstream, session_id: str, protocol: str) -> bool:
     """Whether the sandbox still holds this legacy session. It alone knows: sessions are not
-    kept by the broker (broker.gateway.sessions), and a DELETE through any replica ends one.
+    kept by the broker (broker.gateway.legacy_sessions), and a DELETE through any replica ends one.
     Asked only where the broker answers a session's request itself (`tools/list`)."""
     body = {"jsonrpc": "2.0", "id": f"broker-{next(_ids)}", "method": "ping"}
     headers = {

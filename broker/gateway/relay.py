@@ -4,7 +4,7 @@
 It leases the tenant's sandbox, checks its circuit breaker and its pinned contract (tool
 descriptors admitted and pinned when the sandbox started), forwards the request over the
 sandbox's socket and streams SSE event by event, retrying once where that cannot do a thing
-twice. What comes back is checked (broker.gateway.consume) and answered through the
+twice. What comes back is checked (broker.gateway.replies) and answered through the
 responder; `tools/list` is answered from the pin, after a fresh listing proves it unchanged
 (a changed sandbox is replaced).
 """
@@ -28,13 +28,13 @@ from broker.audit.fields import sandbox_field
 from broker.errors import Denial, Denied
 from broker.gateway import forwarding, listing, results
 from broker.gateway.breaker import BreakerState, CircuitBreakers
-from broker.gateway.consume import Consumer
 from broker.gateway.contract import Pin
 from broker.gateway.gate import Passed
+from broker.gateway.legacy_sessions import SessionSealer
 from broker.gateway.pinning import Pinning, legacy_session
 from broker.gateway.record import CallRecord
+from broker.gateway.replies import Consumer
 from broker.gateway.responder import AuditLike, Responder
-from broker.gateway.sessions import SessionSealer
 from broker.protocol import answers, inbound, sse
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.codec import loads_sandbox

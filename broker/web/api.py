@@ -67,7 +67,7 @@ from broker.auth.service import AuthService
 from broker.base64url import b64url_decode, b64url_encode
 from broker.policy import APPROVE, VIEW_APPROVALS, Call, Decider, Decision, Policies, TenantLimiter
 from broker.types import ApprovalState, OAuthScope, Outcome, Principal, TenantId
-from broker.web.sessions import WebSession
+from broker.web.approver_sessions import WebSession
 from broker.web.signin import SignIn
 
 log = logging.getLogger("docbroker")

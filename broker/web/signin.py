@@ -57,8 +57,8 @@ from broker.auth.preauth import PreAuthLimiter, client_address
 from broker.sealing import RecordSealer
 from broker.settings import OidcSettings
 from broker.types import Outcome
+from broker.web.approver_sessions import WebSession, WebSessions, digest, new_secret
 from broker.web.oidc import OidcProvider, SignInFailed
-from broker.web.sessions import WebSession, WebSessions, digest, new_secret
 
 SESSION_COOKIE = "__Host-docbroker-session"
 SIGNIN_COOKIE = "__Host-docbroker-signin"

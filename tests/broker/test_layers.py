@@ -50,7 +50,7 @@ LAYERS: dict[str, int] = {
     "broker": 9,
 }
 # Inside the gateway, the request's own order: nothing imports a stage after it.
-GATEWAY_ORDER = ["record", "responder", "gate", "consume", "pinning", "relay", "handler"]
+GATEWAY_ORDER = ["record", "responder", "gate", "replies", "pinning", "relay", "handler"]
 
 
 def _unit(module: str) -> str | None:

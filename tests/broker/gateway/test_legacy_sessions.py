@@ -1,4 +1,4 @@
-"""Legacy session ids (`broker/gateway/sessions.py`): sealed to the principal, opened by any
+"""Legacy session ids (`broker/gateway/legacy_sessions.py`): sealed to the principal, opened by any
 replica that holds the master key, and nothing for anyone else.
 
 In-process tests of the sealer, then the same properties over HTTP through a real broker.
@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from broker.gateway.sessions import MAX_SESSION_ID_CHARS, SessionSealer
+from broker.gateway.legacy_sessions import MAX_SESSION_ID_CHARS, SessionSealer
 from broker.master_key import load_master_key, session_key
 from broker.testing import Broker, running_broker
 from broker.testing.replicas import running_replicas
