@@ -128,7 +128,7 @@ class Lab:
     def _volume(self, tenant: str, kind: str, path: Path, claim: dict[str, Any]) -> None:
         pv_name = f"k8sbackend-{tenant}-{kind}"
         _kubectl(self.kubeconfig, "delete", "pv", pv_name, "--ignore-not-found", "--wait=false")
-        pv = _local_volume(pv_name, names.TENANTS_NAMESPACE, claim, path, self.node)
+        pv = local_volume(pv_name, names.TENANTS_NAMESPACE, claim, path, self.node)
         pv["metadata"]["labels"] = {names.TENANT: tenant, "docbroker.io/test": "k8sbackend"}
         _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(pv))
 
@@ -143,7 +143,7 @@ class Lab:
             folders.append(folder)
             claim = {"metadata": {"name": broker_claim(n)}, "spec": {"accessModes": ["ReadWriteOnce"]}}
             pv_name = f"docbroker-lab-broker-data-{n}"
-            pv = _local_volume(pv_name, names.BROKER_NAMESPACE, claim, folder, self.node)
+            pv = local_volume(pv_name, names.BROKER_NAMESPACE, claim, folder, self.node)
             pv["spec"]["capacity"]["storage"] = "2Gi"
             docs.append(pv)
         _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
@@ -324,12 +324,19 @@ def broker_claim(ordinal: int) -> str:
     return f"data-docbroker-broker-{ordinal}"
 
 
-def _local_volume(name: str, namespace: str, claim: dict[str, Any], path: Path, node: str) -> dict[str, Any]:
+def local_volume(
+    name: str,
+    namespace: str,
+    claim: dict[str, Any],
+    path: Path,
+    node: str,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """A local PersistentVolume at `path` on the lab's node, pre-bound to `claim`."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": name},
+        "metadata": {"name": name, **({"labels": labels} if labels else {})},
         "spec": {
             "capacity": {"storage": "1Gi"},
             "accessModes": claim["spec"]["accessModes"],

@@ -42,4 +42,4 @@ def test_the_sealer_frames_bytes_under_associated_data() -> None:
     sealer = Sealer(KEY, "p1.", max_chars=100)
     sealed = sealer.seal(b"\x00bytes", b"aad")
     assert sealer.open(sealed, b"aad") == b"\x00bytes" and sealer.open(sealed, b"other") is None
-    assert sealer.open(sealed + "=", b"aad") is None  # one spelling (tests/broker/gateway/test_legacy_sessions.py)
+    assert sealer.open(sealed + "=", b"aad") is None  # one spelling (gateway/test_legacy_sessions.py)

@@ -34,7 +34,7 @@ from kubernetes import client as k8s
 from broker.runtime.kubernetes import names
 from broker.runtime.kubernetes.manifest import tenant_objects
 from broker.testing import Broker, make_broker
-from broker.testing.kubernetes_lab import ROOT, STORAGE_CLASS, Lab, _kubectl
+from broker.testing.kubernetes_lab import ROOT, STORAGE_CLASS, Lab, _kubectl, local_volume
 from tests.kubernetes.conftest import wait_until
 from tests.kubernetes.test_deployment_live import (
     BROKER_NS,
@@ -307,33 +307,8 @@ def _storage(lab: Lab, tenants: list[str]) -> dict[str, Path]:
 
 
 def _pv(lab: Lab, tenant: str, kind: str, path: Path, claim: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {
-            "name": f"rel-{tenant}-{kind}",
-            "labels": {names.TENANT: tenant, PV_LABEL: PV_LABEL_VALUE},
-        },
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": claim["spec"]["accessModes"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": STORAGE_CLASS,
-            "claimRef": {"namespace": TENANTS_NS, "name": claim["metadata"]["name"]},
-            "local": {"path": str(path)},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [lab.node]}
-                            ]
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    labels = {names.TENANT: tenant, PV_LABEL: PV_LABEL_VALUE}
+    return local_volume(f"rel-{tenant}-{kind}", TENANTS_NS, claim, path, lab.node, labels)
 
 
 def _drop_storage(lab: Lab, tenants: list[str]) -> None:
