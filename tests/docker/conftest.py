@@ -186,7 +186,9 @@ def connect(daemon: Daemon, *, instance: str | None = None, **overrides: Any) ->
 def remove_instance(daemon: Daemon, instance: str) -> None:
     client = daemon.client()
     try:
-        for c in client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"}):
+        for c in client.containers.list(
+            all=True, filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
+        ):
             c.remove(force=True)
     finally:
         client.close()

@@ -54,7 +54,7 @@ def _sandbox(broker: Broker, daemon: Daemon, *args: str) -> Any:
 def _acme_container(daemon: Daemon) -> str | None:
     client = daemon.client()
     try:
-        found = client.containers.list(all=True, filters={"name": "docbroker-acme"})
+        found = client.containers.list(all=True, filters={"name": "docbroker-acme"}, ignore_removed=True)
         return str(found[0].id) if found else None
     finally:
         client.close()
@@ -126,7 +126,10 @@ def _spares(daemon: Daemon) -> set[str]:
     client = daemon.client()
     try:
         return {
-            str(c.id) for c in client.containers.list(all=True, filters={"label": "io.docbroker.pool=true"})
+            str(c.id)
+            for c in client.containers.list(
+                all=True, filters={"label": "io.docbroker.pool=true"}, ignore_removed=True
+            )
         }
     finally:
         client.close()

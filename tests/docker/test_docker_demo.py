@@ -43,7 +43,9 @@ def _rootless() -> str | None:
 def _containers(host: str, instance: str) -> list[str]:
     client = Daemon(host, 0, 0).client()
     try:
-        found = client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"})
+        found = client.containers.list(
+            all=True, filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
+        )
         return sorted(c.name for c in found)
     finally:
         client.close()

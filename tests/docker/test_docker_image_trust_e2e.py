@@ -76,7 +76,7 @@ async def search(broker: Broker, tenant: str) -> str:
 def containers_of(daemon: Daemon, tenant: str) -> list[dict[str, Any]]:
     client = daemon.client()
     try:
-        found = client.containers.list(all=True, filters={"name": f"-{tenant}"})
+        found = client.containers.list(all=True, filters={"name": f"-{tenant}"}, ignore_removed=True)
         return [c.attrs for c in found if c.name.endswith(f"-{tenant}") and "trust" in c.name]
     finally:
         client.close()

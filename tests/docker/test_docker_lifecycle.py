@@ -43,7 +43,11 @@ def instance(daemon: Daemon) -> Iterator[str]:
 def managed(daemon: Daemon, instance: str) -> list[Any]:
     client = daemon.client()
     try:
-        return list(client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"}))
+        return list(
+            client.containers.list(
+                all=True, filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
+            )
+        )
     finally:
         client.close()
 

@@ -83,7 +83,9 @@ async def warm_backend(daemon: Daemon, layout: Layout, instance: str, **override
 def containers(daemon: Daemon, instance: str) -> dict[str, Any]:
     client = daemon.client()
     try:
-        found = client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"})
+        found = client.containers.list(
+            all=True, filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
+        )
         return {c.name: c.attrs for c in found}
     finally:
         client.close()
@@ -339,7 +341,9 @@ def test_a_dead_warm_sandbox_falls_back_to_a_cold_start(
         backend = await warm_backend(daemon, layout, instance)
         try:
             client = daemon.client()
-            for container in client.containers.list(filters={"label": f"io.docbroker.instance={instance}"}):
+            for container in client.containers.list(
+                filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
+            ):
                 container.kill()
             client.close()
             info = await backend.create(tenant.spec)

@@ -58,7 +58,7 @@ def deployment(daemon: Daemon) -> Iterator[tuple[Replicas, str, Path]]:
         client = daemon.client()
         try:
             for container in client.containers.list(
-                all=True, filters={"label": f"io.docbroker.instance={instance}"}
+                all=True, filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
             ):
                 container.remove(force=True)
         finally:
@@ -88,7 +88,11 @@ def start(replica: Broker, daemon: Daemon, base: Path) -> None:
 def containers(daemon: Daemon, instance: str) -> list[Any]:
     client = daemon.client()
     try:
-        return list(client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"}))
+        return list(
+            client.containers.list(
+                all=True, filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
+            )
+        )
     finally:
         client.close()
 

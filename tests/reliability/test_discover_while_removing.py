@@ -63,7 +63,9 @@ def test_discover_survives_containers_removed_while_it_lists() -> None:
             assert passes > 0
             assert asyncio.run(_discover_and_list(backend)) == set()
     finally:
-        for container in client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}):
+        for container in client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}, ignore_removed=True
+        ):
             container.remove(force=True)
         client.close()
         asyncio.run(backend.close())

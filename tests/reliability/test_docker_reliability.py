@@ -216,7 +216,7 @@ def _remove_containers(host: str) -> None:
     with contextlib.suppress(docker.errors.DockerException):
         client = docker.DockerClient(base_url=host, timeout=30)
         try:
-            for container in client.containers.list(all=True):
+            for container in client.containers.list(all=True, ignore_removed=True):
                 with contextlib.suppress(docker.errors.DockerException):
                     container.remove(force=True)
         finally:

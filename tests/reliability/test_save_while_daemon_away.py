@@ -114,7 +114,9 @@ def behind_proxy() -> Iterator[tuple[Broker, Proxy, str]]:
         proxy.stop()
         client = docker.DockerClient(base_url=source_host(), timeout=30)
         try:
-            for c in client.containers.list(all=True, filters={"label": f"io.docbroker.instance={instance}"}):
+            for c in client.containers.list(
+                all=True, filters={"label": f"io.docbroker.instance={instance}"}, ignore_removed=True
+            ):
                 c.remove(force=True)
         finally:
             client.close()
