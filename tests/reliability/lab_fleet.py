@@ -76,6 +76,7 @@ class BrokerPods:
         self._lab = lab
         self._lock = threading.Lock()
         self._ready: dict[str, str] = {}
+        self._ready_uids: set[str] = set()  # a StatefulSet's replacement Pod keeps the name
         self._uids: dict[str, str] = {}  # every broker Pod seen: name → uid
         self._restarts: dict[str, int] = {}  # name → its containers' restarts (the kubelet's)
         self._stop = threading.Event()
@@ -91,6 +92,7 @@ class BrokerPods:
         ready = {p.metadata.name: p.status.pod_ip for p in pods if _pod_ready(p)}
         with self._lock:
             self._ready = ready
+            self._ready_uids = {p.metadata.uid for p in pods if _pod_ready(p)}
             self._uids.update({p.metadata.name: p.metadata.uid for p in pods})
             for p in pods:
                 count = sum(c.restart_count for c in p.status.container_statuses or ())
@@ -113,6 +115,10 @@ class BrokerPods:
     def ready(self) -> dict[str, str]:
         with self._lock:
             return dict(self._ready)
+
+    def ready_uids(self) -> set[str]:
+        with self._lock:
+            return set(self._ready_uids)
 
     def seen(self) -> dict[str, str]:
         with self._lock:

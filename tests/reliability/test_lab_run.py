@@ -310,7 +310,8 @@ async def broker_pod_deleted_mid_save(fleet: Fleet, load: Load) -> Fault:
             continue  # no client sent an approved save meanwhile: thawed, and again
         await until(
             "the deleted broker Pod replaced by a Ready one",
-            lambda gone=save.pod: gone not in fleet.pods.ready() and len(fleet.pods.ready()) == 2,
+            # By uid: the StatefulSet's replacement Pod has the deleted one's name.
+            lambda gone=uid: gone not in fleet.pods.ready_uids() and len(fleet.pods.ready()) == 2,
             timeout=180,
             every=0.25,
         )
