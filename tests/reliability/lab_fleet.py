@@ -148,17 +148,21 @@ class Collector:
 
     def __init__(self, lab_folder: Path) -> None:
         self._pods_root = lab_folder / "kubelet" / "root" / "pods"
+        self._volumes = lab_folder / "broker-volumes"  # Lab.broker_volumes: the PVs' own folders
         self._open: dict[tuple[int, int], _Open] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="collector", daemon=True)
 
     def _candidates(self) -> Iterator[tuple[Path, str]]:
+        # Each replica's audit files, from its local PersistentVolume's own folder: never
+        # through the kubelet's bind mount of it in the Pod's folder. A file held open there
+        # keeps the mount busy, the kubelet cannot unmount it, and a deleted broker Pod is never
+        # removed, so its StatefulSet never replaces it (a CI run waited 180 s). The files name
+        # their replica; no Pod uid is needed.
+        for path in self._volumes.glob("*/data/audit-*.jsonl"):
+            yield path, ""
         for pod in self._pods_root.iterdir() if self._pods_root.is_dir() else ():
             uid = pod.name
-            # each replica's data volume (the StatefulSet's claim, a local PersistentVolume)
-            for data in (pod / "volumes").glob("kubernetes.io~local-volume/docbroker-lab-broker-data-*/data"):
-                for path in data.glob("audit-*.jsonl"):
-                    yield path, uid
             for logs in Path("/var/log/pods").glob(f"*_{uid}"):
                 for path in logs.glob("*/*.log*"):
                     yield path, uid
