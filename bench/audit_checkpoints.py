@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.audit import AuditLog
+from broker.audit import AuditEvent, AuditLog
 from broker.settings import AuditSettings
 
 TARGET_US = 5.0
@@ -79,7 +79,7 @@ async def chunk_us(log: AuditLog, batch: list[dict[str, Any]]) -> float:
     processes on a shared machine do not count, waiting for a CPU neither)."""
     start = time.thread_time()
     for f in batch:
-        await log.emit("mcp.request", **f)
+        await log.emit(AuditEvent.MCP_REQUEST, **f)
         log.settle()
     return (time.thread_time() - start) / len(batch) * 1e6
 
@@ -89,7 +89,7 @@ async def checkpoint_us(folder: Path, times: int = 200) -> float:
     try:
         samples = []
         for i in range(times):
-            await log.emit("mcp.request", **fields(i))
+            await log.emit(AuditEvent.MCP_REQUEST, **fields(i))
             log.settle()
             start = time.perf_counter()
             log._checkpoint_if_due(1)  # the same call the timer thread makes, minus the thread hop

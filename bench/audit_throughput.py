@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.audit import AuditLog  # noqa: E402
+from broker.audit import AuditEvent, AuditLog  # noqa: E402
 from broker.audit.processors import rfc3339_ms  # noqa: E402
 from broker.settings import AuditSettings  # noqa: E402
 
@@ -57,23 +57,27 @@ class Clock:
         return self.now
 
 
-def event(rng: random.Random, i: int) -> tuple[str, dict[str, Any]]:
+def event(rng: random.Random, i: int) -> tuple[AuditEvent, dict[str, Any]]:
     tenant, subject = rng.choice(TENANTS), rng.choice(SUBJECTS)
     base: dict[str, Any] = {"request_id": f"req-{i:010d}", "tenant": tenant, "subject": subject}
     roll = rng.random()
     if roll < 0.02:
-        return "sandbox.started", {"tenant": tenant, "sandbox": f"ctr-{i:08x}", "sandbox_mode": "rootless"}
+        return AuditEvent.SANDBOX_STARTED, {
+            "tenant": tenant,
+            "sandbox": f"ctr-{i:08x}",
+            "sandbox_mode": "rootless",
+        }
     if roll < 0.025:
-        return "sandbox.failed", {"tenant": tenant, "sandbox": f"ctr-{i:08x}", "reason": "crashed"}
+        return AuditEvent.SANDBOX_FAILED, {"tenant": tenant, "sandbox": f"ctr-{i:08x}", "reason": "crashed"}
     if roll < 0.05:
-        return "auth.denied", {
+        return AuditEvent.AUTH_DENIED, {
             "outcome": "denied",
             "reason": "expired",
             "status": 401,
             "request_id": base["request_id"],
         }
     if roll < 0.08:
-        return "approval.decided", base | {
+        return AuditEvent.APPROVAL_DECIDED, base | {
             "approval_id": f"apr-{i:08x}",
             "decision": "approved",
             "outcome": "ok",
@@ -92,16 +96,20 @@ def event(rng: random.Random, i: int) -> tuple[str, dict[str, Any]]:
         "status": 200,
     }
     if roll < 0.12:
-        return "policy.denied", call | {"outcome": "denied", "reason": "tool_not_allowed", "status": 403}
+        return AuditEvent.POLICY_DENIED, call | {
+            "outcome": "denied",
+            "reason": "tool_not_allowed",
+            "status": 403,
+        }
     if roll < 0.15:
-        return "mcp.request", call | {
+        return AuditEvent.MCP_REQUEST, call | {
             "method": "tools/list",
             "tool": None,
             "arg_names": None,
             "outcome": "ok",
         }
     outcome, reason = ("ok", "ok") if roll < 0.97 else ("failed", "upstream_error")
-    return "mcp.request", call | {"outcome": outcome, "reason": reason}
+    return AuditEvent.MCP_REQUEST, call | {"outcome": outcome, "reason": reason}
 
 
 async def generate(path: Path, target_bytes: int) -> int:

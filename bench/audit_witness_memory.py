@@ -25,10 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.audit import AuditLog
+from broker.audit import AuditEvent, AuditLog
 from broker.settings import AuditSettings
 from broker.testing import ROOT
 from broker.testing.audit_cli import grow_witness, run_audit
+from broker.types import Outcome
 
 TARGET_MIB = 100.0
 
@@ -41,7 +42,9 @@ async def write_log(folder: Path) -> tuple[Path, Path, int]:
     )
     async with await AuditLog.open(settings) as audit:
         for i in range(22):
-            await audit.emit("mcp.request", request_id=f"req-{i:06d}", tenant="acme", outcome="ok")
+            await audit.emit(
+                AuditEvent.MCP_REQUEST, request_id=f"req-{i:06d}", tenant="acme", outcome=Outcome.OK
+            )
     return log, witness, len(log.read_bytes().splitlines())
 
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx2
 
 from bench.processes import Proc, cpu_seconds
-from bench.workload import CALLS, LEGACY_PROTOCOL, OK_MARKERS, PROTOCOL, call_body
+from bench.workload import CALLS, LEGACY_PROTOCOL, OK_MARKERS, call_body, routing_headers
 
 # -- targets ---------------------------------------------------------------------------------
 
@@ -47,7 +47,7 @@ class Target:
                 if session:
                     h["mcp-session-id"] = session
             else:
-                h = {"mcp-protocol-version": PROTOCOL, "mcp-method": "tools/call", "mcp-name": tool}
+                h = routing_headers(tool)
             out.append(h)
         return out
 

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.audit import AuditLog
+from broker.audit import AuditEvent, AuditLog
 from broker.audit.checkpoint import Keyring, load_signing_key
 from broker.audit.commitment import content_commitment
 from broker.audit.receipt_check import check_receipt
@@ -60,19 +60,19 @@ async def write_log(folder: Path, lines: int, decisions: int) -> ApprovalFacts:
     salt, sha = secrets.token_hex(32), hashlib.sha256(REPORT).hexdigest()
     story = {"approval_id": APPROVAL, "tenant": TENANT, "content_commitment": content_commitment(salt, sha)}
     rita = {"subject": "rita", "issuer": IDP}
-    at: dict[int, list[tuple[str, dict[str, Any]]]] = {
-        lines // 10: [("approval.requested", {"outcome": "waiting_approval", **rita, **story})]
+    at: dict[int, list[tuple[AuditEvent, dict[str, Any]]]] = {
+        lines // 10: [(AuditEvent.APPROVAL_REQUESTED, {"outcome": "waiting_approval", **rita, **story})]
     }
     for i in range(decisions):
         at[lines // 3 + i * (lines // (3 * max(decisions, 1)))] = [(
-            "approval.decided",
+            AuditEvent.APPROVAL_DECIDED,
             {"outcome": "ok", "decision": "approved", "subject": f"approver-{i}", "issuer": IDP,
              "policy_hash": "ab" * 32, "policy_ids": ["examples.big_reports.two_approvers"],
              "approvers_required": decisions, **story},
         )]  # fmt: skip
     at[lines - lines // 10] = [
-        ("approval.consumed", {"outcome": "ok", **rita, **story}),
-        ("mcp.request", {"outcome": "ok", "tool": "save_report", "subject": "rita", "tenant": TENANT,
+        (AuditEvent.APPROVAL_CONSUMED, {"outcome": "ok", **rita, **story}),
+        (AuditEvent.MCP_REQUEST, {"outcome": "ok", "tool": "save_report", "subject": "rita", "tenant": TENANT,
                          "approval_id": APPROVAL, "method": "tools/call"}),
     ]  # fmt: skip
     settings = AuditSettings(
@@ -85,8 +85,8 @@ async def write_log(folder: Path, lines: int, decisions: int) -> ApprovalFacts:
     async with await AuditLog.open(settings, clock=Clock()) as log:
         written = 0
         while written < lines:
-            for event, fields in at.get(written, [("mcp.request", {})]):
-                if event == "mcp.request" and not fields:
+            for event, fields in at.get(written, [(AuditEvent.MCP_REQUEST, {})]):
+                if event == AuditEvent.MCP_REQUEST and not fields:
                     fields = dict(TRAFFIC, request_id=f"req-{written:07d}")
                 await log.emit(event, **fields)
                 written += 1

@@ -36,15 +36,15 @@ def call_body(tool: str, arguments: dict[str, Any], request_id: int = 1) -> dict
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
+def routing_headers(tool: str) -> dict[str, str]:
+    """The version, and the method and tool repeated for the edge (2026-07-28)."""
+    return {"mcp-protocol-version": PROTOCOL, "mcp-method": "tools/call", "mcp-name": tool}
+
+
 def call_headers(tool: str) -> dict[str, str]:
-    """The headers sent with it: the version, and the method and tool repeated for the edge."""
-    return {
-        "accept": "application/json, text/event-stream",
-        "content-type": "application/json",
-        "mcp-protocol-version": PROTOCOL,
-        "mcp-method": "tools/call",
-        "mcp-name": tool,
-    }
+    """The headers sent with a call: the media types, and its routing headers."""
+    media = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    return media | routing_headers(tool)
 
 
 def documents() -> dict[str, str]:

@@ -106,7 +106,7 @@ def build_app(
         max_open=settings.runtime.sandbox_connections,
     )
 
-    async def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
+    async def sandbox_event(event: AuditEvent, tenant: str, sandbox_id: str, details: dict[str, Any]) -> None:
         if event != AuditEvent.SANDBOX_STARTED:
             upstreams.forget(tenant)  # stopped or failed: its client goes with it
         await audit.emit(event, **audit_fields.sandbox_event(event, tenant, sandbox_id, details))

@@ -1,6 +1,6 @@
 """Start-up against a PostgreSQL schema that is not this broker's yet: wait, and say so.
 
-On a cluster the schema is migrated by a step of its own (k8s/base/db-upgrade-job.yaml runs
+On a cluster the schema is migrated by a step of its own (k8s/base/db-upgrade.yaml runs
 `docbroker db upgrade`, the only writer of the schema), and the broker Pods may start before
 it has finished, or roll back onto a schema a newer release made. A broker that exited there
 would only crash-loop, its reason buried in restarts. So it waits instead: `/healthz` answers

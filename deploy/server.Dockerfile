@@ -39,7 +39,7 @@ COPY prune.py bytecode.py /
 RUN ["/opt/venv/bin/python", "/prune.py", "runtime"]
 RUN ["/opt/venv/bin/python", "-B", "-OO", "/bytecode.py"]
 # uid 10001 in a group of its own: never gid 0, which on a rootful daemon is the host's root
-# group. The broker always sets the user itself (broker/runtime/docker.py `sandbox_user`): this
+# group. The broker always sets the user itself (broker/runtime/docker/hardening.py `sandbox_user`): this
 # line on a rootful daemon, 10001:0 on a rootless one, where container gid 0 is the broker
 # user's own gid, so the broker reads reports (mode 0o040, group read) that the sandbox, their
 # owner, cannot read back (seccomp forbids chmod).

@@ -128,7 +128,7 @@ def _configured_server() -> MCPServer[Any]:
     config = ServerConfig.from_env()
     from server.app import build_server  # imports the SDK: ~1 s, after cheap checks
 
-    return build_server(config.scope, config.secret, Workspace(config.docs_root))
+    return build_server(config.tenant, config.secret, Workspace(config.docs_root))
 
 
 def _bound_server(bind_path: str, socket_path: str) -> tuple[MCPServer[Any], socket.socket]:
@@ -162,13 +162,13 @@ def _bound_server(bind_path: str, socket_path: str) -> tuple[MCPServer[Any], soc
         raise ConfigError(f"binding refused: {exc}") from None
     assert serving is not None
     workspace = Workspace.from_fds(bound.sources_fd, bound.reports_fd)
-    return build_server(bound.scope, bound.secret, workspace), serving
+    return build_server(bound.tenant, bound.secret, workspace), serving
 
 
 def _rehearse(build: Callable[[str, str, Workspace], MCPServer[Any]]) -> None:
     """Build a server and its app as a bound one is built, and drop them: what that path
     imports or sets up on first use (the SDK's logging set-up, for one) is done before a tenant
-    waits. No tenant's anything: a made-up scope and secret, and the image's root as a folder
+    waits. No tenant's anything: a made-up tenant and secret, and the image's root as a folder
     nothing reads (no tool runs)."""
     from server.app import http_app
 

@@ -75,8 +75,8 @@ def _tool(name: str, body: Callable[[Mapping[str, Any]], ToolResult[Any]]) -> To
     )
 
 
-def build_server(scope: str, secret: str, workspace: Workspace) -> MCPServer[Any]:
-    tools = DocumentTools(workspace, ApprovalVerifier(secret), scope)
+def build_server(tenant: str, secret: str, workspace: Workspace) -> MCPServer[Any]:
+    tools = DocumentTools(workspace, ApprovalVerifier(secret), tenant)
     server: MCPServer[Any] = MCPServer(
         SERVER_NAME,
         instructions="Document tools over one tenant's files. Reports need a human's approval.",

@@ -36,11 +36,11 @@ def _mac(secret: str, encoded: str) -> str:
 
 
 def mint_token(
-    *, secret: str, scope: str, tool: str, filename: str, sha256: str, expires: int, jti: str
+    *, secret: str, tenant: str, tool: str, filename: str, sha256: str, expires: int, jti: str
 ) -> str:
     payload = {
         "v": TOKEN_VERSION,
-        "scope": scope,
+        "scope": tenant,  # the token's field is named "scope" (DESIGN §3); it holds the tenant id
         "tool": tool,
         "filename": filename,
         "sha256": sha256,
@@ -57,14 +57,14 @@ def mint_token(
 class Expected:
     """What this call is: a token must match all of it."""
 
-    scope: str
+    tenant: str
     tool: str
     filename: str
     sha256: str
 
 
 class ApprovalVerifier:
-    """Verifies tokens for one scope and remembers accepted `jti`s until they expire."""
+    """Verifies tokens for one tenant and remembers accepted `jti`s until they expire."""
 
     def __init__(self, secret: str, *, clock: Callable[[], float] = time.time, max_remembered: int = 100_000):
         if len(secret) < MIN_SECRET_CHARS or not secret.isascii():
@@ -110,7 +110,7 @@ class ApprovalVerifier:
         if not (isinstance(sha, str) and _SHA256_RE.fullmatch(sha)):
             return False
         checks = (
-            (payload["scope"], expected.scope),
+            (payload["scope"], expected.tenant),
             (payload["tool"], expected.tool),
             (payload["filename"], expected.filename),
             (sha, expected.sha256),

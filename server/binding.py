@@ -46,13 +46,13 @@ class BindingError(Exception):
 
 @dataclass(frozen=True)
 class Binding:
-    scope: str
+    tenant: str  # the message's "scope" key (the wire format above)
     sources_fd: int
     reports_fd: int
     secret: str
 
     def __repr__(self) -> str:  # the secret must never reach a log through a repr
-        return f"Binding(scope={self.scope!r}, sources_fd={self.sources_fd}, reports_fd={self.reports_fd})"
+        return f"Binding(tenant={self.tenant!r}, sources_fd={self.sources_fd}, reports_fd={self.reports_fd})"
 
 
 # --- the sandbox's side -------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def _receive(conn: socket.socket) -> Binding:
             raise BindingError("the binding message is too large or carries too many descriptors")
         if len(fds) != FD_COUNT:
             raise BindingError(f"the binding must carry exactly {FD_COUNT} descriptors")
-        scope = _scope(message)
+        tenant = _tenant(message)
         sources_fd, reports_fd, secret_fd = fds
         for fd, what in ((sources_fd, "sources"), (reports_fd, "drop-box")):
             if not stat.S_ISDIR(os.fstat(fd).st_mode):
@@ -145,7 +145,7 @@ def _receive(conn: socket.socket) -> Binding:
         except ConfigError as exc:
             raise BindingError(str(exc)) from None
         os.close(secret_fd)
-        return Binding(scope=scope, sources_fd=sources_fd, reports_fd=reports_fd, secret=secret)
+        return Binding(tenant=tenant, sources_fd=sources_fd, reports_fd=reports_fd, secret=secret)
     except BaseException:
         for fd in fds:
             with contextlib.suppress(OSError):
@@ -153,17 +153,17 @@ def _receive(conn: socket.socket) -> Binding:
         raise
 
 
-def _scope(message: bytes) -> str:
+def _tenant(message: bytes) -> str:
     try:
         decoded = json.loads(message)
     except ValueError:
         raise BindingError("the binding message is not JSON") from None
     if not isinstance(decoded, dict) or decoded.get("v") != VERSION or set(decoded) != {"v", "scope"}:
         raise BindingError(f"the binding message must be {{'v': {VERSION}, 'scope': ...}}")
-    scope = decoded["scope"]
-    if not isinstance(scope, str) or not TENANT_RE.fullmatch(scope):
-        raise BindingError("the binding's scope must be a DNS label")
-    return scope
+    tenant = decoded["scope"]
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+        raise BindingError("the binding's tenant must be a DNS label")
+    return tenant
 
 
 def _answer(conn: socket.socket, answer: dict[str, object]) -> None:
@@ -221,7 +221,7 @@ def _connect(sock: socket.socket, path: str, *, deadline: float) -> None:
 
 
 def send_binding(
-    socket_path: str, *, scope: str, sources_dir: str, dropbox_dir: str, secret_file: str, timeout: float
+    socket_path: str, *, tenant: str, sources_dir: str, dropbox_dir: str, secret_file: str, timeout: float
 ) -> None:
     """Bind the pooled sandbox listening at `socket_path` to a tenant (blocking).
 
@@ -237,7 +237,7 @@ def send_binding(
             opened.append(os.open(secret_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
         except OSError as exc:
             raise BindingError("the tenant's folders cannot be opened; provision the tenant first") from exc
-        message = json.dumps({"v": VERSION, "scope": scope}).encode()
+        message = json.dumps({"v": VERSION, "scope": tenant}).encode()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             try:

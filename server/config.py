@@ -30,18 +30,18 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class ServerConfig:
     docs_root: Path
-    scope: str
+    tenant: str  # read from DOCS_SCOPE: the variable's name is the contract (DESIGN §2)
     secret: str
 
     def __repr__(self) -> str:  # the secret must never reach a log through a repr
-        return f"ServerConfig(docs_root={str(self.docs_root)!r}, scope={self.scope!r}, secret=<hidden>)"
+        return f"ServerConfig(docs_root={str(self.docs_root)!r}, tenant={self.tenant!r}, secret=<hidden>)"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ServerConfig:
         root = _required(env, "DOCS_ROOT")
-        scope = _required(env, "DOCS_SCOPE")
+        tenant = _required(env, "DOCS_SCOPE")
         secret_file = _required(env, "DOCS_SECRET_FILE")
-        if not TENANT_RE.fullmatch(scope):
+        if not TENANT_RE.fullmatch(tenant):
             raise ConfigError("DOCS_SCOPE must be a DNS label (a-z, 0-9, '-', at most 63 characters)")
         docs_root = Path(root)
         for folder in (docs_root, docs_root / "sources", docs_root / "reports"):
@@ -50,7 +50,7 @@ class ServerConfig:
                     f"DOCS_ROOT must hold the folders sources/ and reports/; missing: {folder.name}/"
                 )
         return cls(
-            docs_root=docs_root, scope=scope, secret=_read_secret(Path(secret_file), "DOCS_SECRET_FILE")
+            docs_root=docs_root, tenant=tenant, secret=_read_secret(Path(secret_file), "DOCS_SECRET_FILE")
         )
 
 

@@ -31,10 +31,10 @@ _READ_FAILURES: dict[ReadFailure, tuple[Status, Message]] = {
 class DocumentTools:
     """One tenant's tools over one workspace."""
 
-    def __init__(self, workspace: Workspace, verifier: ApprovalVerifier, scope: str) -> None:
+    def __init__(self, workspace: Workspace, verifier: ApprovalVerifier, tenant: str) -> None:
         self._workspace = workspace
         self._verifier = verifier
-        self._scope = scope
+        self._tenant = tenant
 
     def handlers(self) -> dict[str, Callable[[Mapping[str, Any]], ToolResult[Any]]]:
         return {
@@ -86,7 +86,7 @@ class DocumentTools:
         if args is None:
             return ToolResult.error(Status.REJECTED, _input_message(arguments))
         data = args.content.encode("utf-8")  # the model checked it is encodable and small enough
-        expected = Expected(self._scope, c.TOOL_SAVE, args.filename, content_sha256(args.content))
+        expected = Expected(self._tenant, c.TOOL_SAVE, args.filename, content_sha256(args.content))
         if not self._verifier.verify(args.approval_token, expected):
             log.info("save_report rejected: approval")
             return ToolResult.error(Status.REJECTED, Message.APPROVAL_INVALID)

@@ -455,7 +455,7 @@ class ApprovalFlow:
     def _forward(self, draft: Draft, taken: Approval) -> Forward:
         token = mint_token(
             secret=self._secret_for(draft.tenant),
-            scope=draft.tenant,
+            tenant=draft.tenant,
             tool=c.TOOL_SAVE,
             filename=draft.filename,
             sha256=draft.sha256,

@@ -18,7 +18,7 @@ from broker.audit.receipts import ApprovalFacts, make_receipt
 from broker.audit.sink import rotated_files
 from broker.files import UnsafeFileError
 
-# The broker's own names for a replica's log and its rotations (broker/settings.py), not its
+# The broker's own names for a replica's log and its rotations (broker/settings/audit.py), not its
 # witness copy (same checkpoints: it would pass for the log).
 _LOG_NAME = re.compile(r"audit(-(?!witness|signing)[A-Za-z0-9_.:-]+)?\.jsonl")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.audit.schema import AuditEvent
+from broker.types import Outcome
 
 MAX_SANDBOX_CHARS = 64
 
@@ -14,10 +15,10 @@ def sandbox_field(backend_id: str) -> str:
     return backend_id[:MAX_SANDBOX_CHARS]
 
 
-def sandbox_event(event: str, tenant: str, sandbox_id: str, details: dict[str, Any]) -> dict[str, Any]:
+def sandbox_event(event: AuditEvent, tenant: str, sandbox_id: str, details: dict[str, Any]) -> dict[str, Any]:
     """The fields of a runtime's `sandbox.*` event (runtime.lifecycle's `on_event` arguments)."""
     fields: dict[str, Any] = {
-        "outcome": "ok" if event == AuditEvent.SANDBOX_STARTED else "error",
+        "outcome": Outcome.OK if event == AuditEvent.SANDBOX_STARTED else Outcome.ERROR,
         "tenant": tenant,
         "sandbox": sandbox_field(sandbox_id),
         "reason": details.get("reason", event.split(".")[1]),

@@ -200,7 +200,7 @@ class AuditLog:
             log._checkpointer.start()
         return log
 
-    async def emit(self, event: AuditEvent | str, /, **fields: Any) -> None:
+    async def emit(self, event: AuditEvent, /, **fields: Any) -> None:
         """Write one event. Raises AuditSinkError (the caller must refuse the request).
 
         Keys outside the schema are dropped (only their count is written); values that do not
@@ -267,7 +267,7 @@ class AuditLog:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _emit(self, event: AuditEvent | str, fields: dict[str, Any]) -> None:
+    def _emit(self, event: AuditEvent, fields: dict[str, Any]) -> None:
         with self._lock:
             if self._closed:
                 raise AuditSinkError("closed")
@@ -376,7 +376,7 @@ class AuditLog:
         while not self._stop.wait(self._evidence.checkpoint_interval_seconds):
             self._checkpoint_if_due(1)
 
-    def _emit_durably(self, event: AuditEvent | str, fields: dict[str, Any]) -> None:
+    def _emit_durably(self, event: AuditEvent, fields: dict[str, Any]) -> None:
         self._emit(event, fields)
         # Outside the lock: another thread may write meanwhile, and our fsync covers its line too.
         try:

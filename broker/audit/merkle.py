@@ -86,14 +86,6 @@ class Frontier:
         return Frontier(self.size, self.nodes)
 
 
-def root_of(hashes: Sequence[bytes]) -> bytes:
-    """MTH over leaf hashes (tests and small trees)."""
-    frontier = Frontier()
-    for h in hashes:
-        frontier.append_hash(h)
-    return frontier.root()
-
-
 Range = tuple[int, int]  # leaves [start, end)
 
 

@@ -41,7 +41,7 @@ class CallRecord:
     bytes_out: int = 0
     approval_id: str | None = None
     sandbox: str | None = None
-    event: str = AuditEvent.MCP_REQUEST
+    event: AuditEvent = AuditEvent.MCP_REQUEST
     save: Forward | None = None
     rpc_id: rpc.RequestId | None = None
     audited: bool = False

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from starlette.types import Send
 
+from broker.audit.schema import AuditEvent
 from broker.errors import Denial
 from broker.gateway.record import CallRecord
 from broker.protocol import answers, inbound
@@ -29,7 +30,7 @@ class AuditLike(Protocol):
 
     def check(self) -> None: ...
 
-    async def emit(self, event: str, /, **fields: Any) -> None: ...
+    async def emit(self, event: AuditEvent, /, **fields: Any) -> None: ...
 
     def settle(self) -> None: ...
 

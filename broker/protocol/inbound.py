@@ -49,17 +49,14 @@ from starlette.requests import Request
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.codec import loads_client
 
-HEADER_MISMATCH: Final = -32020
-UNSUPPORTED_VERSION: Final = -32022
-
 # The audit's fixed code for each refusal, by JSON-RPC code (the SDK's texts go to the client).
 REASONS: Final[Mapping[int, str]] = {
     rpc.PARSE_ERROR: "parse_error",
     rpc.INVALID_REQUEST: "invalid_request",
     rpc.METHOD_NOT_FOUND: "method_not_found",
     rpc.INVALID_PARAMS: "invalid_params",
-    HEADER_MISMATCH: "header_mismatch",
-    UNSUPPORTED_VERSION: "unsupported_version",
+    rpc.HEADER_MISMATCH: "header_mismatch",
+    rpc.UNSUPPORTED_VERSION: "unsupported_version",
 }
 
 # The SDK's own texts for what its ladder and its dispatch answer: a sandbox's error keeps its
@@ -70,8 +67,8 @@ _FIXED_TEXTS: Final[Mapping[int, str]] = {
     rpc.METHOD_NOT_FOUND: "Method not found",
     rpc.INVALID_PARAMS: "Invalid request parameters",
     rpc.INTERNAL_ERROR: "Internal server error",
-    HEADER_MISMATCH: "Header mismatch",
-    UNSUPPORTED_VERSION: "Unsupported protocol version",
+    rpc.HEADER_MISMATCH: "Header mismatch",
+    rpc.UNSUPPORTED_VERSION: "Unsupported protocol version",
 }
 _INVALID_BODY = "Body must be a single JSON-RPC request or notification object"
 _NOT_ACCEPTABLE = "Not Acceptable: Client must accept both application/json and text/event-stream"
@@ -142,7 +139,7 @@ def parse(
     msg = rpc.RpcMessage(decoded)
     duplicated = find_duplicated_routing_header(raw_headers)
     if duplicated is not None:
-        refusal = _refusal(msg.id, HEADER_MISMATCH, f"{duplicated} header appears more than once", None)
+        refusal = _refusal(msg.id, rpc.HEADER_MISMATCH, f"{duplicated} header appears more than once", None)
         return replace(refusal, msg=msg)
     verdict = classify_inbound_request(decoded, headers=dict(headers))
     if isinstance(verdict, InboundLadderRejection):

@@ -12,13 +12,14 @@ from broker.protocol.codec import encode as encode
 from broker.protocol.codec import loads_client
 from broker.protocol.versions import META_CAPABILITIES, META_PROTOCOL
 
-# JSON-RPC 2.0 codes, plus the MCP code for routing headers that disagree with the body.
+# JSON-RPC 2.0 codes, plus MCP's: routing headers that disagree with the body, a version not served.
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 HEADER_MISMATCH = -32020
+UNSUPPORTED_VERSION = -32022
 # Implementation-defined server errors (-32000..-32099).
 UNAVAILABLE = -32001
 RATE_LIMITED = -32002

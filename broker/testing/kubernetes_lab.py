@@ -30,7 +30,6 @@ from broker.settings import KubernetesSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER_SA = "docbroker-broker"
-BROKER_USER = f"system:serviceaccount:{names.BROKER_NAMESPACE}:{BROKER_SA}"
 STORAGE_CLASS = "docbroker-lab"
 SECCOMP = "localhost/docbroker/seccomp-tcp.json"
 MASTER = bytes.fromhex("5a" * 32)

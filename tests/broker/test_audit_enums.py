@@ -1,6 +1,7 @@
 """Every audit emit names its outcome and its event by their enums (`Outcome`, `AuditEvent`),
 never by a bare string: a typo in a string is a new outcome no query or alert knows, and the
-enums are what the audit schema admits (issue 36, item 5). Read from the code's AST."""
+enums are what the audit schema admits (issue 36, item 5). Read from the code's AST, the broker's
+and the benchmarks' (which write logs of their own through the same `emit`)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ from pathlib import Path
 
 from broker.audit.schema import AuditEvent
 
-BROKER = Path(__file__).resolve().parents[2] / "broker"
+ROOT = Path(__file__).resolve().parents[2]
 EVENT_NAMES = {event.value for event in AuditEvent}
 
 
 def _calls() -> list[tuple[str, ast.Call]]:
     found = []
-    for path in sorted(BROKER.rglob("*.py")):
+    for path in sorted([*(ROOT / "broker").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call):
-                found.append((f"{path.relative_to(BROKER.parent)}:{node.lineno}", node))
+                found.append((f"{path.relative_to(ROOT)}:{node.lineno}", node))
     return found
 
 

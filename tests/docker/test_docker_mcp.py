@@ -37,7 +37,7 @@ async def call_all(socket_path: str, secret: str, tenant: str, content: str) -> 
             read = await client.call_tool("read_document", {"filename": "notes.md"})
             token = mint_token(
                 secret=secret,
-                scope=tenant,
+                tenant=tenant,
                 tool="save_report",
                 filename="summary.md",
                 sha256=hashlib.sha256(content.encode()).hexdigest(),

@@ -225,7 +225,7 @@ def test_a_bound_sandbox_cannot_leave_its_tenants_folders(
                 await asyncio.sleep(0.05)
             send_binding(
                 bind_socket,
-                scope=mine.spec.tenant,
+                tenant=mine.spec.tenant,
                 sources_dir=mine.spec.sources_dir,
                 dropbox_dir=mine.spec.dropbox_dir,
                 secret_file=mine.spec.secret_file,

@@ -26,7 +26,7 @@ approved bytes; every file has an `ok` or `result_unknown` answer; no approval c
 one terminal audit event per request; every broker Pod's audit log verifies with the key and
 its witness; both Pods answer a fresh call within 10 s of the faults' end; no unexpected 5xx,
 no traceback, no hang. With DOCBROKER_RELIABILITY_OUT set (a folder), the run's summary goes
-to lab.json there (bench/report.py reads it).
+to lab.json there (bench/make_report.py reads it).
 """
 
 from __future__ import annotations

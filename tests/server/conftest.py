@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 from server.approval import content_sha256  # noqa: E402
 from server.contracts import TOOL_SAVE  # noqa: E402
 
-SCOPE = "acme"
+TENANT = "acme"
 SECRET = "acme-approval-secret-" + "0123456789abcdef" * 2  # 53 ASCII characters
 
 # Strings that must never come back in a message, nor reach a log line.
@@ -79,10 +79,10 @@ def outside(tmp_path: Path) -> Path:
     return path
 
 
-def server_env(root: Path | None, secret_file: Path | None, scope: str | None = SCOPE) -> dict[str, str]:
+def server_env(root: Path | None, secret_file: Path | None, tenant: str | None = TENANT) -> dict[str, str]:
     """The environment of a server process: the caller's, minus any DOCS_* it inherited."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DOCS_")}
-    for name, value in (("DOCS_ROOT", root), ("DOCS_SCOPE", scope), ("DOCS_SECRET_FILE", secret_file)):
+    for name, value in (("DOCS_ROOT", root), ("DOCS_SCOPE", tenant), ("DOCS_SECRET_FILE", secret_file)):
         if value is not None:
             env[name] = str(value)
     return env
@@ -107,7 +107,7 @@ def token_payload(
     now = time.time() if now is None else now
     payload: dict[str, Any] = {
         "v": 1,
-        "scope": SCOPE,
+        "scope": TENANT,
         "tool": TOOL_SAVE,
         "filename": filename,
         "sha256": content_sha256(content),
@@ -148,7 +148,7 @@ class Kit:
     """
 
     repo = REPO
-    scope = SCOPE
+    tenant = TENANT
     secret = SECRET
     canaries = CANARIES
     make_tenant = staticmethod(make_tenant)

@@ -35,7 +35,7 @@ def verifier(kit: Any, clock: Clock) -> ApprovalVerifier:
 
 
 def expected(kit: Any, filename: str = "summary.md", content: str = CONTENT) -> Expected:
-    return Expected(scope=kit.scope, tool="save_report", filename=filename, sha256=content_sha256(content))
+    return Expected(tenant=kit.tenant, tool="save_report", filename=filename, sha256=content_sha256(content))
 
 
 def token(kit: Any, *, secret: str | None = None, **fields: Any) -> str:
@@ -45,7 +45,7 @@ def token(kit: Any, *, secret: str | None = None, **fields: Any) -> str:
 def test_mint_token_is_byte_exact_to_the_design(kit: Any) -> None:
     minted = mint_token(
         secret=kit.secret,
-        scope=kit.scope,
+        tenant=kit.tenant,
         tool="save_report",
         filename="summary.md",
         sha256=content_sha256(CONTENT),
@@ -78,7 +78,7 @@ def test_valid_token_is_accepted(kit: Any, verifier: ApprovalVerifier) -> None:
 def test_token_minted_by_mint_token_is_accepted(kit: Any, verifier: ApprovalVerifier) -> None:
     minted = mint_token(
         secret=kit.secret,
-        scope=kit.scope,
+        tenant=kit.tenant,
         tool="save_report",
         filename="summary.md",
         sha256=content_sha256(CONTENT),

@@ -74,7 +74,7 @@ def _bind(
     root, secret_file = kit.make_tenant(tenant_base, **({"secret": secret} if secret else {}))
     send_binding(
         bind_path,
-        scope="acme",
+        tenant="acme",
         sources_dir=str(root / "sources"),
         dropbox_dir=str(root / "reports"),
         secret_file=str(secret_file),
@@ -247,7 +247,7 @@ def test_broker_side_refuses_missing_folders(tmp_path: Path) -> None:
     with pytest.raises(BindingError, match="provision the tenant"):
         send_binding(
             str(tmp_path / "bind.sock"),
-            scope="acme",
+            tenant="acme",
             sources_dir=str(tmp_path / "nope"),
             dropbox_dir=str(tmp_path / "nope"),
             secret_file=str(tmp_path / "nope"),

@@ -117,7 +117,7 @@ def tenant(kit: Any, tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
 def test_valid_configuration(kit: Any, tenant: tuple[Path, Path, dict[str, str]]) -> None:
     root, _, env = tenant
     config = ServerConfig.from_env(env)
-    assert (config.docs_root, config.scope, config.secret) == (root, "acme", kit.secret)
+    assert (config.docs_root, config.tenant, config.secret) == (root, "acme", kit.secret)
 
 
 def test_secret_of_exactly_32_characters_is_enough(tenant: tuple[Path, Path, dict[str, str]]) -> None:
@@ -129,7 +129,7 @@ def test_secret_of_exactly_32_characters_is_enough(tenant: tuple[Path, Path, dic
 @pytest.mark.parametrize("scope", ["a", "acme", "tenant-42", "0", "a" * 63, "a-b-c"])
 def test_dns_label_scopes_are_accepted(tenant: tuple[Path, Path, dict[str, str]], scope: str) -> None:
     _, _, env = tenant
-    assert ServerConfig.from_env({**env, "DOCS_SCOPE": scope}).scope == scope
+    assert ServerConfig.from_env({**env, "DOCS_SCOPE": scope}).tenant == scope
 
 
 def test_repr_hides_the_secret(kit: Any, tenant: tuple[Path, Path, dict[str, str]]) -> None:
@@ -152,7 +152,7 @@ def test_configuration_is_not_read_from_anywhere_else(
 ) -> None:
     """from_env reads only the mapping it is given: the process environment cannot leak in."""
     monkeypatch.setenv("DOCS_SCOPE", "intruder")
-    assert ServerConfig.from_env(tenant[2]).scope == "acme"
+    assert ServerConfig.from_env(tenant[2]).tenant == "acme"
     with pytest.raises(ConfigError):
         ServerConfig.from_env({})
 

@@ -165,7 +165,7 @@ def http_servers(kit: Any, tenant: Tenant) -> Iterator[dict[str, str]]:
         _wait_until_serving(procs[2], lambda: connect_unix(bind_path), tenant.logs / "pooled.log")
         send_binding(
             bind_path,
-            scope=kit.scope,
+            tenant=kit.tenant,
             sources_dir=str(tenant.root / "sources"),
             dropbox_dir=str(tenant.reports),
             secret_file=str(tenant.secret_file),

@@ -28,7 +28,7 @@ FIXED_MESSAGES = {m.value for m in Message}
 @pytest.fixture
 def tools(kit: Any, docs_root: Path) -> Iterator[DocumentTools]:
     workspace = Workspace(docs_root)
-    yield DocumentTools(workspace, ApprovalVerifier(kit.secret), kit.scope)
+    yield DocumentTools(workspace, ApprovalVerifier(kit.secret), kit.tenant)
     workspace.close()
 
 

@@ -146,7 +146,7 @@ class WarmSlots:
         started = time.monotonic()
         send_binding(
             slot.bind_socket,
-            scope=spec.tenant,
+            tenant=spec.tenant,
             sources_dir=spec.sources_dir,
             dropbox_dir=spec.dropbox_dir,
             secret_file=spec.secret_file,

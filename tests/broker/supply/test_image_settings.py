@@ -1,5 +1,5 @@
 """DOCBROKER_IMAGE_RECORDS and DOCBROKER_IMAGE_TRUST_KEYS: the broker and `docbroker image`
-read them the same way (broker/settings.py)."""
+read them the same way (broker/settings/supply.py)."""
 
 from __future__ import annotations
 
