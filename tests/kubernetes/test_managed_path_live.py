@@ -65,10 +65,11 @@ STEPS: dict[str, Step] = {
     ),
     "docbroker doctor": Step("elsewhere", "tests/kubernetes/test_network_doctor_live.py"),
     "curl -s https://docbroker.example.com/readyz": Step(
-        "not_here", "no ingress controller or certificate on the lab; /readyz at a Pod: test_deployment_live.py"
+        "not_here", "no ingress controller or certificate here; /readyz at a Pod: test_deployment_live.py"
     ),
     # 7. Tenants
     "docbroker tenant manifest <tenant> --sources-storage-class <class> --reports-storage-class <class> "
+    "--sources-access-mode ReadWriteOnce "
     "| kubectl apply -f -": Step("lab", "test_tenant_manifest_with_two_classes"),
     "docbroker tenant sources push": Step("elsewhere", "tests/kubernetes/test_sources_push.py"),
 }
@@ -83,7 +84,8 @@ def section() -> tuple[int, int]:
 
 def commands() -> list[str]:
     start, end = section()
-    return [s.text for s in snippets(PAGE) if start < s.line < end and _COMMAND.match(s.text)]
+    found = (s.text for s in snippets(PAGE) if start < s.line < end and _COMMAND.match(s.text))
+    return [" ".join(text.split()) for text in found]
 
 
 def block(first: str) -> str:
@@ -223,4 +225,5 @@ def test_tenant_manifest_with_two_classes(lab: Lab, workdir: Path) -> None:
         assert "DOCBROKER_KUBE_SOURCES_ACCESS_MODE=ReadWriteOnce" in managed
         assert sources.spec.access_modes == ["ReadWriteOnce"]
     finally:
-        _kubectl(lab.kubeconfig, "-n", "docbroker-tenants", "delete", "pvc", "-l", f"docbroker.io/tenant={tenant}")
+        claims = ("-l", f"docbroker.io/tenant={tenant}")
+        _kubectl(lab.kubeconfig, "-n", "docbroker-tenants", "delete", "pvc", *claims)
