@@ -50,6 +50,15 @@ class Lab:
 
     @classmethod
     def open(cls) -> Lab:
+        lab = cls.connect()
+        _apply_lab_overlay(lab.kubeconfig)
+        lab.broker_kubeconfig.write_text(_token_kubeconfig(lab.admin, lab.kubeconfig))
+        lab.broker_kubeconfig.chmod(0o600)
+        return lab
+
+    @classmethod
+    def connect(cls) -> Lab:
+        """The lab as it is, nothing applied (`broker_kubeconfig` is written by `open` only)."""
         from kubernetes import client, config
 
         path = os.environ.get("DOCBROKER_TEST_KUBECONFIG")
@@ -62,15 +71,9 @@ class Lab:
         configuration = client.Configuration()
         config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
         admin = client.ApiClient(configuration)
-        _apply_lab_overlay(Path(path))
-        core = client.CoreV1Api(admin)
-        meta = core.list_node().items[0].metadata
+        meta = client.CoreV1Api(admin).list_node().items[0].metadata
         assert meta is not None
-        node = str(meta.name)
-        broker = folder / "k8sbackend-broker.kubeconfig"
-        broker.write_text(_token_kubeconfig(admin, Path(path)))
-        broker.chmod(0o600)
-        return cls(admin, Path(path), broker, folder, node)
+        return cls(admin, Path(path), folder / "k8sbackend-broker.kubeconfig", folder, str(meta.name))
 
     @property
     def core(self) -> Any:
@@ -101,11 +104,23 @@ class Lab:
     ) -> Path:
         """The tenant's storage on the lab: its PVCs (as the manifest command writes them)
         bound to fresh local volumes; returns the folder holding sources/ and reports/."""
+        files = {"notes.md": "# Notes\ndocbroker on a cluster\n"} if files is None else files
+        base, claims = self.tenant_volumes(name, files, sources_access_mode=sources_access_mode)
+        for claim in claims:
+            _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(claim))
+        return base
+
+    def tenant_volumes(
+        self, name: str, files: dict[str, str], *, sources_access_mode: str
+    ) -> tuple[Path, list[dict[str, Any]]]:
+        """The tenant's folders (sources/ holding `files`) and local PersistentVolumes, each
+        pre-bound to the claim `docbroker tenant manifest` writes; the folder and those claims
+        (the caller applies them, or lets the manifest command do it)."""
         base = self.folder / "k8sbackend-volumes" / name
         shutil.rmtree(base, ignore_errors=True)
         (base / "sources").mkdir(parents=True)
         (base / "reports").mkdir()
-        for filename, text in (files or {"notes.md": "# Notes\ndocbroker on a cluster\n"}).items():
+        for filename, text in files.items():
             (base / "sources" / filename).write_text(text)
         os.chmod(base / "sources", 0o755)  # noqa: S103 - the sandbox reads it
         for f in (base / "sources").iterdir():
@@ -121,8 +136,7 @@ class Lab:
         )
         for claim, kind in zip(objects, ("sources", "reports"), strict=True):
             self._volume(name, kind, base / kind, claim)
-            _kubectl(self.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(claim))
-        return base
+        return base, objects
 
     def _volume(self, tenant: str, kind: str, path: Path, claim: dict[str, Any]) -> None:
         pv_name = f"k8sbackend-{tenant}-{kind}"
@@ -253,7 +267,17 @@ def _apply_lab_overlay(kubeconfig: Path) -> None:
     )
     assert rendered.returncode == 0, rendered.stderr
     keep = [d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] not in BROKER_KINDS]
-    _kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(keep))
+    # The base declares the tenants' namespace's `default` ServiceAccount (no token), which the
+    # namespace's controller also makes: an apply that creates the namespace may find none and
+    # then fail to create it, AlreadyExists (seen after a test deleted the namespaces). Applied
+    # again, it patches the one that exists.
+    for attempt in range(3):
+        try:
+            _kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(keep))
+            return
+        except AssertionError as exc:
+            if "AlreadyExists" not in str(exc) or attempt == 2:
+                raise
 
 
 def _token_kubeconfig(admin: Any, admin_kubeconfig: Path) -> str:

@@ -97,9 +97,28 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def headings(page: Path) -> list[str]:
+def _headings(page: Path) -> list[tuple[int, int, str]]:
+    """(line, level, text) of every heading outside code."""
     _, prose = split(page.read_text(encoding="utf-8"))
-    return [m.group(1).strip() for _, line in prose if (m := re.match(r"#{1,6}\s+(.+?)\s*#*$", line))]
+    return [
+        (number, len(m.group(1)), m.group(2).strip())
+        for number, line in prose
+        if (m := re.match(r"(#{1,6})\s+(.+?)\s*#*$", line))
+    ]
+
+
+def headings(page: Path) -> list[str]:
+    return [text for _, _, text in _headings(page)]
+
+
+def section(page: Path, heading: str) -> range:
+    """The lines under `heading` (exactly one such heading), up to the next of its level or above."""
+    found = _headings(page)
+    starts = [(number, level) for number, level, text in found if text == heading]
+    assert len(starts) == 1, f"{page.name}: {len(starts)} headings {heading!r}"
+    start, level = starts[0]
+    last = len(page.read_text(encoding="utf-8").splitlines())
+    return range(start + 1, next((n for n, lv, _ in found if n > start and lv <= level), last + 1))
 
 
 def anchors(page: Path) -> set[str]:

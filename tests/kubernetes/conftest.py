@@ -9,11 +9,16 @@ tests FAIL, never skip: a cluster suite that skips is a suite that lies. By hand
     set -a && . /tmp/kube-lab/env && set +a
 
 Every test gets a namespace of its own (`namespace`), deleted after it; cluster-scoped objects a
-test makes are removed through `kube_cleanup`.
+test makes are removed through `kube_cleanup`. The lab's own namespaces (`docbroker`,
+`docbroker-tenants`) are shared: each file holds the lab lock shared while its tests run, and a
+file that sets `ALONE_ON_THE_LAB = True` (an install from nothing, which deletes them) takes it
+alone, through `lab_lock`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import subprocess
@@ -52,6 +57,30 @@ def lab_dir() -> Path:
     if not raw:
         pytest.fail("DOCBROKER_TEST_KUBE_LAB is not set (source the lab's DIR/env)", pytrace=False)
     return Path(raw)
+
+
+@contextlib.contextmanager
+def lab_lock(*, exclusive: bool) -> Iterator[None]:
+    """The lab's namespaces: shared by the files that stand on them (both workers at once),
+    alone for a test that deletes them. Held on a file in the lab's folder."""
+    with (lab_dir() / "lab.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shares_the_lab(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each file's tests hold the lab lock shared (autouse: first among the module's fixtures,
+    so before `lab` applies the namespaces). Without a lab there is nothing to share: the tests
+    that need one fail on their own."""
+    if getattr(request.module, "ALONE_ON_THE_LAB", False) or not os.environ.get("DOCBROKER_TEST_KUBE_LAB"):
+        yield
+        return
+    with lab_lock(exclusive=False):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 from broker.runtime.kubernetes import names
 from broker.testing import Broker, structured
 from broker.testing.kubernetes_lab import Lab, host_broker, unique_tenant
+from tests.kubernetes.test_deployment_live import save_approved
 
 pytestmark = pytest.mark.kubernetes
 NS = names.TENANTS_NAMESPACE
@@ -79,14 +80,7 @@ def test_search_read_and_an_approved_save_through_the_broker(lab: Lab, setup: tu
             async with broker.client(writer) as client:
                 found = structured(await client.call_tool("search_documents", {"query": "tenants apart"}))
                 read = structured(await client.call_tool("read_document", {"filename": "notes.md"}))
-                args = {"filename": "summary.md", "content": REPORT}
-                waiting = structured(await client.call_tool("save_report", args))
-                assert waiting["status"] == "waiting_approval", waiting
-                with broker.http(approver) as http:
-                    assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
-                    decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
-                    assert decided.status_code == 200, decided.text
-                saved = structured(await client.call_tool("save_report", args))
+                saved = await save_approved(client, broker, approver, "summary.md", REPORT)
             return {"found": found, "read": read, "saved": saved}
 
         facts = asyncio.run(run())

@@ -20,6 +20,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mcp import Client
 
 from broker.runtime.kubernetes import names
 from broker.testing import Broker, free_port, make_broker, structured
@@ -60,22 +62,32 @@ def _env(name: str) -> str:
 INSECURE_DATABASE = {"DOCBROKER_DATABASE_ALLOW_INSECURE_TRANSPORT": "1"}
 
 
-def postgres_for_pods(host_ip: str) -> tuple[ThrowAwayCluster, int]:
-    """A throw-away PostgreSQL that also listens on TCP at `host_ip` and trusts the lab's Pods."""
+# The lab's Pods' addresses: its bridges, nothing beyond the host.
+PODS = "10.244.0.0/16"
+
+
+def postgres_for_pods(
+    host_ip: str, *, hba: str = f"host all docbroker {PODS} trust", tls: tuple[bytes, bytes] | None = None
+) -> tuple[ThrowAwayCluster, int]:
+    """A throw-away PostgreSQL that also listens on TCP at `host_ip`, admitting the lab's Pods
+    by the `hba` line; with `tls` (a server certificate and its key, PEM) it offers TLS."""
     cluster = ThrowAwayCluster()
     try:
         port = free_port()
         cluster.stop_server()
-        hba = cluster.dir / "data" / "pg_hba.conf"
-        with hba.open("a") as f:  # the Pods' addresses: the lab's bridges, nothing beyond the host
-            f.write("host all docbroker 10.244.0.0/16 trust\n")
-        cluster._pg_ctl(
-            "-l",
-            str(cluster.dir / "postgres.log"),
-            "-o",
-            f"-k {cluster.dir / 'socket'} -h {host_ip} -p {port} -c fsync=off -c max_connections=200",
-            "start",
-        )
+        with (cluster.dir / "data" / "pg_hba.conf").open("a") as f:
+            f.write(hba + "\n")
+        options = f"-k {cluster.dir / 'socket'} -h {host_ip} -p {port} -c fsync=off -c max_connections=200"
+        if tls is not None:
+            owner = pwd.getpwnam(os.environ.get("DOCBROKER_PG_USER", "docbroker"))
+            for name, pem in zip(("server.crt", "server.key"), tls, strict=True):
+                path = cluster.dir / name
+                path.write_bytes(pem)
+                path.chmod(0o600)  # PostgreSQL refuses a key others may read
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+            crt, key = cluster.dir / "server.crt", cluster.dir / "server.key"
+            options += f" -c ssl=on -c ssl_cert_file={crt} -c ssl_key_file={key}"
+        cluster._pg_ctl("-l", str(cluster.dir / "postgres.log"), "-o", options, "start")
         cluster.url = f"{cluster.url}&port={port}"
     except BaseException:
         cluster.remove()
@@ -96,6 +108,26 @@ def upgrade_database(idp: Broker, url: str) -> None:
     assert upgraded.returncode == 0, upgraded.stderr[-2000:]
 
 
+def broker_image() -> tuple[str, str]:
+    """The broker image's name and digest, as kustomize's `images:` takes them."""
+    name, _, digest = BROKER_IMAGE.partition("@")
+    if not digest.startswith("sha256:"):
+        pytest.fail("DOCBROKER_TEST_KUBE_BROKER_IMAGE must be name@sha256:… (source the lab's DIR/env)")
+    return name, digest
+
+
+def broker_settings(idp: Broker) -> dict[str, str]:
+    """The brokers' config literals a run's overlay sets: its issuer, the lab's images."""
+    return {
+        "DOCBROKER_AUTH_ISSUER": idp.env["DOCBROKER_AUTH_ISSUER"],
+        "DOCBROKER_AUTH_AUDIENCE": idp.env["DOCBROKER_AUTH_AUDIENCE"],
+        "DOCBROKER_KUBE_SERVER_IMAGE": SERVER_IMAGE,
+        "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE,
+        "DOCBROKER_START_TIMEOUT": "60",
+        "DOCBROKER_OPS_TOKEN_FILE": "/run/docbroker/keys/ops.token",
+    }
+
+
 def write_overlay(
     folder: Path, idp: Broker, tenants: Sequence[str], pg_port: int, config: Mapping[str, str] | None = None
 ) -> None:
@@ -112,17 +144,8 @@ def write_overlay(
     (folder / "ops.token").write_text(idp.ops_token + "\n")
     for tenant in tenants:
         (folder / f"{tenant}.toml").write_text("[limits]\nrate_per_minute = 100000\nburst = 10000\n")
-    name, _, digest = BROKER_IMAGE.partition("@")
-    if not digest.startswith("sha256:"):
-        pytest.fail("DOCBROKER_TEST_KUBE_BROKER_IMAGE must be name@sha256:… (source the lab's DIR/env)")
-    settings = {
-        "DOCBROKER_AUTH_ISSUER": idp.env["DOCBROKER_AUTH_ISSUER"],
-        "DOCBROKER_AUTH_AUDIENCE": idp.env["DOCBROKER_AUTH_AUDIENCE"],
-        "DOCBROKER_KUBE_SERVER_IMAGE": SERVER_IMAGE,
-        "DOCBROKER_KUBE_KEEPER_IMAGE": KEEPER_IMAGE,
-        "DOCBROKER_START_TIMEOUT": "60",
-        "DOCBROKER_OPS_TOKEN_FILE": "/run/docbroker/keys/ops.token",
-    }
+    name, digest = broker_image()
+    settings = broker_settings(idp)
     settings.update(config or {})
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -212,6 +235,14 @@ def job_complete(lab: Lab) -> bool:
     return bool(job.status.succeeded)
 
 
+def print_broker_logs(lab: Lab) -> None:
+    """The broker Pods' last lines, shown by pytest only when the test failed."""
+    try:
+        print(_kubectl(lab.kubeconfig, "-n", BROKER_NS, "logs", "-l", BROKER_SELECTOR, "--tail=40")[-6000:])
+    except AssertionError:
+        pass  # no Pod (yet, or any more)
+
+
 @dataclasses.dataclass
 class Deployed:
     lab: Lab
@@ -243,11 +274,7 @@ def _deployed(lab: Lab, tmp_path: Path) -> Iterator[Deployed]:
         ips = wait_until("two Ready broker Pods", lambda: ready_broker_ips(lab), timeout=240, every=1)
         yield Deployed(lab, tenant, storage, idp, ips, volumes, tmp_path)
     finally:
-        try:
-            logs = _kubectl(lab.kubeconfig, "-n", BROKER_NS, "logs", "-l", BROKER_SELECTOR, "--tail=40")
-            print(logs[-6000:])  # shown by pytest only when the test failed
-        except AssertionError:
-            pass
+        print_broker_logs(lab)
         try:
             # Only what this test adds to the lab: the namespaces, RBAC, PSP and storage class
             # stay (Lab.open applies them), since the other Kubernetes tests stand on them,
@@ -260,6 +287,19 @@ def _deployed(lab: Lab, tmp_path: Path) -> Iterator[Deployed]:
             lab.drop_broker_volumes(REPLICAS)
             lab.drop_tenant(tenant)
             cluster.remove()
+
+
+async def save_approved(client: Client, approver: Broker, token: str, filename: str, content: str) -> Any:
+    """save_report, approved over REST at `approver` (with its `token`), then asked again: the
+    second call's structured result."""
+    args = {"filename": filename, "content": content}
+    waiting = structured(await client.call_tool("save_report", args))
+    assert waiting["status"] == "waiting_approval", waiting
+    with approver.http(token) as http:
+        assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
+        decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
+        assert decided.status_code == 200, decided.text
+    return structured(await client.call_tool("save_report", args))
 
 
 def test_the_deployment_serves_a_tenant_through_both_replicas(deployed: Deployed) -> None:
@@ -281,14 +321,8 @@ def test_the_deployment_serves_a_tenant_through_both_replicas(deployed: Deployed
         async with a.client(writer) as client:
             found = structured(await client.call_tool("search_documents", {"query": "tenant pod"}))
             read = structured(await client.call_tool("read_document", {"filename": "plan.md"}))
-            args = {"filename": "findings.md", "content": REPORT}
-            waiting = structured(await client.call_tool("save_report", args))
-            assert waiting["status"] == "waiting_approval", waiting
-            with b.http(approver) as http:  # the OTHER replica decides: approvals are shared
-                assert http.get(f"/v1/approvals/{waiting['data']['approval_id']}").status_code == 200
-                decided = http.post(f"/v1/approvals/{waiting['data']['approval_id']}/approve")
-                assert decided.status_code == 200, decided.text
-            saved = structured(await client.call_tool("save_report", args))
+            # the OTHER replica decides: approvals are shared
+            saved = await save_approved(client, b, approver, "findings.md", REPORT)
         async with b.client(reader) as client:
             other = structured(await client.call_tool("search_documents", {"query": "tenant pod"}))
         return {"found": found, "read": read, "saved": saved, "other": other}

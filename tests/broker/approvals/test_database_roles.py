@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -41,8 +41,7 @@ def cluster() -> Iterator[ThrowAwayCluster]:
 
 
 def url_as(cluster: ThrowAwayCluster, user: str, dbname: str) -> str:
-    socket = parse_qs(urlsplit(cluster.url).query)["host"][0]
-    return f"postgresql://{user}@/{dbname}?host={socket}"
+    return f"postgresql://{user}@/{dbname}?{urlsplit(cluster.url).query}"  # its socket (and port)
 
 
 def psql(cluster: ThrowAwayCluster, url: str, script: str) -> None:
@@ -56,15 +55,24 @@ def psql(cluster: ThrowAwayCluster, url: str, script: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+# The first line of each block of "Database (PostgreSQL 15 or later)", in the order they run.
+SQL_BLOCKS = ("-- as the server's administrator", "-- as docbroker_owner")
+
+
+def documented_roles(cluster: ThrowAwayCluster) -> None:
+    """The page's two blocks, as written: the administrator's as a role that is no superuser
+    (what a managed service gives: it creates roles and databases), then the owner's."""
+    with psycopg.connect(cluster.url, autocommit=True) as conn:  # the cluster's superuser
+        conn.execute("CREATE ROLE admin LOGIN CREATEROLE CREATEDB")
+    admin, owner = SQL_BLOCKS
+    psql(cluster, url_as(cluster, "admin", "postgres"), sql_block(admin))
+    psql(cluster, url_as(cluster, "docbroker_owner", "docbroker"), sql_block(owner))
+
+
 def test_the_documented_roles_migrate_as_the_owner_and_serve_as_the_app_role(
     tmp_path: Path, cluster: ThrowAwayCluster
 ) -> None:
-    with psycopg.connect(cluster.url, autocommit=True) as conn:  # the cluster's superuser
-        # A managed service's administrator: creates roles and databases, is no superuser.
-        conn.execute("CREATE ROLE admin LOGIN CREATEROLE CREATEDB")
-    psql(cluster, url_as(cluster, "admin", "postgres"), sql_block("-- as the server's administrator"))
-    psql(cluster, url_as(cluster, "docbroker_owner", "docbroker"), sql_block("-- as docbroker_owner"))
-
+    documented_roles(cluster)
     owner, app = (
         url_as(cluster, "docbroker_owner", "docbroker"),
         url_as(cluster, "docbroker_app", "docbroker"),
