@@ -133,9 +133,7 @@ def namespace(kube_api: Any, kube_cleanup: Callable[[Callable[[], object]], None
             metadata=client.V1ObjectMeta(name=name, labels={"app.kubernetes.io/part-of": "docbroker-tests"})
         )
     )
-    kube_cleanup(
-        lambda: core.delete_namespace(name, propagation_policy="Background", grace_period_seconds=0)
-    )
+    kube_cleanup(lambda: core.delete_namespace(name, propagation_policy="Background", grace_period_seconds=0))
     return name
 
 

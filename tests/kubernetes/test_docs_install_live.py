@@ -92,6 +92,7 @@ SECTIONS = {
     "Uninstall": False,
 }
 DATABASE = "Database (PostgreSQL 15 or later)"
+DOCTOR_IN_A_POD = "kubectl -n docbroker exec statefulset/docbroker-broker -- docbroker doctor"
 
 # Commands of those sections the install does not run, and why.
 SKIPPED = {
@@ -178,6 +179,18 @@ class Operator:
         assert done.returncode == 0, f"{heading!r} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         self.ran.extend(lines)
         return done.stdout
+
+    def line(self, command: str) -> subprocess.CompletedProcess[str]:
+        """One command a page's prose names, as written (its exit code is the caller's to read)."""
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", self._substituted(command)],
+            cwd=self.work,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return done
 
     def _substituted(self, line: str) -> str:
         for old, new in self.substitutions:
@@ -319,6 +332,8 @@ def test_the_page_s_commands_are_the_ones_the_install_runs_or_skips() -> None:
     assert not gone, f"skips for lines the page no longer has: {gone}"
     for old, _ in substitutions(Database("10.0.0.1", 5432)):
         assert any(old in line for line in on_page), f"a substitution the page no longer needs: {old!r}"
+    prose = {s.text for s in snippets(PAGE) if not s.block}
+    assert DOCTOR_IN_A_POD in prose, "the page no longer says to run doctor in a broker Pod"
     sql = [s.text for s in snippets(PAGE) if s.block and s.line in section(PAGE, DATABASE)]
     firsts = [line for line in sql if line.startswith("-- as ")]  # each block's first line
     assert len(firsts) == len(SQL_BLOCKS), f"Database has blocks documented_roles does not run: {firsts}"
@@ -344,6 +359,15 @@ def test_the_documented_install_serves_a_first_call_and_an_approved_report(insta
     operator.run("Storage")
     pushed = json.loads(operator.run("Push a tenant's documents"))
     assert pushed["tenant"] == TENANT and pushed["documents"] == 1, pushed
+
+    # "Apply" and the managed path's step 6: `docbroker doctor` in a broker Pod, with the
+    # brokers' own settings and account, as the page says to run it.
+    doctor = operator.line(f"{DOCTOR_IN_A_POD} --json")
+    rows = {row["check"]: row for row in json.loads(doctor.stdout)["checks"]}
+    assert doctor.returncode == 0, (doctor.stderr[-1500:], rows)
+    assert rows["kubernetes api"]["level"] == rows["rbac needed"]["level"] == "OK", rows
+    for check in ("namespaces", "network policies"):  # the brokers' account may not read them
+        assert rows[check]["level"] == "WARN" and "may not read" in rows[check]["detail"], rows
 
     ips = ready_broker_ips(lab)
     assert len(ips) == REPLICAS

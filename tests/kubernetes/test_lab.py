@@ -70,9 +70,7 @@ def hardened_pod(name: str, secret: str) -> client.V1Pod:
                     ),
                     volume_mounts=[
                         client.V1VolumeMount(name="run", mount_path="/run/docs"),
-                        client.V1VolumeMount(
-                            name="sources", mount_path="/srv/docs/sources", read_only=True
-                        ),
+                        client.V1VolumeMount(name="sources", mount_path="/srv/docs/sources", read_only=True),
                         client.V1VolumeMount(name="reports", mount_path="/srv/docs/reports"),
                         client.V1VolumeMount(name="secret", mount_path="/run/secrets", read_only=True),
                     ],
