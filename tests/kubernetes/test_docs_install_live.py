@@ -147,14 +147,15 @@ class Operator:
     admin's, `docbroker` this tree's CLI; records which lines ran and which substitutions
     were used."""
 
-    def __init__(self, work: Path, lab: Lab, substitutions: list[tuple[str, str]]) -> None:
+    def __init__(self, work: Path, lab: Lab | None, substitutions: list[tuple[str, str]]) -> None:
         self.work = work
         self.substitutions = substitutions
         self.ran: list[str] = []
         self.used: set[str] = set()
         home, bin_dir = work.parent / "home", work.parent / "bin"
         (home / ".kube").mkdir(parents=True)
-        shutil.copy(lab.kubeconfig, home / ".kube" / "config")  # its paths are absolute
+        if lab is not None:  # None: an operator with no cluster yet (offline steps)
+            shutil.copy(lab.kubeconfig, home / ".kube" / "config")  # its paths are absolute
         bin_dir.mkdir()
         # This tree's CLI and Python (a pyenv shim would look for its root under HOME).
         for name, line in (

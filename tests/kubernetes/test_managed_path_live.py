@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from broker.testing import ROOT
 from broker.testing.kubernetes_lab import STORAGE_CLASS, Lab, _kubectl, unique_tenant
 from tests.docs.markdown import snippets
 from tests.kubernetes.test_deployment_live import deployment_lock
+from tests.kubernetes.test_docs_install_live import Operator
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(300)]
 PAGE = ROOT / "docs" / "kubernetes.md"
@@ -100,25 +100,16 @@ def block(first: str) -> str:
     raise AssertionError(f"no block starting {first!r} in {SECTION!r}")
 
 
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    """A reader's checkout: the k8s/ tree the commands name, in a folder of the test's own."""
-    shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
-    return tmp_path
+def operator(tmp_path: Path, lab: Lab | None) -> Operator:
+    """An operator (the install test's: bash, `~/.kube/config` the lab admin's, this tree's
+    `docbroker`) in a reader's checkout: the k8s/ tree the commands name."""
+    work = tmp_path / "work"
+    shutil.copytree(ROOT / "k8s", work / "k8s")
+    return Operator(work, lab, [])
 
 
-def run(command: str, cwd: Path, kubeconfig: Path | None = None) -> str:
-    env = {"PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}", "HOME": str(cwd)}
-    if kubeconfig is not None:
-        env["KUBECONFIG"] = str(kubeconfig)
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", command],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def run(operator: Operator, command: str) -> str:
+    done = operator.line(command)
     assert done.returncode == 0, f"{command[:80]!r}: {done.stderr[-1500:]}"
     return done.stdout
 
@@ -154,12 +145,13 @@ REPLACE = {
 }
 
 
-def test_the_copied_overlay_renders(workdir: Path) -> None:
+def test_the_copied_overlay_renders(tmp_path: Path) -> None:
     """Step 2: the copy, as written; every `example` mark is in a file the step names; with them
     replaced the overlay renders, and nothing marked example is left but what the step allows
     (the certificate issuer's name, the provider's address: both named in the step)."""
-    run(next(c for c in STEPS if c.startswith("cp ")), workdir)
-    mine = workdir / "k8s" / "overlays" / "mine"
+    offline = operator(tmp_path, None)
+    run(offline, next(c for c in STEPS if c.startswith("cp ")))
+    mine = offline.work / "k8s" / "overlays" / "mine"
     marked = {f.name for f in mine.rglob("*.yaml") if "# example" in f.read_text(encoding="utf-8")}
     step_two = PAGE.read_text(encoding="utf-8").split("2. **Copy the overlay**")[1].split("3. **")[0]
     for name in marked:
@@ -171,15 +163,15 @@ def test_the_copied_overlay_renders(workdir: Path) -> None:
             assert old in text, f"{name}: {old!r} is no longer the example value"
             text = text.replace(old, new)
         path.write_text(text, encoding="utf-8")
-    rendered = run("kubectl kustomize k8s/overlays/mine", workdir)
+    rendered = run(offline, "kubectl kustomize k8s/overlays/mine")
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     assert {d["kind"] for d in docs} >= {"StatefulSet", "Job", "Ingress", "NetworkPolicy"}
     assert "example.com" not in rendered.replace("registry.example.com", "")  # only step 4's registry
 
 
-def test_the_api_server_endpoints(lab: Lab, workdir: Path) -> None:
+def test_the_api_server_endpoints(lab: Lab, tmp_path: Path) -> None:
     """Step 2's way to find the API server's address and port, on the lab: the node's address."""
-    out = run(next(c for c in STEPS if c.startswith("kubectl get endpoints")), workdir, lab.kubeconfig)
+    out = run(operator(tmp_path, lab), next(c for c in STEPS if c.startswith("kubectl get endpoints")))
     node_ip = os.environ["DOCBROKER_TEST_KUBE_NODE_IP"]
     assert re.search(rf"\b{re.escape(node_ip)}:\d+", out), out
 
@@ -191,11 +183,11 @@ def pull_secrets_removed(lab: Lab) -> Iterator[None]:
         _kubectl(lab.kubeconfig, "-n", ns, "delete", "secret", "registry-credentials", "--ignore-not-found")
 
 
-def test_namespaces_then_pull_secrets(lab: Lab, workdir: Path, pull_secrets_removed: None) -> None:
+def test_namespaces_then_pull_secrets(lab: Lab, tmp_path: Path, pull_secrets_removed: None) -> None:
     """Step 4's block as written: the namespaces, then the registry's credentials in both, of the
     name the overlay's service accounts pull with."""
     with deployment_lock(lab.folder):  # the namespaces are the lab's one pair
-        run(block("kubectl apply -f k8s/base/namespaces.yaml"), workdir, lab.kubeconfig)
+        run(operator(tmp_path, lab), block("kubectl apply -f k8s/base/namespaces.yaml"))
         for ns in ("docbroker", "docbroker-tenants"):
             secret = lab.core.read_namespaced_secret("registry-credentials", ns)
             assert secret.type == "kubernetes.io/dockerconfigjson"
@@ -205,14 +197,14 @@ def test_namespaces_then_pull_secrets(lab: Lab, workdir: Path, pull_secrets_remo
     assert "registry-credentials" in pulls
 
 
-def test_tenant_manifest_with_two_classes(lab: Lab, workdir: Path) -> None:
+def test_tenant_manifest_with_two_classes(lab: Lab, tmp_path: Path) -> None:
     """Step 7's manifest, as written with the doc's placeholders filled: two claims, each of its
     class, the sources `ReadWriteOnce` as the managed overlay's brokers expect."""
     tenant = unique_tenant("m")
     command = next(c for c in STEPS if c.startswith("docbroker tenant manifest"))
     command = command.replace("<tenant>", tenant).replace("<class>", STORAGE_CLASS)
     try:
-        run(command, workdir, lab.kubeconfig)
+        run(operator(tmp_path, lab), command)
         claims = {
             c.metadata.name: c
             for c in lab.core.list_namespaced_persistent_volume_claim("docbroker-tenants").items
