@@ -280,16 +280,19 @@ def _apply_lab_overlay(kubeconfig: Path) -> None:
                 raise
 
 
-def _token_kubeconfig(admin: Any, admin_kubeconfig: Path) -> str:
-    """A kubeconfig for the broker's ServiceAccount: a TokenRequest token, the admin's cluster."""
+def _token_kubeconfig(
+    admin: Any, admin_kubeconfig: Path, account: str = BROKER_SA, namespace: str = names.BROKER_NAMESPACE
+) -> str:
+    """A kubeconfig for a ServiceAccount (the broker's unless named): a TokenRequest token, the
+    admin's cluster."""
     from kubernetes import client
 
     deadline = time.monotonic() + 30
     while True:  # the ServiceAccount was just applied
         try:
             answer = client.CoreV1Api(admin).create_namespaced_service_account_token(
-                BROKER_SA,
-                names.BROKER_NAMESPACE,
+                account,
+                namespace,
                 client.AuthenticationV1TokenRequest(
                     spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=7200)
                 ),

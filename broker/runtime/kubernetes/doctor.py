@@ -164,19 +164,28 @@ def _network_policies(api: Any, tenants: str) -> tuple[str, str]:
                 )
             raise
         policies[namespace] = [api.sanitize_for_serialization(item) for item in items]
+    apiserver = _apiserver_endpoints(api)
     found = netpolicy.problems(
         policies,
         broker_namespace=names.BROKER_NAMESPACE,
         tenants_namespace=tenants,
-        apiserver=_apiserver_endpoints(api),
+        apiserver=apiserver,
         cilium_apiserver=_cilium_apiserver_policy(api),
     )
+    if apiserver is None:  # unknown is said, never passed as reachable
+        found.append(UNREAD_ENDPOINTS)
     if found:
-        return FAIL, "; ".join(found)
+        return (WARN if found == [UNREAD_ENDPOINTS] else FAIL), "; ".join(found)
     return OK, (
         f"default-deny in {names.BROKER_NAMESPACE} and {tenants}, no tenant egress, the API server "
         "reachable by its rule (enforced only by a CNI that enforces NetworkPolicy)"
     )
+
+
+UNREAD_ENDPOINTS = (
+    "the API server's endpoints (default/kubernetes) may not be read with these credentials: "
+    "the brokers' egress rule to it is not checked"
+)
 
 
 def _apiserver_endpoints(api: Any) -> list[netpolicy.Endpoint] | None:
@@ -187,8 +196,10 @@ def _apiserver_endpoints(api: Any) -> list[netpolicy.Endpoint] | None:
         endpoints = client.CoreV1Api(api).read_namespaced_endpoints(
             "kubernetes", "default", _request_timeout=10
         )
-    except Exception:
-        return None  # not readable with these credentials: that part is not checked
+    except Exception as exc:
+        if status_of(exc) == 403:
+            return None  # not readable with these credentials: that part is not checked, and said
+        raise  # the API failing is a failed check (`_clean`), never a pass
     return [
         netpolicy.Endpoint(address.ip, port.port)
         for subset in endpoints.subsets or ()
@@ -208,8 +219,10 @@ def _cilium_apiserver_policy(api: Any) -> bool:
             "cilium.io", "v2", names.BROKER_NAMESPACE, "ciliumnetworkpolicies", "apiserver-egress",
             _request_timeout=10,
         )  # fmt: skip
-    except Exception:
-        return False
+    except Exception as exc:
+        if status_of(exc) in (403, 404):  # no such policy or no Cilium: the ipBlock rule must hold
+            return False
+        raise
     return True
 
 
