@@ -62,18 +62,9 @@ class Replicas:
             return
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self._path(self.me, ".lock"), _OPEN_FLAGS, 0o600)
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise ReplicaTaken(
-                        "another broker with this DOCBROKER_REPLICA_ID runs on this data dir"
-                    ) from None
-                await asyncio.sleep(0.05)
+        if not await _lock_within(fd, wait, every=0.05):
+            os.close(fd)
+            raise ReplicaTaken("another broker with this DOCBROKER_REPLICA_ID runs on this data dir")
         os.ftruncate(fd, 0)
         os.pwrite(fd, self.incarnation.encode("ascii"), 0)
         self._fd = fd
@@ -179,18 +170,25 @@ class Replicas:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self._path(tenant, ".create"), _OPEN_FLAGS, 0o600)
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise TimeoutError("another replica holds the tenant's sandbox start") from None
-                    await asyncio.sleep(0.01)
+            if not await _lock_within(fd, timeout, every=0.01):
+                raise TimeoutError("another replica holds the tenant's sandbox start")
             yield
         finally:
             os.close(fd)
+
+
+async def _lock_within(fd: int, seconds: float, *, every: float) -> bool:
+    """An exclusive flock on `fd`, tried every `every` s for `seconds`; False: still held.
+    Polled, never a blocking flock: a cancelled caller leaves no thread behind."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(every)
 
 
 class SharedUse(ABC):
