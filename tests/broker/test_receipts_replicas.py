@@ -146,6 +146,11 @@ def test_a_two_person_report_yields_a_receipt_that_verifies_offline(tmp_path: Pa
             first, "audit", "verify-receipt", tmp_path / "served.json", *keys, "--report", report
         )
         assert again.returncode == 0, again.stdout
+        # The joint: one approval, the same story from the API and from the logs (the proofs may
+        # differ: the CLI's came after the brokers' closing checkpoints).
+        api_receipt = json.loads((tmp_path / "served.json").read_text())
+        told = ("approval", "decisions", "write")
+        assert {k: api_receipt[k] for k in told} == {k: receipt[k] for k in told}
 
         changed = tmp_path / name
         changed.write_text(BIG[:-1] + "!")
