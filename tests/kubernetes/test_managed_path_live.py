@@ -23,13 +23,13 @@ import yaml
 
 from broker.testing import ROOT
 from broker.testing.kubernetes_lab import STORAGE_CLASS, Lab, _kubectl, unique_tenant
-from tests.docs.markdown import snippets
+from tests.docs.markdown import section, snippets
 from tests.kubernetes.test_deployment_live import deployment_lock
 from tests.kubernetes.test_docs_install_live import Operator
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(300)]
 PAGE = ROOT / "docs" / "kubernetes.md"
-SECTION = "## A managed cluster, step by step"
+HEADING = "A managed cluster, step by step"
 # A command a reader types: the program first (after any VAR=value), then a space or the end.
 _COMMAND = re.compile(r"^(\w+=\S+ )*(kubectl|docbroker|docker|cp|curl|for|done)( |$)")
 
@@ -37,12 +37,15 @@ _COMMAND = re.compile(r"^(\w+=\S+ )*(kubectl|docbroker|docker|cp|curl|for|done)(
 @dataclass(frozen=True)
 class Step:
     how: str  # lab | offline | elsewhere | not_here
-    why: str  # for elsewhere: the test file; for not_here: what is missing here
+    why: str  # lab, offline: the test here; elsewhere: the test file; not_here: what is missing
+    runs: str = ""  # elsewhere: the text in that file that runs the command
 
 
 STEPS: dict[str, Step] = {
     # 1. Images
-    "docbroker image build": Step("elsewhere", "tests/docker/test_image_supply.py"),
+    "docbroker image build": Step(
+        "elsewhere", "tests/docker/test_image_supply.py", '"image", "build", "server", "--sign-key"'
+    ),
     "docker tag": Step("not_here", "no registry on this offline machine to tag for"),
     "docker push": Step("not_here", "no registry on this offline machine to push to"),
     # 2. The overlay copied, its example values replaced, rendered
@@ -58,12 +61,16 @@ STEPS: dict[str, Step] = {
     "done": Step("lab", "test_namespaces_then_pull_secrets"),
     # 5. Apply: the managed overlay is for Kubernetes 1.25+ (policy/v1, Pod Security Admission);
     # the lab is 1.20. The same apply of the lab overlay, Job and StatefulSet included, runs there.
-    "kubectl apply -k k8s/overlays/mine": Step("elsewhere", "tests/kubernetes/test_docs_install_live.py"),
+    "kubectl apply -k k8s/overlays/mine": Step(
+        "elsewhere", "tests/kubernetes/test_docs_install_live.py", 'operator.run("Apply")'
+    ),
     # 6. Check
     "kubectl -n docbroker exec statefulset/docbroker-broker -- docbroker doctor": Step(
-        "elsewhere", "tests/kubernetes/test_docs_install_live.py"
+        "elsewhere", "tests/kubernetes/test_docs_install_live.py", 'operator.line(f"{DOCTOR_IN_A_POD}'
     ),
-    "docbroker doctor": Step("elsewhere", "tests/kubernetes/test_network_doctor_live.py"),
+    "docbroker doctor": Step(
+        "elsewhere", "tests/kubernetes/test_network_doctor_live.py", "_network_policies(lab.admin, NS)"
+    ),
     "curl -s https://docbroker.example.com/readyz": Step(
         "not_here", "no ingress controller or certificate here; /readyz at a Pod: test_deployment_live.py"
     ),
@@ -71,33 +78,22 @@ STEPS: dict[str, Step] = {
     "docbroker tenant manifest <tenant> --sources-storage-class <class> --reports-storage-class <class> "
     "--sources-access-mode ReadWriteOnce "
     "| kubectl apply -f -": Step("lab", "test_tenant_manifest_with_two_classes"),
-    "docbroker tenant sources push": Step("elsewhere", "tests/kubernetes/test_sources_push.py"),
+    "docbroker tenant sources push": Step(
+        "elsewhere", "tests/kubernetes/test_sources_push.py", '"tenant", "sources", "push"'
+    ),
 }
 
 
-def section() -> tuple[int, int]:
-    lines = PAGE.read_text(encoding="utf-8").splitlines()
-    start = lines.index(SECTION) + 1
-    end = next(n for n, line in enumerate(lines, start=1) if n > start and line.startswith("## "))
-    return start, end
-
-
 def commands() -> list[str]:
-    start, end = section()
-    found = (s.text for s in snippets(PAGE) if start < s.line < end and _COMMAND.match(s.text))
+    lines = section(PAGE, HEADING)
+    found = (s.text for s in snippets(PAGE) if s.line in lines and _COMMAND.match(s.text))
     return [" ".join(text.split()) for text in found]
 
 
-def block(first: str) -> str:
-    """The section's fenced block that starts with `first`, as a reader would paste it."""
-    text = PAGE.read_text(encoding="utf-8")
-    start = text.index(SECTION)
-    body = text[start : text.index("\n## ", start + 1)]
-    for found in re.findall(r"```sh\n(.*?)```", body, flags=re.S):
-        lines = [line.strip() for line in found.splitlines()]
-        if lines and lines[0] == first:
-            return "\n".join(lines) + "\n"
-    raise AssertionError(f"no block starting {first!r} in {SECTION!r}")
+def shell_block() -> str:
+    """The section's one shell block, as a reader pastes it."""
+    lines = section(PAGE, HEADING)
+    return "\n".join(s.text for s in snippets(PAGE) if s.block and s.line in lines) + "\n"
 
 
 def operator(tmp_path: Path, lab: Lab | None) -> Operator:
@@ -117,7 +113,7 @@ def run(operator: Operator, command: str) -> str:
 def test_the_table_is_the_sections_commands() -> None:
     found = commands()
     assert sorted(set(found)) == sorted(STEPS), (
-        f"commands in docs/kubernetes.md {SECTION!r} and this file's STEPS differ: "
+        f"commands in docs/kubernetes.md {HEADING!r} and this file's STEPS differ: "
         f"not in STEPS {sorted(set(found) - set(STEPS))}, gone from the doc {sorted(set(STEPS) - set(found))}"
     )
     here = Path(__file__).read_text(encoding="utf-8")
@@ -127,9 +123,8 @@ def test_the_table_is_the_sections_commands() -> None:
             assert f"def {step.why}(" in here, f"{command!r}: no test {step.why}"
         if step.how == "elsewhere":
             assert (ROOT / step.why).is_file(), f"{command!r}: {step.why} does not exist"
-            name = command.split(" | ")[0].split(" <")[0]
-            assert name.split()[-1] in (ROOT / step.why).read_text(encoding="utf-8"), (
-                f"{step.why} does not run {name!r}"
+            assert step.runs and step.runs in (ROOT / step.why).read_text(encoding="utf-8"), (
+                f"{step.why} does not run {command!r} (no {step.runs!r} there)"
             )
 
 
@@ -187,7 +182,7 @@ def test_namespaces_then_pull_secrets(lab: Lab, tmp_path: Path, pull_secrets_rem
     """Step 4's block as written: the namespaces, then the registry's credentials in both, of the
     name the overlay's service accounts pull with."""
     with deployment_lock(lab.folder):  # the namespaces are the lab's one pair
-        run(operator(tmp_path, lab), block("kubectl apply -f k8s/base/namespaces.yaml"))
+        run(operator(tmp_path, lab), shell_block())
         for ns in ("docbroker", "docbroker-tenants"):
             secret = lab.core.read_namespaced_secret("registry-credentials", ns)
             assert secret.type == "kubernetes.io/dockerconfigjson"
