@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from broker.testing import Broker, structured
+from tests.broker.support import wait_for
 from tests.docker.conftest import Daemon
 from tests.docker.test_docker_broker_e2e import DOC, docker_broker
 
@@ -107,6 +108,9 @@ async def test_an_operator_lists_restarts_and_reads_the_logs(docker_broker: Brok
     assert listed["runtime"] == "docker" and len(acme) == 1
     assert acme[0]["state"] == "running" and old.startswith(acme[0]["id"])
     # Reading changes nothing: the broker's warm spares (if any) are still there afterwards.
+    # Taken once the pool has settled: the start above took a spare, and the pool refills it
+    # after a pause (a CI run saw the refill land between the two looks).
+    assert wait_for(lambda: _pool_settled(broker), timeout=60), "the warm pool did not settle"
     spares_before = _spares(daemon)
     _sandbox(broker, daemon, "list")
     assert _spares(daemon) == spares_before
@@ -120,6 +124,15 @@ async def test_an_operator_lists_restarts_and_reads_the_logs(docker_broker: Brok
     async with broker.client(token) as client:
         read = structured(await client.call_tool("read_document", {"filename": "notes.md"}))
         assert read["status"] == "ok"
+
+
+def _pool_settled(broker: Broker) -> bool:
+    """The broker's warm pool (if on) holds its target, nothing warming, nobody waiting."""
+    with broker.http() as http:
+        pool = http.get("/readyz", headers=broker.ops_headers).json()["checks"]["sandboxes"]["pool"]
+    if pool["state"] != "on":
+        return True
+    return pool["warming"] == 0 and pool["waiting"] == 0 and pool["ready"] == pool["size"]
 
 
 def _spares(daemon: Daemon) -> set[str]:
