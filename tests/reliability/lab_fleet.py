@@ -268,10 +268,18 @@ class Fleet:
         cgroupfs: <root>/kubepods/[<qos>/]pod<uid>), for the tenants with a Pod now."""
         pods = self.lab.core.list_namespaced_pod(TENANTS_NS, _request_timeout=10).items
         uids = {p.metadata.name: p.metadata.uid for p in pods if p.metadata.deletion_timestamp is None}
+        # The pod folders are named, not searched: a recursive walk of kubepods/ races other
+        # Pods' folders going away mid-walk (an idle sandbox's Pod removed), an ENOENT.
+        parents = [
+            kubepods / qos
+            for kubepods in Path("/sys/fs/cgroup/freezer").glob("*/kubepods")
+            for qos in ("", "burstable", "besteffort")
+        ]
         found: dict[str, Path] = {}
         for tenant in self.tenants:
             uid = uids.get(names.object_name(tenant))
-            paths = list(Path("/sys/fs/cgroup/freezer").glob(f"*/kubepods/**/pod{uid}")) if uid else []
+            candidates = [parent / f"pod{uid}" for parent in parents] if uid else []
+            paths = [path for path in candidates if path.is_dir()]
             if len(paths) == 1:
                 found[tenant] = paths[0]
         return found
@@ -279,7 +287,11 @@ class Fleet:
     def log_count(self, pod: str, text: bytes) -> int:
         """How often `text` is in the containers' logs of a broker Pod (the kubelet's files)."""
         uid = self.pods.seen()[pod]
-        return sum(path.read_bytes().count(text) for path in Path("/var/log/pods").glob(f"*_{uid}/*/*.log"))
+        count = 0
+        for path in Path("/var/log/pods").glob(f"*_{uid}/*/*.log"):
+            with contextlib.suppress(FileNotFoundError):  # the kubelet rotated it since the listing
+                count += path.read_bytes().count(text)
+        return count
 
     def scale(self, replicas: int) -> None:
         _kubectl(
