@@ -214,14 +214,20 @@ async def reaper_spares_a_pod_in_use_elsewhere(fleet: Fleet, load: Load) -> Faul
 @contextlib.contextmanager
 def frozen(*freezers: Path | None) -> Iterator[None]:
     """Tenant Pods frozen (cgroup v1 freezer) for the block: their calls in flight stay so."""
-    held = [f for f in freezers if f is not None]
-    for freezer in held:
-        (freezer / "freezer.state").write_text("FROZEN")
+    held: list[Path] = []
+    for freezer in freezers:
+        if freezer is None:
+            continue
+        # A Pod may go between its cgroup's lookup and here (an idle one reaped): nothing to hold.
+        with contextlib.suppress(FileNotFoundError):
+            (freezer / "freezer.state").write_text("FROZEN")
+            held.append(freezer)
     try:
         yield
     finally:
         for freezer in held:
-            (freezer / "freezer.state").write_text("THAWED")
+            with contextlib.suppress(FileNotFoundError):  # gone: nothing of it is left frozen
+                (freezer / "freezer.state").write_text("THAWED")
 
 
 async def tenant_pod_deleted_mid_call(fleet: Fleet, load: Load) -> Fault:
