@@ -339,6 +339,8 @@ def cmd_sources_push(args: argparse.Namespace) -> int:
         "removed": answer["removed"],
         # ReadWriteOnce sources: the tenant's Pod was stopped for the push (its next call starts one)
         "tenant_pods_stopped": answer["stopped"],
+        # 2: the first push Pod's mount did not get the fsGroup (ReadWriteOnce; push.VolumeNotWritable)
+        "push_pods": answer["attempts"],
     }
     if args.json:
         print_json(result)

@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from broker.runtime.base import SourcesBusy
 from broker.runtime.kubernetes import KubernetesBackend, names
-from broker.runtime.kubernetes.push import PUSH_COMPONENT, push_pod
+from broker.runtime.kubernetes.push import PUSH_COMPONENT, collect, push, push_pod
 from broker.runtime.podsecurity import check_pod_spec
 from broker.settings import KubernetesSettings
 from broker.testing.kubernetes_lab import KEEPER_IMAGE, MASTER, SERVER_IMAGE, Lab, unique_tenant
@@ -98,6 +98,7 @@ def test_push_replaces_the_sources_a_tenant_pod_serves(lab: Lab, tenant: str, tm
     done = run_push(lab, tenant, first)
     assert done.returncode == 0, done.stderr
     assert '"documents": 2' in done.stdout and '"removed": 1' in done.stdout  # notes.md went
+    assert '"push_pods": 1' in done.stdout  # a ReadOnlyMany claim: one Pod, one answer
     assert push_pods(lab, tenant) == []
 
     async def run() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -252,3 +253,102 @@ def test_push_on_a_read_write_once_claim_takes_turns_with_the_tenant_pod(lab: La
     assert after["delta.md"]["status"] == "ok" and "rwo marker" in str(after["delta.md"])
     assert (True, True) not in seen, "a tenant Pod and a push Pod were there at once"
     assert (False, True) in seen and (True, False) in seen  # the watch saw both turns
+
+
+def bystander(lab: Lab, tenant: str) -> str:
+    """A Pod that is not the tenant's (the push does not stop it) holding the sources claim
+    mounted read-only: the kubelet gives a volume its fsGroup only on a mount no other Pod's
+    shares, so the push Pod's mount of it gets none and the volume's root stays root's 0755."""
+    pod = push_pod(lab.settings(), tenant, instance="bystander", suffix="by")
+    pod["metadata"]["name"] = f"{names.object_name(tenant)}-bystander"
+    pod["metadata"]["labels"] = {"docbroker.io/test": "bystander", names.TENANT: tenant}
+    pod["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = True
+    pod["spec"]["volumes"][0]["persistentVolumeClaim"]["readOnly"] = True
+    lab.core.create_namespaced_pod(NS, pod)
+    name = str(pod["metadata"]["name"])
+    wait_until(
+        "the bystander Pod running", lambda: lab.core.read_namespaced_pod(name, NS).status.phase == "Running"
+    )
+    return name
+
+
+def delete_and_wait(lab: Lab, name: str) -> None:
+    """Gracefully: the API keeps the Pod until the kubelet has unmounted its volumes."""
+    lab.core.delete_namespaced_pod(name, NS)
+
+    def gone() -> bool:
+        return not [p for p in lab.core.list_namespaced_pod(NS).items if p.metadata.name == name]
+
+    wait_until(f"{name} gone", gone, 60, 0.1)
+
+
+def test_a_volume_the_push_pod_cannot_write_is_one_line_after_a_second_pod(lab: Lab, tmp_path: Path) -> None:
+    """The volume's root did not get the push Pod's fsGroup (another Pod had the claim mounted):
+    one line naming that, not a receiver's traceback counted in bytes; on a ReadWriteOnce claim
+    a second push Pod first (the cause may be a tenant Pod's mount going away), never a third,
+    and none left behind. Nothing on the volume changed."""
+    tenant = unique_tenant("nw")
+    sources = lab.tenant(tenant, sources_access_mode="ReadWriteOnce") / "sources"
+    held = bystander(lab, tenant)
+    made: set[str] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            made.update(push_pods(lab, tenant))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        done = run_push(lab, tenant, folder(tmp_path / "new", {"delta.md": "# Delta\n"}))
+        left, after = push_pods(lab, tenant), os.listdir(sources)
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        delete_and_wait(lab, held)
+        lab.drop_tenant(tenant)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "not writable by the push Pod's group" in done.stderr and "fsGroup" in done.stderr, done.stderr
+    assert len(made) == 2, made  # the second Pod, and no third
+    assert left == [] and after == ["notes.md"]
+
+
+def test_a_second_push_pod_writes_once_the_volume_is_its_alone(lab: Lab, tmp_path: Path) -> None:
+    """The retry's other side: the Pod holding the claim goes while the first push Pod is
+    running (its mount made beside it, so without the fsGroup); the second push Pod mounts the
+    claim alone, gets the fsGroup, and writes the set."""
+    tenant = unique_tenant("nw")
+    sources = lab.tenant(tenant, sources_access_mode="ReadWriteOnce") / "sources"
+    held = bystander(lab, tenant)
+    pods: list[str] = []
+
+    def first_running_then_alone(name: str) -> None:
+        pods.append(name)
+        if len(pods) == 1:  # the first push Pod's mount is made beside the bystander's; then it goes
+            wait_until(
+                "the first push Pod running",
+                lambda: lab.core.read_namespaced_pod(name, NS).status.phase == "Running",
+            )
+            delete_and_wait(lab, held)
+
+    new = collect(folder(tmp_path / "new", {"delta.md": "# Delta\nalone marker\n"}))
+    try:
+        answer = push(
+            lab.admin,
+            lab.settings(sources_access_mode="ReadWriteOnce"),
+            tenant,
+            new,
+            instance="default",
+            timeout=60,
+            on_pod=first_running_then_alone,
+        )
+        written = sorted(os.listdir(sources))
+    finally:
+        if len(pods) < 1:
+            delete_and_wait(lab, held)
+        lab.drop_tenant(tenant)
+    assert len(pods) == 2 and answer["attempts"] == 2, (pods, answer)  # the race was entered
+    assert answer["ok"] is True and answer["files"] == 1 and answer["removed"] == 1
+    assert written == ["delta.md"]

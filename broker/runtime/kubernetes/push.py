@@ -58,6 +58,19 @@ class PushFailed(Exception):
     """The cluster side failed: one line."""
 
 
+class VolumeNotWritable(PushFailed):
+    """The receiver could not write in the volume's root: the kubelet did not give it the push
+    Pod's fsGroup. Most volume plugins do that on a mount only when no other Pod has the volume
+    mounted (the local one counts the other Pods' mounts first), and some never do (NFS, hostPath)."""
+
+
+NOT_WRITABLE = (
+    f"the sources volume's root is not writable by the push Pod's group ({POD_GID}): the volume "
+    "did not get its fsGroup (another Pod had it mounted, or the storage ignores fsGroup; see "
+    "docs/kubernetes.md, Storage)"
+)
+
+
 @dataclass(frozen=True)
 class Source:
     name: str
@@ -139,7 +152,10 @@ for entry in os.scandir(ROOT):  # a push that died half-way left its staging fol
     if entry.name.startswith(".push-") and entry.is_dir(follow_symlinks=False):
         shutil.rmtree(entry.path)
 stage = os.path.join(ROOT, ".push-" + secrets.token_hex(8))
-os.mkdir(stage, 0o700)
+try:
+    os.mkdir(stage, 0o700)
+except PermissionError:  # the volume's root did not get the Pod's fsGroup (push.VolumeNotWritable)
+    fail("volume_not_writable")
 for n, d in files:
     fd = os.open(os.path.join(stage, n), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, {FILE_MODE:#o})
     try:
@@ -248,7 +264,6 @@ def push(
     from kubernetes import client
 
     from broker.runtime.kubernetes.client import status_of
-    from broker.runtime.podsecurity import check_pod_spec
 
     core: Any = client.CoreV1Api(api)  # bodies are dicts, as the backend's
     ns = settings.namespace
@@ -265,24 +280,43 @@ def push(
     # while the push Pod exists (backend._pushing); the next call starts it again.
     exclusive = "ReadOnlyMany" not in (claim.spec.access_modes or ())
     stopped = _stop_tenant_pods(core, tenant, ns, instance, timeout) if exclusive else 0
+    # Two Pods at most, on a ReadWriteOnce claim only: there the volume's root not writable means
+    # a tenant Pod's mount was still there when the push Pod's was made (stopped or started
+    # meanwhile, see below), and a second Pod, made once the first is gone and the tenant's are
+    # stopped again, mounts it alone. A ReadOnlyMany claim stays shared: one Pod, one answer.
+    for attempt in (1, 2):
+        if attempt == 2:  # a broker may have started one while no push Pod existed
+            stopped += _stop_tenant_pods(core, tenant, ns, instance, timeout)
+        name = _create_push_pod(core, settings, tenant, instance)
+        on_pod(name)
+        try:
+            if exclusive:  # one a broker started between the check above and the push Pod
+                stopped += _stop_tenant_pods(core, tenant, ns, instance, timeout)
+            _wait_running(core, name, ns, timeout)
+            answer = _send(core, name, ns, payload(sources), timeout)
+        except VolumeNotWritable:
+            if exclusive and attempt == 1:
+                continue  # the `finally` below has deleted this Pod and waited until it was gone
+            raise
+        finally:
+            _delete(core, name, ns)
+        return {**answer, "exclusive": exclusive, "stopped": stopped, "attempts": attempt}
+    raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _create_push_pod(core: Any, settings: KubernetesSettings, tenant: str, instance: str) -> str:
+    """The push Pod, checked and created; its name."""
+    from broker.runtime.podsecurity import check_pod_spec
+
     pod = push_pod(settings, tenant, instance=instance, suffix=secrets.token_hex(3))
-    name = pod["metadata"]["name"]
     # The same self-check as the tenant Pod's (tenant=True: no API token, no service links).
     if check_pod_spec(pod["spec"], metadata=pod["metadata"], tenant=True):
         raise PushFailed("the push Pod fails the restricted Pod Security check (runtime/podsecurity)")
     try:
-        core.create_namespaced_pod(ns, pod, _request_timeout=30)
+        core.create_namespaced_pod(settings.namespace, pod, _request_timeout=30)
     except Exception as exc:
         raise PushFailed(f"the API refused the push Pod ({_why(exc)})") from None
-    on_pod(name)
-    try:
-        if exclusive:  # one a broker started between the check above and the push Pod
-            stopped += _stop_tenant_pods(core, tenant, ns, instance, timeout)
-        _wait_running(core, name, ns, timeout)
-        answer = _send(core, name, ns, payload(sources), timeout)
-    finally:
-        _delete(core, name, ns)
-    return {**answer, "exclusive": exclusive, "stopped": stopped}
+    return str(pod["metadata"]["name"])
 
 
 def _stop_tenant_pods(core: Any, tenant: str, ns: str, instance: str, timeout: float) -> int:
@@ -374,17 +408,21 @@ def _send(core: Any, name: str, ns: str, line: str, timeout: float) -> dict[str,
         answer = dict(json.loads(answers[-1]))
     except (IndexError, ValueError):
         raise PushFailed(f"the receiver failed (exit {returncode}, {err_bytes} bytes on stderr)") from None
+    if answer.get("error") == "volume_not_writable":
+        raise VolumeNotWritable(NOT_WRITABLE)
     if not answer.get("ok") or returncode != 0:
         raise PushFailed(f"the receiver refused: {answer.get('error', 'unknown')}")
     return answer
 
 
 def _delete(core: Any, name: str, ns: str) -> None:
-    """Delete and wait until gone (bounded): the next push may want the volume again."""
+    """Delete and wait until gone (bounded): the next push may want the volume again. Gracefully
+    (its 1 s), not forced: the API keeps a gracefully deleted Pod until the kubelet has unmounted
+    its volumes, a forced one goes at once, its mount still there."""
     from broker.runtime.kubernetes.client import status_of
 
     try:
-        core.delete_namespaced_pod(name, ns, grace_period_seconds=0, _request_timeout=30)
+        core.delete_namespaced_pod(name, ns, _request_timeout=30)
     except Exception as exc:
         if status_of(exc) == 404:
             return
