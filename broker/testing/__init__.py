@@ -41,9 +41,20 @@ TENANTS = ("acme", "globex")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 kept from everyone else for about a minute, for a server started
+    later (a CI run lost one to another worker in the seconds an OpenID Provider took to start
+    first). One connection is accepted and closed on it, the accepted side first: the port
+    stays in TIME_WAIT, which the kernel's bind(0) and outgoing connections skip, while a bind
+    with SO_REUSEADDR (uvicorn's, server/listen.py's) takes it at once."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            accepted.close()
+    return port
 
 
 @dataclass

@@ -29,6 +29,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from broker.testing import free_port
 from server import contracts as c
 
 pytestmark = pytest.mark.anyio
@@ -55,12 +56,6 @@ class Served:
     @property
     def reports(self) -> Path:
         return self.root / "reports"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_key(path: Path, key: str) -> Path:

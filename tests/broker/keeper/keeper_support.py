@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from broker.testing import free_port
+
 REPO = Path(__file__).resolve().parents[3]
 
 MASTER = secrets.token_bytes(32)
@@ -32,12 +34,6 @@ def derived(label: bytes, tenant: str) -> str:
 
 
 KEEPER_KEY = derived(b"docbroker/keeper/v1/", "acme")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
