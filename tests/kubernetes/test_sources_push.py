@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +216,7 @@ def test_push_on_a_read_write_once_claim_takes_turns_with_the_tenant_pod(lab: La
             pods = lab.core.list_namespaced_pod(NS, label_selector=selector).items
             kinds = {p.metadata.labels.get(names.COMPONENT) for p in pods}
             seen.append(("sandbox" in kinds, PUSH_COMPONENT in kinds))
-            time.sleep(0.05)
+            stop.wait(0.05)  # a poll paced until the test says stop
 
     async def run() -> tuple[dict[str, Any], subprocess.CompletedProcess[str], str, dict[str, Any]]:
         settings = lab.settings(sources_access_mode="ReadWriteOnce")
@@ -296,7 +295,7 @@ def test_a_volume_the_push_pod_cannot_write_is_one_line_after_a_second_pod(lab: 
     def watch() -> None:
         while not stop.is_set():
             made.update(push_pods(lab, tenant))
-            time.sleep(0.1)
+            stop.wait(0.1)  # a poll paced until the test says stop
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
