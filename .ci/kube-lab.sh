@@ -387,7 +387,7 @@ cmd_start() {
   host=$(hostname)
   [ -x "$BIN/kubelet" ] && [ -f "$CACHE/pause.tar" ] && [ -x "$BIN/etcd" ] \
     || die "not built: run 'bash .ci/kube-lab.sh build' first"
-  [ ! -e "/run/netns/$NETNS" ] || die "a lab is already running (netns $NETNS); stop it first"
+  clear_stale_lab
   mountpoint -q /sys/fs/cgroup/memory || die "needs the cgroup v1 hierarchies (kubelet 1.20 with cgroupfs)"
   getent hosts "$host" | grep -q '^127\.' \
     || die "the hostname $host must resolve to a loopback address (the apiserver reaches the kubelet by it)"
@@ -395,6 +395,9 @@ cmd_start() {
   dir=$(cd "$dir" && pwd)
   install -d "$dir/logs" "$dir/pids" "$dir/etcd" "$dir/pv"
   chmod 700 "$dir/etcd"
+  # The slot is this lab's from here: a start under way counts as a live lab (its own pid).
+  echo $$ >"$dir/pids/start.pid"
+  echo "$dir" >"$MARKER"
   step "certificates, network namespace $NETNS, bridge $BRIDGE ($SUBNET_PREFIX.0/24)"
   make_certs
   for n in admin controller-manager scheduler kubelet; do kubeconfig "$n"; done
@@ -492,6 +495,7 @@ YAML
     [ -z "$broker_ref" ] || echo "DOCBROKER_TEST_KUBE_KEEPER_IMAGE=$broker_ref"
     [ -z "$broker_ref" ] || echo "DOCBROKER_TEST_KUBE_BROKER_IMAGE=$broker_ref"
   } >"$dir/env"
+  rm -f "$dir/pids/start.pid"
   t1=$(now)
   step "lab ready in $(( t1 - t0 )) s: node $host Ready; KUBECONFIG=$dir/admin.kubeconfig"
 }
@@ -530,6 +534,43 @@ load_image() {  # load_image IMAGE: rootful Docker → the lab's containerd (k8s
 
 lab_dir() {  # the running lab's DIR, from the netns marker
   [ -f "$MARKER" ] && cat "$MARKER"
+}
+
+# Does the slot's lab-wide state (cgroups, netns, marker) belong to DIR? Not when the marker
+# names another lab that still runs: stopping a lab whose start failed on it must not touch it.
+owns_slot() {
+  local owner
+  owner=$(lab_dir) || return 0
+  [ "$owner" = "$1" ] || ! lab_alive "$owner"
+}
+
+lab_alive() {  # lab_alive DIR: is any process of that lab (by its pid files) still running?
+  local f state
+  for f in "$1"/pids/*.pid; do
+    [ -f "$f" ] || continue
+    # A zombie (killed, not yet reaped by whoever inherited it) is not running.
+    state=$(awk '{print $3}' "/proc/$(cat "$f")/stat" 2>/dev/null) || continue
+    [ "$state" != Z ] && return 0
+  done
+  return 1
+}
+
+# A lab whose processes are all gone (its run was killed, the machine handed back) still holds
+# the slot's network namespace: remove what it left, then start. A live lab is never touched.
+clear_stale_lab() {
+  [ -e "/run/netns/$NETNS" ] || return 0
+  local old
+  old=$(lab_dir) || old=
+  if [ -n "$old" ] && [ -d "$old" ] && lab_alive "$old"; then
+    die "a lab is already running in $old (netns $NETNS): stop it first (bash .ci/kube-lab.sh stop $old), or start this one with KUBE_LAB_SLOT=$((SLOT + 1))"
+  fi
+  step "a stale lab holds netns $NETNS (${old:-no directory on record}; no process left): removing it"
+  if [ -n "$old" ] && [ -d "$old" ]; then
+    (dir=$old && cmd_stop)
+  else
+    remove_network
+    rm -f "$MARKER"
+  fi
 }
 
 cmd_load_image() {
@@ -621,7 +662,15 @@ remove_lab_logs() {  # the logs of this lab's pods: their UIDs are the kubelet's
       [ -L "$f" ] && case "$(readlink "$f")" in */*_"$uid"/*) rm -f "$f" ;; esac
     done
   done
-  while read -r d; do rmdir "$d" 2>/dev/null || true; done <"$dir/made-log-dirs" 2>/dev/null || true
+  [ -f "$dir/made-log-dirs" ] || return 0  # a start that ended before it looked
+  while read -r d; do rmdir "$d" 2>/dev/null || true; done <"$dir/made-log-dirs"
+}
+
+remove_network() {  # the host's route and link to the node, then the node's namespace
+  [ -e "/run/netns/$NETNS" ] || return 0
+  ip route del "$SUBNET_PREFIX.0/24" 2>/dev/null || true
+  ip link del "$HOST_VETH" 2>/dev/null || true
+  ip netns del "$NETNS"
 }
 
 cmd_stop() {
@@ -630,6 +679,13 @@ cmd_stop() {
   [ -d "$dir" ] || { step "nothing to stop at $dir"; return 0; }
   dir=$(cd "$dir" && pwd)
   step "stopping the lab in $dir"
+  if ! owns_slot "$dir"; then
+    # Only DIR's own files: the slot's cgroups, netns and marker are the running lab's.
+    kill_pidfiles "$dir"/pids/*.pid
+    rm -rf "$dir"
+    step "lab in $dir stopped in $(( $(now) - t0 )) s (the slot is $(lab_dir)'s, left running)"
+    return 0
+  fi
   kill_pidfiles "$dir/pids/kubelet.pid"
   remove_lab_logs
   # Pods' containers: killed through containerd while it still runs, then the shims.
@@ -653,11 +709,7 @@ cmd_stop() {
     # || true: a cgroup still busy must not end `stop` before the netns and DIR go (set -e)
     [ -d "$h" ] && find "$h" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
-  if [ -e "/run/netns/$NETNS" ]; then
-    ip route del "$SUBNET_PREFIX.0/24" 2>/dev/null || true
-    ip link del "$HOST_VETH" 2>/dev/null || true
-    ip netns del "$NETNS"
-  fi
+  remove_network
   rm -f "$MARKER"
   rm -rf "$dir"
   step "lab stopped in $(( $(now) - t0 )) s"
@@ -672,7 +724,6 @@ case "$cmd" in
     dir=${2:-}; [ -n "$dir" ] || usage
     trap 'rc=$?; if [ $rc -ne 0 ] && [ -d "$dir/logs" ]; then echo "kube-lab.sh: start failed; logs in $dir/logs (stop it with: kube-lab.sh stop $dir)" >&2; fi' EXIT
     cmd_start
-    echo "$dir" >"$MARKER"
     ;;
   load-image) shift; cmd_load_image "$@" ;;
   local-pv) dir=${2:-}; [ -n "$dir" ] || usage; shift 2; dir=$(cd "$dir" && pwd); cmd_local_pv "$@" ;;
