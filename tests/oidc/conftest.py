@@ -29,5 +29,3 @@ def broker(oidc: tuple[Provider, Broker]) -> Broker:
 @pytest.fixture(scope="module")
 def provider(oidc: tuple[Provider, Broker]) -> Provider:
     return oidc[0]
-
-

@@ -39,7 +39,7 @@ ARGS = {"filename": NAME, "content": CONTENT}
 
 def held_start_env(marker: Path, **more: str) -> dict[str, str]:
     """The tenant's server starts only once `marker` is gone."""
-    wrapper = f"while [ -e {shlex.quote(str(marker))} ]; do sleep 0.05; done; exec \"$0\" -m server \"$@\""
+    wrapper = f'while [ -e {shlex.quote(str(marker))} ]; do sleep 0.05; done; exec "$0" -m server "$@"'
     return {"DOCBROKER_LOCAL_SERVER_COMMAND": shlex.join(["/bin/sh", "-c", wrapper, sys.executable]), **more}
 
 

@@ -139,10 +139,26 @@ EVERY_EVENT: list[tuple[str, dict[str, Any]]] = [
     ),
     (AuditEvent.APPROVAL_PURGED, {"outcome": "ok", "reason": "retention", "count": 3}),
     (AuditEvent.REPORTS_QUARANTINED, {"tenant": "acme", "reason": "dropbox_after_save", "count": 2}),
-    (AuditEvent.WEB_SIGNIN, {"subject": "ann", "issuer": "https://idp.example", "outcome": "ok",
-                             "reason": "signed_in", "status": 303}),
-    (AuditEvent.WEB_SIGNOUT, {"subject": "ann", "issuer": "https://idp.example", "outcome": "ok",
-                              "reason": "signed_out", "status": 200}),
+    (
+        AuditEvent.WEB_SIGNIN,
+        {
+            "subject": "ann",
+            "issuer": "https://idp.example",
+            "outcome": "ok",
+            "reason": "signed_in",
+            "status": 303,
+        },
+    ),
+    (
+        AuditEvent.WEB_SIGNOUT,
+        {
+            "subject": "ann",
+            "issuer": "https://idp.example",
+            "outcome": "ok",
+            "reason": "signed_out",
+            "status": 200,
+        },
+    ),
 ]
 
 

@@ -69,4 +69,3 @@ async def test_a_fifo_planted_under_a_rotated_name_refuses_start_up_at_once(tmp_
     settings = AuditSettings(path=log, key_file=tmp_path / "audit.key", witness_file=None)
     with pytest.raises(AuditSinkError):
         await AuditLog.open(settings)
-

@@ -112,4 +112,3 @@ def test_without_keys_trust_is_off_and_says_so(tmp_path: Path) -> None:
     off.check(DIGEST)  # nothing is checked ...
     assert off.describe()["state"] == "off"  # ... and that is said, never implied
     assert "DOCBROKER_IMAGE_TRUST_KEYS" in off.describe()["reason"]
-
