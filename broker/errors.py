@@ -44,6 +44,7 @@ class Denial(Enum):
     TOOL_NOT_ALLOWED = _Row(200, rpc.INVALID_PARAMS, "Unknown tool", _DENIED, _POLICY)
     RATE_LIMITED = _Row(429, rpc.RATE_LIMITED, "Too many requests", _DENIED, _REQUEST)
     TOO_MANY_CONCURRENT = _Row(429, rpc.RATE_LIMITED, "Too many requests in flight", _DENIED, _REQUEST)
+    TOO_MANY_STREAMS = _Row(429, rpc.RATE_LIMITED, "Too many open streams", _DENIED, _REQUEST)
     SANDBOX_UNAVAILABLE = _Row(
         503, rpc.UNAVAILABLE, "Tool sandbox unavailable, retry later", _ERROR, _REQUEST
     )

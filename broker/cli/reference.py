@@ -28,6 +28,7 @@ POLICY_KEYS: dict[str, str] = {
     "limits.rate_per_minute": "sustained requests per minute (token bucket; each replica enforces its share)",
     "limits.burst": "the bucket's size: requests at once before the rate applies",
     "limits.max_concurrent": "requests in flight at once; more get 429",
+    "limits.max_streams": "standing GET streams (2025-11-25 sessions) open at once; more get 429",
     "approvals.require_distinct_approver": "the human who approves must not be the requester",
     "approvals.max_pending": "open approvals the tenant may have at once",
 }

@@ -200,6 +200,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             "limits.rate_per_minute": p.rate_per_minute,
             "limits.burst": p.burst,
             "limits.max_concurrent": p.max_concurrent,
+            "limits.max_streams": p.max_streams,
             "approvals.require_distinct_approver": p.require_distinct_approver,
             "approvals.max_pending": p.max_pending_approvals,
         }

@@ -27,7 +27,7 @@ from broker.gateway.legacy_sessions import SessionSealer
 from broker.gateway.record import CallRecord
 from broker.gateway.responder import AuditLike
 from broker.http_edge import READ_DEADLINE
-from broker.policy import Call, Decider, Policies, TenantLimiter
+from broker.policy import Call, Decider, Policies, Slot, TenantLimiter
 from broker.protocol import answers, inbound
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import client_may_send
@@ -132,7 +132,7 @@ class Gate:
                 return _answered(refusal, record)
             forwarding.check_routing_headers(msg, headers)
 
-        self._limit(principal.tenant, record)
+        self._limit(principal.tenant, record, Slot.STREAM if http_method == "GET" else Slot.REQUEST)
         sealed_session = headers.get("mcp-session-id")
         if sealed_session is not None:
             session_id = self._sessions.open(sealed_session, principal)
@@ -157,13 +157,15 @@ class Gate:
         """The `WWW-Authenticate` header of an authentication refusal."""
         return self._auth.challenge(exc)
 
-    def _limit(self, tenant: str, record: CallRecord) -> None:
+    def _limit(self, tenant: TenantId, record: CallRecord, slot: Slot) -> None:
         retry_after = self._limiter.take(tenant)
         if retry_after:
             raise Denied(Denial.RATE_LIMITED, "rate_limited", retry_after=int(retry_after))
-        if not self._limiter.enter(tenant):
+        if not self._limiter.enter(tenant, slot):
+            if slot is Slot.STREAM:
+                raise Denied(Denial.TOO_MANY_STREAMS, "streams_limited", retry_after=1)
             raise Denied(Denial.TOO_MANY_CONCURRENT, "concurrency_limited", retry_after=1)
-        record.limited_tenant = tenant  # the slot is given back when the request ends
+        record.limited = (tenant, slot)  # the slot is given back when the request ends
 
     async def _tool_call(
         self, principal: Principal, msg: rpc.RpcMessage, record: CallRecord, session: dict[str, str] | None

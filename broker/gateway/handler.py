@@ -117,8 +117,8 @@ class McpGateway:
             # connection end, takes it as result_unknown). Never uvicorn's 500 and traceback.
             await self._stopped(record, out)
         finally:
-            if record.limited_tenant is not None:
-                self._limiter.leave(record.limited_tenant)
+            if record.limited is not None:
+                self._limiter.leave(*record.limited)
             self._metrics.observe(
                 record.method if record.method in _KNOWN_METHODS else "other",
                 record.tool if record.tool in c.TOOL_NAMES else "-",

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 from broker.approvals.flow import Forward
 from broker.audit.schema import AuditEvent
 from broker.errors import Denial
-from broker.policy import Decision
+from broker.policy import Decision, Slot
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.methods import audit_method
-from broker.types import Outcome, Principal
+from broker.types import Outcome, Principal, TenantId
 from server import contracts as c
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class CallRecord:
     save: Forward | None = None
     rpc_id: rpc.RequestId | None = None
     audited: bool = False
-    limited_tenant: str | None = None  # set when a concurrency slot was taken
+    limited: tuple[TenantId, Slot] | None = None  # the limiter's slot the request holds
     request_fields: dict[str, Any] | None = None  # describe_request(), once forwarded
     forwarded: bool = False  # the request's bytes went to the sandbox: a write may have happened
     decision: Decision | None = None  # the policy's, for a tools/call: its ids and set's hash

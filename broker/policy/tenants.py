@@ -20,6 +20,7 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,16 @@ class TenantPolicy:
     rate_per_minute: int = 600
     burst: int = 60
     max_concurrent: int = 8
+    # A standing GET stream (a 2025-era session's server-to-client channel) is held for as long
+    # as the client stays: it has a cap of its own, so idle clients never take `max_concurrent`.
+    max_streams: int = 8
     require_distinct_approver: bool = False
     max_pending_approvals: int = 50
 
 
 POLICY_SCHEMA: dict[str, dict[str, type]] = {
     "tools": {"allowed": list},
-    "limits": {"rate_per_minute": int, "burst": int, "max_concurrent": int},
+    "limits": {"rate_per_minute": int, "burst": int, "max_concurrent": int, "max_streams": int},
     "approvals": {"require_distinct_approver": bool, "max_pending": int},
 }
 
@@ -85,10 +89,11 @@ def _build(tenant: str, doc: Mapping[str, Any], source: str) -> TenantPolicy:
         rate_per_minute=limits.get("rate_per_minute", 600),
         burst=limits.get("burst", 60),
         max_concurrent=limits.get("max_concurrent", 8),
+        max_streams=limits.get("max_streams", 8),
         require_distinct_approver=approvals.get("require_distinct_approver", False),
         max_pending_approvals=approvals.get("max_pending", 50),
     )
-    for name in ("rate_per_minute", "burst", "max_concurrent", "max_pending_approvals"):
+    for name in ("rate_per_minute", "burst", "max_concurrent", "max_streams", "max_pending_approvals"):
         if not 1 <= getattr(policy, name) <= 1_000_000:
             raise PolicyError(f"{source}: {name} must be between 1 and 1000000")
     return policy
@@ -153,18 +158,31 @@ class Share:
     rate_per_minute: int
     burst: int
     max_concurrent: int
+    max_streams: int
 
     @classmethod
     def of(cls, policy: TenantPolicy, replicas: int) -> Share:
         def part(limit: int) -> int:
             return max(1, math.ceil(limit / replicas))
 
-        return cls(part(policy.rate_per_minute), part(policy.burst), part(policy.max_concurrent))
+        return cls(
+            part(policy.rate_per_minute),
+            part(policy.burst),
+            part(policy.max_concurrent),
+            part(policy.max_streams),
+        )
+
+
+class Slot(StrEnum):
+    """What a tenant's request holds while it runs, each kind with its own cap."""
+
+    REQUEST = "request"  # a request in flight: `max_concurrent`
+    STREAM = "stream"  # a standing GET stream, held while its client stays: `max_streams`
 
 
 class TenantLimiter:
-    """Per-tenant token bucket and concurrency cap, this replica's share of them (`Share`).
-    Single event loop: no locks needed."""
+    """Per-tenant token bucket and caps on what is held at once, this replica's share of them
+    (`Share`). Single event loop: no locks needed."""
 
     def __init__(
         self, policies: Policies, clock: Callable[[], float] = time.monotonic, *, replicas: int = 1
@@ -177,7 +195,7 @@ class TenantLimiter:
         self._shares: dict[str, Share] = {}
         self._tokens: dict[str, float] = {}
         self._stamp: dict[str, float] = {}
-        self._active: dict[str, int] = {}
+        self._held: dict[tuple[str, Slot], int] = {}
 
     def share(self, tenant: str) -> Share:
         found = self._shares.get(tenant)
@@ -201,11 +219,15 @@ class TenantLimiter:
         self._tokens[tenant] = tokens
         return max(math.ceil((1.0 - tokens) / rate), 1)
 
-    def enter(self, tenant: str) -> bool:
-        if self._active.get(tenant, 0) >= self.share(tenant).max_concurrent:
+    def enter(self, tenant: str, slot: Slot = Slot.REQUEST) -> bool:
+        """Take one of the tenant's slots of this kind; False when all of them are held."""
+        share = self.share(tenant)
+        cap = share.max_streams if slot is Slot.STREAM else share.max_concurrent
+        held = self._held.get((tenant, slot), 0)
+        if held >= cap:
             return False
-        self._active[tenant] = self._active.get(tenant, 0) + 1
+        self._held[(tenant, slot)] = held + 1
         return True
 
-    def leave(self, tenant: str) -> None:
-        self._active[tenant] -= 1
+    def leave(self, tenant: str, slot: Slot = Slot.REQUEST) -> None:
+        self._held[(tenant, slot)] -= 1

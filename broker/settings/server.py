@@ -46,7 +46,7 @@ def server_settings(r: Reader) -> ServerSettings:
             high=1000,
             doc=(
                 "how many replicas serve the deployment (1-1000): each enforces ceil(limit / N) of every "
-                "tenant's rate, burst and `max_concurrent` (see Replicas); above 1 it needs "
+                "tenant's rate, burst, `max_concurrent` and `max_streams` (see Replicas); above 1 it needs "
                 "`DOCBROKER_DATABASE_URL` (the broker refuses to start on SQLite)"
             ),
         ),

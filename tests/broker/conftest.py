@@ -24,7 +24,7 @@ TENANT_POLICIES = {
     # 3 requests at once, then one every 10 s
     "ratelimited": "[limits]\nrate_per_minute = 6\nburst = 3\n",
     "ratelimited-too": "[limits]\nrate_per_minute = 6\nburst = 3\n",
-    "solo": UNLIMITED + "max_concurrent = 1\n",
+    "solo": UNLIMITED + "max_concurrent = 1\nmax_streams = 1\n",
     "readonly": UNLIMITED + '[tools]\nallowed = ["search_documents", "read_document"]\n',
     "strict": UNLIMITED + "[approvals]\nrequire_distinct_approver = true\nmax_pending = 10000\n",
     "crashy": UNLIMITED,

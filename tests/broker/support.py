@@ -178,6 +178,12 @@ class LegacySession:
     def post(self, body: dict[str, Any], http: httpx2.Client | None = None) -> httpx2.Response:
         return (http or self.http).post("/mcp", json=body, headers=self.headers())
 
+    def stream_status(self, http: httpx2.Client | None = None) -> int:
+        """Open the session's standing GET stream and close it at once: its status."""
+        headers = {**self.headers(), "accept": "text/event-stream"}
+        with (http or self.http).stream("GET", "/mcp", headers=headers) as stream:
+            return stream.status_code
+
     def call(
         self, tool: str, arguments: dict[str, Any], http: httpx2.Client | None = None
     ) -> httpx2.Response:

@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
-from broker.policy import Policies, Share, TenantLimiter, TenantPolicy
+from broker.policy import Policies, Share, Slot, TenantLimiter, TenantPolicy
 from broker.settings import Settings, SettingsError
 from broker.testing import ROOT, Broker
 from broker.testing.replicas import Replica, RoundRobin, make_replicas
@@ -299,12 +300,11 @@ def test_a_tenants_limit_holds_across_two_replicas_within_the_stated_bound(
     assert len(limited) == (16 - got) + (8 - got_pinned)
 
 
-def test_a_tenants_concurrency_cap_is_shared_out_across_two_replicas(
-    tmp_path: Path, shared_database: str
-) -> None:
-    # max_concurrent = 2 over 2 replicas: one request in flight on each, two in all. (A data dir
-    # each: a sandbox of its own, so this does not depend on the sandboxes replicas share.)
-    limits = "[limits]\nrate_per_minute = 100000\nburst = 10000\nmax_concurrent = 2\n"
+def test_a_tenants_stream_cap_is_shared_out_across_two_replicas(tmp_path: Path, shared_database: str) -> None:
+    # max_streams = 2 over 2 replicas: one standing GET stream on each, two in all. (A data dir
+    # each: a sandbox of its own, so this does not depend on the sandboxes replicas share.) The
+    # request cap is shared out by the same Share.of (its unit test below).
+    limits = "[limits]\nrate_per_minute = 100000\nburst = 10000\nmax_streams = 2\n"
     replicas = make_replicas(
         tmp_path,
         2,
@@ -318,19 +318,20 @@ def test_a_tenants_concurrency_cap_is_shared_out_across_two_replicas(
         sessions = [LegacySession(stack.enter_context(open_http(r, r.token()))) for r in replicas]
         others = [stack.enter_context(open_http(r, r.token())) for r in replicas]
 
-        def hold(k: int) -> None:
-            """A legacy GET stream: it holds one of the tenant's slots on replica k while open."""
-            client = stack.enter_context(open_http(replicas[k], replicas[k].token()))
+        def stream(k: int, client: httpx2.Client) -> int:
+            """Replica k's standing GET stream for its session, held until the test ends."""
             headers = {**sessions[k].headers(), "accept": "text/event-stream"}
-            stream = stack.enter_context(client.stream("GET", "/mcp", headers=headers))
-            assert stream.status_code == 200
+            return stack.enter_context(client.stream("GET", "/mcp", headers=headers)).status_code
+
+        def hold(k: int) -> None:
+            assert stream(k, stack.enter_context(open_http(replicas[k], replicas[k].token()))) == 200
 
         assert [s.post(listing).status_code for s in sessions] == [200, 200]
         hold(0)
-        assert sessions[0].post(listing, others[0]).status_code == 429  # a's share (1) is in use
-        assert sessions[1].post(listing, others[1]).status_code == 200  # b's is not
-        hold(1)
-        assert sessions[1].post(listing, others[1]).status_code == 429  # two in flight: the limit
+        assert stream(0, others[0]) == 429  # a's share (1) is in use
+        hold(1)  # b's is not
+        assert stream(1, stack.enter_context(open_http(replicas[1], replicas[1].token()))) == 429
+        assert [s.post(listing).status_code for s in sessions] == [200, 200]  # streams only
 
 
 def policies_of(**limits: int) -> Policies:
@@ -338,17 +339,17 @@ def policies_of(**limits: int) -> Policies:
 
 
 def test_share_is_the_ceiling_of_each_limit_over_the_replicas_and_never_zero() -> None:
-    policy = TenantPolicy(tenant="t", rate_per_minute=601, burst=60, max_concurrent=1)
-    assert Share.of(policy, 1) == Share(601, 60, 1)
-    assert Share.of(policy, 2) == Share(301, 30, 1)
-    assert Share.of(policy, 7) == Share(86, 9, 1)
-    assert Share.of(policy, 1000) == Share(1, 1, 1)
+    policy = TenantPolicy(tenant="t", rate_per_minute=601, burst=60, max_concurrent=1, max_streams=9)
+    assert Share.of(policy, 1) == Share(601, 60, 1, 9)
+    assert Share.of(policy, 2) == Share(301, 30, 1, 5)
+    assert Share.of(policy, 7) == Share(86, 9, 1, 2)
+    assert Share.of(policy, 1000) == Share(1, 1, 1, 1)
 
 
-def test_each_replica_admits_its_share_of_burst_and_concurrency() -> None:
+def test_each_replica_admits_its_share_of_burst_concurrency_and_streams() -> None:
     now = [0.0]
     limiter = TenantLimiter(
-        policies_of(rate_per_minute=60, burst=10, max_concurrent=4), lambda: now[0], replicas=3
+        policies_of(rate_per_minute=60, burst=10, max_concurrent=4, max_streams=7), lambda: now[0], replicas=3
     )
     assert [limiter.take("t") for _ in range(5)][:4] == [0.0] * 4  # ceil(10 / 3) = 4
     assert limiter.take("t") > 0
@@ -357,6 +358,10 @@ def test_each_replica_admits_its_share_of_burst_and_concurrency() -> None:
     assert [limiter.enter("t") for _ in range(3)] == [True, True, False]  # ceil(4 / 3) = 2
     limiter.leave("t")
     assert limiter.enter("t")
+    # streams have their own cap: the requests' slots, all held, do not count against it
+    assert [limiter.enter("t", Slot.STREAM) for _ in range(4)] == [True, True, True, False]  # ceil(7 / 3)
+    limiter.leave("t", Slot.STREAM)
+    assert limiter.enter("t", Slot.STREAM) and not limiter.enter("t")
     with pytest.raises(ValueError):
         TenantLimiter(policies_of(), replicas=0)
 

@@ -86,10 +86,10 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     """A broker (local runtime) behind an authenticating proxy that adds acme's bearer."""
-    # Each runner's client holds a GET stream for its session, a request in flight for the
-    # broker: five runners at once, and three concurrent POSTs of one, would meet the default
-    # max_concurrent (8) and its 429, a broker-first answer that is not what is tested here.
-    limits = "[limits]\nrate_per_minute = 100000\nburst = 10000\nmax_concurrent = 64\n"
+    # Five runners at once, three concurrent POSTs each, would meet the default max_concurrent
+    # (8), and their clients' standing GET streams, kept between scenarios, the default
+    # max_streams (8): a broker-first 429 is not what is tested here.
+    limits = "[limits]\nrate_per_minute = 100000\nburst = 10000\nmax_concurrent = 64\nmax_streams = 64\n"
     broker = make_broker(tmp_path_factory.mktemp("broker"), limits=limits)
     upstream = ("127.0.0.1", int(broker.env["DOCBROKER_PORT"]))
     with ForwardingProxy("127.0.0.1", upstream, authorization=f"Bearer {broker.token()}") as proxy:
