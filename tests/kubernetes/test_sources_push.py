@@ -322,6 +322,7 @@ def test_a_second_push_pod_writes_once_the_volume_is_its_alone(lab: Lab, tmp_pat
     sources = lab.tenant(tenant, sources_access_mode="ReadWriteOnce") / "sources"
     held = bystander(lab, tenant)
     pods: list[str] = []
+    held_gone = threading.Event()
 
     def first_running_then_alone(name: str) -> None:
         pods.append(name)
@@ -331,6 +332,7 @@ def test_a_second_push_pod_writes_once_the_volume_is_its_alone(lab: Lab, tmp_pat
                 lambda: lab.core.read_namespaced_pod(name, NS).status.phase == "Running",
             )
             delete_and_wait(lab, held)
+            held_gone.set()
 
     new = collect(folder(tmp_path / "new", {"delta.md": "# Delta\nalone marker\n"}))
     try:
@@ -345,7 +347,7 @@ def test_a_second_push_pod_writes_once_the_volume_is_its_alone(lab: Lab, tmp_pat
         )
         written = sorted(os.listdir(sources))
     finally:
-        if len(pods) < 1:
+        if not held_gone.is_set():  # the push failed before the callback let it go
             delete_and_wait(lab, held)
         lab.drop_tenant(tenant)
     assert len(pods) == 2 and answer["attempts"] == 2, (pods, answer)  # the race was entered

@@ -18,12 +18,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.broker.support import gone, wait_for
 from tests.kubernetes.conftest import LAB_SCRIPT
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(420)]
@@ -48,13 +48,6 @@ def ready(lab_dir: Path) -> bool:
         timeout=30,
     )
     return probe.returncode == 0 and probe.stdout.strip() == "ok"
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 @pytest.fixture
@@ -95,10 +88,7 @@ def test_a_live_lab_is_left_running_and_a_dead_one_cleared(dirs: dict[str, Path]
     assert len(pids) == 6, pids
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while any(running(pid) for pid in pids):
-        assert time.monotonic() < deadline, "the lab's processes outlived SIGKILL"
-        time.sleep(0.1)
+    assert wait_for(lambda: all(gone(pid) for pid in pids), timeout=30), "outlived SIGKILL"
     assert NETNS.exists() and MARKER.read_text().strip() == str(first)  # the stale state entered
 
     cleared = lab("start", third)

@@ -279,13 +279,13 @@ def push(
     # time: the tenant's Pod is stopped before the push Pod mounts it, and brokers start none
     # while the push Pod exists (backend._pushing); the next call starts it again.
     exclusive = "ReadOnlyMany" not in (claim.spec.access_modes or ())
-    stopped = _stop_tenant_pods(core, tenant, ns, instance, timeout) if exclusive else 0
+    stopped = 0
     # Two Pods at most, on a ReadWriteOnce claim only: there the volume's root not writable means
     # a tenant Pod's mount was still there when the push Pod's was made (stopped or started
     # meanwhile, see below), and a second Pod, made once the first is gone and the tenant's are
     # stopped again, mounts it alone. A ReadOnlyMany claim stays shared: one Pod, one answer.
     for attempt in (1, 2):
-        if attempt == 2:  # a broker may have started one while no push Pod existed
+        if exclusive:  # before each push Pod (a broker may start one while no push Pod exists)
             stopped += _stop_tenant_pods(core, tenant, ns, instance, timeout)
         name = _create_push_pod(core, settings, tenant, instance)
         on_pod(name)

@@ -21,6 +21,7 @@ import httpx2
 import pytest
 
 from broker.testing import Broker, make_broker
+from tests.broker.cli.cli_helpers import cli, json_out
 from tests.broker.support import (
     UNLIMITED,
     LegacySession,
@@ -97,3 +98,9 @@ def test_a_held_stream_and_a_call_in_flight_are_each_within_their_own_cap(broker
     finally:
         for client in clients:
             client.close()
+
+
+def test_tenant_show_reports_the_caps_serve_enforces(broker: Broker) -> None:
+    """The joint: `docbroker tenant show` reads the policies `serve` enforces above (both at 1)."""
+    shown = json_out(cli(broker.env, "tenant", "show", TENANT, "--json"))["effective_policy"]
+    assert (shown["limits.max_concurrent"], shown["limits.max_streams"]) == (1, 1)
