@@ -18,6 +18,7 @@ die() { echo "postgres.sh: $*" >&2; exit 1; }
 cmd=${1:-}
 dir=${2:-}
 [ -n "$cmd" ] && [ -n "$dir" ] || die "usage: postgres.sh start|stop DIR"
+case $dir in /*) ;; *) dir=$PWD/$dir ;; esac  # as_user runs from /
 
 pg_bin() {
   local found
@@ -25,7 +26,9 @@ pg_bin() {
   [ -n "$found" ] && [ -x "$found/initdb" ] && echo "$found"
 }
 
-as_user() { runuser -u "$PG_USER" -- "$@"; }
+# From /: the checkout may sit where that user cannot enter (a mktemp folder, /root), and psql
+# says so ("could not change directory") on every call.
+as_user() { (cd / && runuser -u "$PG_USER" -- "$@"); }
 
 start() {
   local bin
