@@ -76,12 +76,16 @@ def test_a_held_stream_and_a_call_in_flight_are_each_within_their_own_cap(broker
         answers: list[httpx2.Response] = []
 
         def read() -> None:
-            # A probe may hold the one slot for an instant as this call comes in: it asks again.
-            while (
-                answer := session.call("read_document", {"filename": "notes.md"}, caller)
-            ).status_code == 429:
-                pass
-            answers.append(answer)
+            # A probe may hold the one slot for an instant as this call comes in: it asks again
+            # (bounded: never admitted, its 429 is the answer the test then refuses).
+            tries: list[httpx2.Response] = []
+
+            def admitted() -> bool:
+                tries.append(session.call("read_document", {"filename": "notes.md"}, caller))
+                return tries[-1].status_code != 429
+
+            wait_for(admitted)
+            answers.append(tries[-1])
 
         reader = threading.Thread(target=read)
         with streamer.stream(
